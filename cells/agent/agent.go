@@ -1,0 +1,55 @@
+// Package agent composes the ipmasq cells into the agent hive. A bigger
+// agent embeds Cell (or a subset of the cells it groups) in its own hive
+// next to its own Infrastructure.
+package agent
+
+import (
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+
+	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/cells/config"
+	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+)
+
+// EnvPrefix is the prefix of the environment variables that set flags:
+// --ip-masq-agent-config-path can be given as IPMASQ_IP_MASQ_AGENT_CONFIG_PATH.
+const EnvPrefix = "IPMASQ_"
+
+// Infrastructure is what the ipmasq cells expect from their host hive: the
+// StateDB, the job registry, health reporting and the "health" script
+// command.
+var Infrastructure = cell.Group(
+	statedb.Cell,
+	job.Cell,
+	cell.SimpleHealthCell,
+	cell.Provide(func(h *cell.SimpleHealth) hive.ScriptCmdOut {
+		return hive.NewScriptCmd("health", cell.SimpleHealthCmd(h))
+	}),
+)
+
+// Cell is every ipmasq cell: settings, config file, and the BPF map
+// reconciler.
+var Cell = cell.Group(
+	agentconfig.Cell,
+	config.Cell,
+	nonmasqmaps.Cell,
+)
+
+// Options are the hive options of the agent: flags from IPMASQ_* variables
+// and a health scope per module.
+func Options() hive.Options {
+	opts := hive.DefaultOptions()
+	opts.EnvPrefix = EnvPrefix
+	opts.ModuleDecorators = cell.ModuleDecorators{
+		func(h cell.Health, id cell.ModuleID) cell.Health { return h.NewScope(string(id)) },
+	}
+	return opts
+}
+
+// New returns the agent hive.
+func New(extra ...cell.Cell) *hive.Hive {
+	return hive.NewWithOptions(Options(), append([]cell.Cell{Infrastructure, Cell}, extra...)...)
+}

@@ -1,0 +1,237 @@
+package config
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// MaxFileSize bounds how much of a config file is read. 16 384 prefixes per
+// family take well under 2 MiB in either format.
+const MaxFileSize = 16 << 20
+
+// DefaultResyncInterval is the drift-repair and re-read interval when the
+// file does not set resyncInterval (the Kubernetes agent's default).
+const DefaultResyncInterval = 60 * time.Second
+
+// loader turns the config file into table rows. It is driven by one
+// goroutine (run), so it needs no locking.
+type loader struct {
+	log    *slog.Logger
+	db     *statedb.DB
+	cidrs  statedb.RWTable[*tables.NonMasqCIDR]
+	status statedb.RWTable[*tables.ConfigStatus]
+	path   string
+	limits Limits
+
+	// markInitialized marks nonmasq-cidrs initialized; nil once done.
+	markInitialized func(statedb.WriteTxn)
+	// lastInput identifies the last file content handled, so the several
+	// events of one ConfigMap update cost one parse.
+	lastInput string
+	resync    time.Duration
+}
+
+func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.NonMasqCIDR],
+	status statedb.RWTable[*tables.ConfigStatus], path string, limits Limits) *loader {
+	l := &loader{
+		log: log, db: db, cidrs: cidrs, status: status, path: path, limits: limits,
+		resync: DefaultResyncInterval,
+	}
+	wtxn := db.WriteTxn(cidrs, status)
+	l.markInitialized = cidrs.RegisterInitializer(wtxn, "config-file")
+	status.Insert(wtxn, &tables.ConfigStatus{Path: path, Source: tables.SourceNone})
+	wtxn.Commit()
+	return l
+}
+
+// run loads the file now, then on every change in its directory and every
+// resync interval, until ctx is done.
+func (l *loader) run(ctx context.Context, health cell.Health) error {
+	w, err := newDirWatcher(l.log, filepath.Dir(l.path))
+	if err != nil {
+		// Without a watch the file is still re-read every resync interval.
+		l.log.Error("Cannot watch config directory; changes are picked up at each resync",
+			"directory", filepath.Dir(l.path), "error", err)
+	} else {
+		go w.run(ctx)
+	}
+	var changed <-chan struct{}
+	if w != nil {
+		changed = w.Changed()
+	}
+	l.load(health)
+	timer := time.NewTimer(l.resync)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-timer.C:
+			// A periodic re-read catches anything the watch missed.
+			l.lastInput = ""
+		}
+		l.load(health)
+		timer.Reset(l.resync)
+	}
+}
+
+// load reads, validates and applies the config file once.
+func (l *loader) load(health cell.Health) {
+	data, err := readConfigFile(l.path)
+	var input string
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		input, data = "absent", nil
+	case err != nil:
+		l.reject(health, err)
+		return
+	default:
+		input = fmt.Sprintf("%x", sha256.Sum256(data))
+	}
+	if input == l.lastInput {
+		return
+	}
+	l.lastInput = input
+
+	var file *File
+	if len(bytes.TrimSpace(data)) > 0 {
+		if file, err = Parse(l.path, data, l.limits); err != nil {
+			l.reject(health, err)
+			return
+		}
+	}
+	l.apply(health, file)
+}
+
+// readConfigFile reads at most MaxFileSize bytes, refusing larger files
+// rather than truncating them.
+func readConfigFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("%s: file is larger than %d MiB; a config this large is a mistake", path, MaxFileSize>>20)
+	}
+	return data, nil
+}
+
+// reject records a bad file: the tables keep their rows, only the status
+// row and health change.
+func (l *loader) reject(health cell.Health, err error) {
+	l.log.Error("Config file rejected; keeping the last good config", "path", l.path, "error", err)
+	health.Degraded("config file rejected, last good config kept", err)
+	wtxn := l.db.WriteTxn(l.status)
+	st := l.currentStatus(wtxn)
+	st.LastError = err.Error()
+	l.status.Insert(wtxn, st)
+	wtxn.Commit()
+}
+
+func (l *loader) currentStatus(txn statedb.ReadTxn) *tables.ConfigStatus {
+	st, _, ok := l.status.Get(txn, tables.ConfigStatusByPath.Query(l.path))
+	if !ok {
+		return &tables.ConfigStatus{Path: l.path, Source: tables.SourceNone}
+	}
+	c := *st
+	return &c
+}
+
+// apply makes nonmasq-cidrs hold exactly the entries of file (nil: no file)
+// in one transaction, touching only rows that change.
+func (l *loader) apply(health cell.Health, file *File) {
+	entries := file.Entries(l.limits)
+	want := make(map[netip.Prefix]Entry, len(entries))
+	for _, e := range entries {
+		want[e.Prefix] = e
+	}
+
+	wtxn := l.db.WriteTxn(l.cidrs, l.status)
+	changed := 0
+	for row := range l.cidrs.All(wtxn) {
+		e, ok := want[row.Prefix]
+		if !ok {
+			l.cidrs.Delete(wtxn, row)
+			changed++
+			continue
+		}
+		delete(want, row.Prefix)
+		if e.Action != row.Action || e.Origin != row.Origin {
+			l.cidrs.Insert(wtxn, newRow(e))
+			changed++
+		}
+	}
+	for _, e := range entries {
+		if _, ok := want[e.Prefix]; ok {
+			l.cidrs.Insert(wtxn, newRow(e))
+			changed++
+		}
+	}
+
+	st := l.currentStatus(wtxn)
+	st.LastError = ""
+	st.LastGoodLoad = time.Now()
+	st.Source = tables.SourceDefaults
+	st.MasqueradeRules = 0
+	l.resync = DefaultResyncInterval
+	if file != nil {
+		st.Source = tables.SourceFile
+		st.MasqueradeRules = len(file.MasqueradeRules)
+		if file.ResyncInterval > 0 {
+			l.resync = file.ResyncInterval
+		}
+	}
+	st.ResyncInterval = l.resync
+	st.NoMasqV4, st.NoMasqV6, st.MasqExceptions = 0, 0, 0
+	for _, e := range entries {
+		switch {
+		case e.Action == tables.ActionMasquerade:
+			st.MasqExceptions++
+		case e.Prefix.Addr().Is4():
+			st.NoMasqV4++
+		default:
+			st.NoMasqV6++
+		}
+	}
+	if changed > 0 || st.Generation == 0 {
+		st.Generation++
+	}
+	l.status.Insert(wtxn, st)
+	if l.markInitialized != nil {
+		l.markInitialized(wtxn)
+		l.markInitialized = nil
+	}
+	wtxn.Commit()
+
+	l.log.Info("Config applied", "path", l.path, "source", st.Source, "generation", st.Generation,
+		"changedPrefixes", changed, "noMasqIPv4", st.NoMasqV4, "noMasqIPv6", st.NoMasqV6,
+		"masqueradeCIDRs", st.MasqExceptions)
+	health.OK(fmt.Sprintf("config generation %d from %s (%s): %d IPv4 / %d IPv6 no-masquerade prefixes",
+		st.Generation, l.path, st.Source, st.NoMasqV4, st.NoMasqV6))
+}
+
+func newRow(e Entry) *tables.NonMasqCIDR {
+	return &tables.NonMasqCIDR{Prefix: e.Prefix, Action: e.Action, Origin: e.Origin, Status: reconciler.StatusPending()}
+}

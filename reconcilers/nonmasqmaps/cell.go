@@ -1,0 +1,131 @@
+package nonmasqmaps
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/time/rate"
+
+	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// Cell registers the reconciler that writes nonmasq-cidrs into the pinned
+// maps. It needs the config cell (for the tables), agentconfig.Cell,
+// statedb.Cell, job.Cell and a cell.Health.
+var Cell = cell.Module(
+	"nonmasq-maps",
+	"Writes the non-masquerade prefixes into the pinned BPF LPM maps",
+
+	cell.ProvidePrivate(newJobGroup),
+	cell.Provide(newHandle, scriptCommands),
+	cell.Invoke(register),
+)
+
+// Handle gives other cells and script commands access to the maps once the
+// cell has started.
+type Handle struct {
+	maps *Maps
+	r    reconciler.Reconciler[*tables.NonMasqCIDR]
+}
+
+// Maps returns the open maps, or nil before start.
+func (h *Handle) Maps() *Maps { return h.maps }
+
+func newHandle() *Handle { return &Handle{} }
+
+func newJobGroup(r job.Registry, h cell.Health, log *slog.Logger) job.Group {
+	return r.NewGroup(h, job.WithLogger(log))
+}
+
+type registerParams struct {
+	cell.In
+
+	reconciler.Params
+	Lifecycle cell.Lifecycle
+	Agent     agentconfig.Config
+	CIDRs     statedb.RWTable[*tables.NonMasqCIDR]
+	Status    statedb.Table[*tables.ConfigStatus]
+	Handle    *Handle
+}
+
+func register(p registerParams) error {
+	o := &ops{}
+	// The maps are opened when the hive starts, before the reconciler's jobs
+	// (appended to the lifecycle after this hook) run.
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			maps, err := OpenMaps(p.Log, p.Agent)
+			if err != nil {
+				return err
+			}
+			p.Handle.maps = maps
+			*o = *newOps(maps, p.CIDRs)
+			return nil
+		},
+		OnStop: func(cell.HookContext) error {
+			if p.Handle.maps != nil {
+				p.Handle.maps.Close()
+			}
+			return nil
+		},
+	})
+	r, err := reconciler.Register(
+		p.Params,
+		p.CIDRs,
+		(*tables.NonMasqCIDR).Clone,
+		(*tables.NonMasqCIDR).SetStatus,
+		(*tables.NonMasqCIDR).GetStatus,
+		o, o,
+		reconciler.WithName("nonmasq-maps"),
+		// Prune as soon as the table is initialized; later full passes are
+		// driven by the config's resyncInterval (resyncLoop).
+		reconciler.WithPruning(24*time.Hour),
+		// Refreshing would only re-check the cache; the periodic prune
+		// compares with the kernel instead.
+		reconciler.WithRefreshing(0, nil),
+		// One round can hold a whole 16 384-prefix config per family, so a
+		// new file is one batch write per map.
+		reconciler.WithRoundLimits(2*int(p.Agent.MaxNonMasqCIDRs)+1024, rate.NewLimiter(1000, 1)),
+	)
+	if err != nil {
+		return err
+	}
+	p.Handle.r = r
+	p.JobGroup.Add(job.OneShot("resync", func(ctx context.Context, _ cell.Health) error {
+		return resyncLoop(ctx, p.DB, p.Status, r)
+	}))
+	return nil
+}
+
+// resyncLoop compares the maps with the kernel (prune + repair) every
+// resyncInterval of the applied config.
+func resyncLoop(ctx context.Context, db *statedb.DB, status statedb.Table[*tables.ConfigStatus], r reconciler.Reconciler[*tables.NonMasqCIDR]) error {
+	last := time.Now()
+	for {
+		interval := time.Minute
+		rows, watch := status.AllWatch(db.ReadTxn())
+		for st := range rows {
+			if st.ResyncInterval > 0 {
+				interval = st.ResyncInterval
+			}
+		}
+		timer := time.NewTimer(time.Until(last.Add(interval)))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-watch:
+			// The interval may have changed: recompute the deadline.
+			timer.Stop()
+		case <-timer.C:
+			r.Prune()
+			last = time.Now()
+		}
+	}
+}

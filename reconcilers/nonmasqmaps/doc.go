@@ -1,0 +1,11 @@
+// Package nonmasqmaps reconciles the nonmasq-cidrs table into the pinned
+// LPM tries <bpf-root>/ipmasq/nonmasq_v4 and nonmasq_v6 that the datapath
+// consults for every new flow: key {u32 prefixlen; addr} (address in network
+// byte order), value u8 action (0 = do not masquerade, 1 = masquerade).
+//
+// The maps are pinned and never flushed: on start the agent reopens them,
+// writes only the entries that differ from the table and prunes the rest
+// once the table is initialized, so a restart leaves a correct map
+// untouched and the datapath never sees an empty one. The full comparison
+// with the kernel also runs every resyncInterval to repair drift.
+package nonmasqmaps

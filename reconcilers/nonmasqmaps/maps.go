@@ -1,0 +1,79 @@
+package nonmasqmaps
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+)
+
+// Map names under <bpf-root>/ipmasq/.
+const (
+	MapNameV4 = "nonmasq_v4"
+	MapNameV6 = "nonmasq_v6"
+)
+
+// Maps holds the opened nonmasq maps; a map is nil when its family is
+// disabled.
+type Maps struct {
+	V4 *bpfmap.Map[bpfmap.LPMKeyV4, uint8]
+	V6 *bpfmap.Map[bpfmap.LPMKeyV6, uint8]
+
+	closers []*ebpf.Map
+}
+
+// CheckBPFFS returns a clear error when root is not a mounted BPF filesystem.
+func CheckBPFFS(root string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		return fmt.Errorf("--bpf-root %s is unusable: %w (mount one with: mount -t bpf bpf %s)", root, err, root)
+	}
+	if uint32(st.Type) != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("--bpf-root %s is not a BPF filesystem (mount one with: mount -t bpf bpf %s)", root, root)
+	}
+	return nil
+}
+
+// OpenMaps opens (or creates) the pinned maps of the enabled families.
+func OpenMaps(log *slog.Logger, cfg agentconfig.Config) (*Maps, error) {
+	if err := CheckBPFFS(cfg.BPFRoot); err != nil {
+		return nil, err
+	}
+	m := &Maps{}
+	if cfg.EnableIPv4 {
+		raw, err := bpfmap.OpenPinned(log, cfg.PinDir(), bpfmap.LPMTrieSpec(MapNameV4, 8, 1, cfg.MaxNonMasqCIDRs))
+		if err != nil {
+			return nil, err
+		}
+		m.closers = append(m.closers, raw)
+		if m.V4, err = bpfmap.NewMap[bpfmap.LPMKeyV4, uint8](raw); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("read %s: %w", MapNameV4, err)
+		}
+	}
+	if cfg.EnableIPv6 {
+		raw, err := bpfmap.OpenPinned(log, cfg.PinDir(), bpfmap.LPMTrieSpec(MapNameV6, 20, 1, cfg.MaxNonMasqCIDRs))
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		m.closers = append(m.closers, raw)
+		if m.V6, err = bpfmap.NewMap[bpfmap.LPMKeyV6, uint8](raw); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("read %s: %w", MapNameV6, err)
+		}
+	}
+	return m, nil
+}
+
+// Close releases the map file descriptors; the pins stay.
+func (m *Maps) Close() {
+	for _, c := range m.closers {
+		c.Close()
+	}
+	m.closers = nil
+}

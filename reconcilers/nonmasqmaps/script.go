@@ -1,0 +1,106 @@
+package nonmasqmaps
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/script"
+
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// scriptCommands are the shell and script-test commands of this cell:
+//
+//	maps/dump    the kernel's view of nonmasq_v4 and nonmasq_v6
+//	maps/stats   entries and writes per map since the agent started
+func scriptCommands(h *Handle) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(map[string]script.Cmd{
+		"maps/dump": script.Command(
+			script.CmdUsage{
+				Summary: "Dump the pinned non-masquerade maps as the kernel holds them",
+				Args:    "[nonmasq_v4|nonmasq_v6]",
+				Detail:  []string{"One line per entry: map name, prefix, action."},
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				return func(*script.State) (string, string, error) {
+					out, err := h.dump(args...)
+					return out, "", err
+				}, nil
+			}),
+		"maps/stats": script.Command(
+			script.CmdUsage{Summary: "Show entries, entry writes and deletes per non-masquerade map since start"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				return func(*script.State) (string, string, error) {
+					out, err := h.stats()
+					return out, "", err
+				}, nil
+			}),
+	})
+}
+
+type dumpLine struct {
+	prefix netip.Prefix
+	action tables.Action
+}
+
+func (h *Handle) dump(names ...string) (string, error) {
+	if h.maps == nil {
+		return "", fmt.Errorf("maps are not open (agent not started)")
+	}
+	want := func(n string) bool { return len(names) == 0 || slices.Contains(names, n) }
+	var b strings.Builder
+	write := func(name string, lines []dumpLine) {
+		slices.SortFunc(lines, func(a, b dumpLine) int {
+			if c := a.prefix.Addr().Compare(b.prefix.Addr()); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
+		})
+		for _, l := range lines {
+			fmt.Fprintf(&b, "%s %s %s\n", name, l.prefix, l.action)
+		}
+	}
+	if h.maps.V4 != nil && want(MapNameV4) {
+		m, err := h.maps.V4.Dump()
+		if err != nil {
+			return "", fmt.Errorf("dump %s: %w", MapNameV4, err)
+		}
+		var lines []dumpLine
+		for k, v := range m {
+			lines = append(lines, dumpLine{k.Prefix(), tables.Action(v)})
+		}
+		write(MapNameV4, lines)
+	}
+	if h.maps.V6 != nil && want(MapNameV6) {
+		m, err := h.maps.V6.Dump()
+		if err != nil {
+			return "", fmt.Errorf("dump %s: %w", MapNameV6, err)
+		}
+		var lines []dumpLine
+		for k, v := range m {
+			lines = append(lines, dumpLine{k.Prefix(), tables.Action(v)})
+		}
+		write(MapNameV6, lines)
+	}
+	return b.String(), nil
+}
+
+func (h *Handle) stats() (string, error) {
+	if h.maps == nil {
+		return "", fmt.Errorf("maps are not open (agent not started)")
+	}
+	var b strings.Builder
+	if h.maps.V4 != nil {
+		s := h.maps.V4.Stats()
+		fmt.Fprintf(&b, "%s entries=%d writes=%d deletes=%d\n", MapNameV4, s.Entries, s.Writes, s.Deletes)
+	}
+	if h.maps.V6 != nil {
+		s := h.maps.V6.Stats()
+		fmt.Fprintf(&b, "%s entries=%d writes=%d deletes=%d\n", MapNameV6, s.Entries, s.Writes, s.Deletes)
+	}
+	return b.String(), nil
+}

@@ -1,0 +1,274 @@
+package ipmasq_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/hive/script"
+	"github.com/cilium/hive/script/scripttest"
+	"github.com/spf13/pflag"
+
+	"github.com/ipmasq/ipmasq/cells/agent"
+	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+)
+
+var debug = flag.Bool("debug", false, "log the agent at debug level in script tests")
+
+// TestScript runs testdata/*.txtar against a real agent hive with a private
+// bpffs and config directory. A "#!" first line passes agent flags.
+func TestScript(t *testing.T) {
+	scripttest.Test(t, context.Background(), newEngine, nil, "testdata/*.txtar")
+}
+
+// agentUnderTest is the agent of one script. Commands reach the current
+// hive through it, so "agent/restart" can replace the hive mid-script the
+// way a restarted process would, keeping bpffs and config directory.
+type agentUnderTest struct {
+	t       testing.TB
+	args    []string
+	h       *hive.Hive
+	cmds    map[string]script.Cmd
+	started bool
+}
+
+func (a *agentUnderTest) build() {
+	h := agent.New()
+	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	if err := flags.Parse(a.args); err != nil {
+		a.t.Fatalf("agent flags %v: %v", a.args, err)
+	}
+	cmds, err := h.ScriptCommands(hivetest.Logger(a.t, hivetest.LogLevel(logLevel())))
+	if err != nil {
+		a.t.Fatalf("agent hive: %v", err)
+	}
+	a.h, a.cmds, a.started = h, cmds, false
+}
+
+func logLevel() slog.Level {
+	if *debug {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
+}
+
+func (a *agentUnderTest) stop() error {
+	if a.h == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return a.h.Stop(hivetest.Logger(a.t), ctx)
+}
+
+// proxy forwards a command to the current hive's command of that name.
+func (a *agentUnderTest) proxy(name string) script.Cmd {
+	first := a.cmds[name]
+	return script.Command(*first.Usage(), func(s *script.State, args ...string) (script.WaitFunc, error) {
+		cmd, ok := a.cmds[name]
+		if !ok {
+			return nil, fmt.Errorf("%s: not available in this hive", name)
+		}
+		return cmd.Run(s, args...)
+	})
+}
+
+func newEngine(t testing.TB, args []string) *script.Engine {
+	privtest.Require(t)
+	dir := t.TempDir()
+	bpfRoot := privtest.MountBPFFS(t)
+	configPath := filepath.Join(dir, "config", "ip-masq-agent")
+
+	a := &agentUnderTest{
+		t:    t,
+		args: append([]string{"--bpf-root=" + bpfRoot, "--ip-masq-agent-config-path=" + configPath}, args...),
+	}
+	a.build()
+	t.Cleanup(func() {
+		if err := a.stop(); err != nil {
+			t.Errorf("stop agent: %v", err)
+		}
+	})
+
+	cmds := scripttest.DefaultCmds()
+	for name := range a.cmds {
+		cmds[name] = a.proxy(name)
+	}
+	maps.Copy(cmds, configCommands(configPath))
+	maps.Copy(cmds, bpfCommands(filepath.Join(bpfRoot, "ipmasq")))
+	cmds["agent/restart"] = script.Command(
+		script.CmdUsage{Summary: "Stop the agent and start a new one on the same bpffs and config, like a process restart"},
+		func(s *script.State, _ ...string) (script.WaitFunc, error) {
+			if err := a.stop(); err != nil {
+				return nil, fmt.Errorf("stop: %w", err)
+			}
+			a.build()
+			return a.cmds["hive/start"].Run(s)
+		})
+	return &script.Engine{
+		Cmds:             cmds,
+		Conds:            scripttest.DefaultConds(),
+		RetryInterval:    10 * time.Millisecond,
+		MaxRetryInterval: 100 * time.Millisecond,
+	}
+}
+
+// configCommands change the agent's config file the ways operators and
+// Kubernetes do.
+func configCommands(path string) map[string]script.Cmd {
+	dir := filepath.Dir(path)
+	name := filepath.Base(path)
+	return map[string]script.Cmd{
+		"config/write": script.Command(
+			script.CmdUsage{Summary: "Write a file from the archive into the config file in place (truncate and write)", Args: "file"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				data, err := os.ReadFile(s.Path(args[0]))
+				if err != nil {
+					return nil, err
+				}
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					return nil, err
+				}
+				return nil, os.WriteFile(path, data, 0o644)
+			}),
+		"config/rename": script.Command(
+			script.CmdUsage{Summary: "Replace the config file the way editors do: write a temporary file and rename it over", Args: "file"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				data, err := os.ReadFile(s.Path(args[0]))
+				if err != nil {
+					return nil, err
+				}
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					return nil, err
+				}
+				tmp := filepath.Join(dir, "."+name+".swp")
+				if err := os.WriteFile(tmp, data, 0o644); err != nil {
+					return nil, err
+				}
+				return nil, os.Rename(tmp, path)
+			}),
+		"config/configmap": script.Command(
+			script.CmdUsage{Summary: "Update the config the way the kubelet updates a ConfigMap volume (..data symlink swap)", Args: "file"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				data, err := os.ReadFile(s.Path(args[0]))
+				if err != nil {
+					return nil, err
+				}
+				return nil, configMapUpdate(dir, name, data)
+			}),
+		"config/delete": script.Command(
+			script.CmdUsage{Summary: "Delete the config file"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				return nil, os.Remove(path)
+			}),
+		"config/rmdir": script.Command(
+			script.CmdUsage{Summary: "Delete the config directory and everything in it"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				return nil, os.RemoveAll(dir)
+			}),
+	}
+}
+
+// configMapUpdate does what the kubelet's atomic writer does: write the new
+// content into a fresh timestamped directory, point ..data at it with a
+// rename, and make the file a symlink through ..data.
+func configMapUpdate(dir, name string, data []byte) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	ts := filepath.Join(dir, "..ts_"+strconv.FormatInt(time.Now().UnixNano(), 10))
+	if err := os.Mkdir(ts, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(ts, name), data, 0o644); err != nil {
+		return err
+	}
+	old, _ := os.Readlink(filepath.Join(dir, "..data"))
+	tmpLink := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(filepath.Base(ts), tmpLink); err != nil {
+		return err
+	}
+	if err := os.Rename(tmpLink, filepath.Join(dir, "..data")); err != nil {
+		return err
+	}
+	userLink := filepath.Join(dir, name)
+	if target, err := os.Readlink(userLink); err != nil || target != filepath.Join("..data", name) {
+		os.Remove(userLink)
+		if err := os.Symlink(filepath.Join("..data", name), userLink); err != nil {
+			return err
+		}
+	}
+	if old != "" {
+		return os.RemoveAll(filepath.Join(dir, old))
+	}
+	return nil
+}
+
+// bpfCommands change pinned maps behind the agent's back, to test drift
+// repair and incompatible pins.
+func bpfCommands(pinDir string) map[string]script.Cmd {
+	return map[string]script.Cmd{
+		"bpf/put": script.Command(
+			script.CmdUsage{Summary: "Write an entry into a pinned nonmasq map directly", Args: "map prefix action-value"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 3 {
+					return nil, script.ErrUsage
+				}
+				m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, args[0]), nil)
+				if err != nil {
+					return nil, err
+				}
+				defer m.Close()
+				prefix, err := netip.ParsePrefix(args[1])
+				if err != nil {
+					return nil, err
+				}
+				v, err := strconv.ParseUint(args[2], 10, 8)
+				if err != nil {
+					return nil, err
+				}
+				if prefix.Addr().Is4() {
+					return nil, m.Put(bpfmap.LPMKeyV4From(prefix), uint8(v))
+				}
+				return nil, m.Put(bpfmap.LPMKeyV6From(prefix), uint8(v))
+			}),
+		"bpf/pin-incompatible": script.Command(
+			script.CmdUsage{Summary: "Pin a map with the wrong layout (a hash map) at a nonmasq map's path", Args: "map"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				if err := os.MkdirAll(pinDir, 0o700); err != nil {
+					return nil, err
+				}
+				m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 4, MaxEntries: 16})
+				if err != nil {
+					return nil, err
+				}
+				defer m.Close()
+				return nil, m.Pin(filepath.Join(pinDir, args[0]))
+			}),
+	}
+}

@@ -1,0 +1,78 @@
+package tables
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/statedb"
+)
+
+// Family is an IP address family.
+type Family uint8
+
+const (
+	// IPv4 is the IPv4 address family.
+	IPv4 Family = 4
+	// IPv6 is the IPv6 address family.
+	IPv6 Family = 6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
+// FamilyOf returns the family of an address (IPv4-mapped IPv6 counts as IPv4).
+func FamilyOf(addr netip.Addr) Family {
+	if addr.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// LongestMatch returns the row whose prefix is the longest match for addr.
+func LongestMatch(txn statedb.ReadTxn, tbl statedb.Table[*NonMasqCIDR], addr netip.Addr) (*NonMasqCIDR, bool) {
+	row, _, ok := tbl.Get(txn, NonMasqCIDRByLPM.Query(addr.Unmap()))
+	return row, ok
+}
+
+// ShouldMasquerade is the decision the datapath makes for a destination:
+// masquerade unless the longest matching prefix says no-masquerade.
+func ShouldMasquerade(txn statedb.ReadTxn, tbl statedb.Table[*NonMasqCIDR], dst netip.Addr) bool {
+	row, ok := LongestMatch(txn, tbl, dst)
+	return !ok || row.Action == ActionMasquerade
+}
+
+// NoMasqueradePrefixes lists the no-masquerade prefixes of one family, in
+// prefix order. masqueradeCIDRs exceptions are not included.
+func NoMasqueradePrefixes(txn statedb.ReadTxn, tbl statedb.Table[*NonMasqCIDR], family Family) []netip.Prefix {
+	var out []netip.Prefix
+	for row := range tbl.All(txn) {
+		if row.Action == ActionNoMasquerade && FamilyOf(row.Prefix.Addr()) == family {
+			out = append(out, row.Prefix)
+		}
+	}
+	return out
+}
+
+// WaitForConfig blocks until the nonmasq-cidrs table holds the first loaded
+// config (or the decision that there is no file) and returns a read
+// transaction that sees it. Readers use it instead of depending on the
+// config cell's start order.
+func WaitForConfig(ctx context.Context, db *statedb.DB, tbl statedb.Table[*NonMasqCIDR]) (statedb.ReadTxn, error) {
+	txn := db.ReadTxn()
+	init, watch := tbl.Initialized(txn)
+	if init {
+		return txn, nil
+	}
+	select {
+	case <-watch:
+		return db.ReadTxn(), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for the first masquerade config load (pending: %v): %w",
+			tbl.PendingInitializers(txn), ctx.Err())
+	}
+}
