@@ -183,6 +183,11 @@ func configCommands(path string) map[string]script.Cmd {
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
 				return nil, os.Remove(path)
 			}),
+		"config/dir-in-place": script.Command(
+			script.CmdUsage{Summary: "Create a directory where the config file should be"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				return nil, os.MkdirAll(path, 0o755)
+			}),
 		"config/rmdir": script.Command(
 			script.CmdUsage{Summary: "Delete the config directory and everything in it"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {

@@ -49,14 +49,14 @@ var Cell = cell.Module(
 type loaderParams struct {
 	cell.In
 
-	Log       *slog.Logger
-	DB        *statedb.DB
-	Jobs      job.Registry
-	Health    cell.Health
-	Agent     agentconfig.Config
-	Config    Config
-	CIDRs     statedb.RWTable[*tables.NonMasqCIDR]
-	Status    statedb.RWTable[*tables.ConfigStatus]
+	Log    *slog.Logger
+	DB     *statedb.DB
+	Jobs   job.Registry
+	Health cell.Health
+	Agent  agentconfig.Config
+	Config Config
+	CIDRs  statedb.RWTable[*tables.NonMasqCIDR]
+	Status statedb.RWTable[*tables.ConfigStatus]
 }
 
 func registerLoader(p loaderParams) error {

@@ -45,7 +45,13 @@ type loader struct {
 	// events of one ConfigMap update cost one parse.
 	lastInput string
 	resync    time.Duration
+	// applied is the source of the config in the tables.
+	applied tables.ConfigSource
 }
+
+// emptyFileSettle is how long an empty file must stay empty, after a file
+// with content, before the defaults replace it.
+const emptyFileSettle = 50 * time.Millisecond
 
 func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.NonMasqCIDR],
 	status statedb.RWTable[*tables.ConfigStatus], path string, limits Limits) *loader {
@@ -102,6 +108,15 @@ func (l *loader) load(health cell.Health) {
 	case err != nil:
 		l.reject(health, err)
 		return
+	case len(bytes.TrimSpace(data)) == 0 && l.applied == tables.SourceFile:
+		// An in-place write truncates before it writes: give the writer a
+		// moment so a half-done save does not apply the defaults.
+		time.Sleep(emptyFileSettle)
+		if data, err = readConfigFile(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			l.reject(health, err)
+			return
+		}
+		input = fmt.Sprintf("%x", sha256.Sum256(data))
 	default:
 		input = fmt.Sprintf("%x", sha256.Sum256(data))
 	}
@@ -219,6 +234,7 @@ func (l *loader) apply(health cell.Health, file *File) {
 		st.Generation++
 	}
 	l.status.Insert(wtxn, st)
+	l.applied = st.Source
 	if l.markInitialized != nil {
 		l.markInitialized(wtxn)
 		l.markInitialized = nil

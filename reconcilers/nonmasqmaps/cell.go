@@ -2,6 +2,7 @@ package nonmasqmaps
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -30,8 +31,20 @@ var Cell = cell.Module(
 // Handle gives other cells and script commands access to the maps once the
 // cell has started.
 type Handle struct {
-	maps *Maps
-	r    reconciler.Reconciler[*tables.NonMasqCIDR]
+	maps  *Maps
+	r     reconciler.Reconciler[*tables.NonMasqCIDR]
+	db    *statedb.DB
+	cidrs statedb.Table[*tables.NonMasqCIDR]
+}
+
+// WaitReconciled waits until the reconciler has processed every change of
+// the nonmasq-cidrs table up to now (successfully or not).
+func (h *Handle) WaitReconciled(ctx context.Context) error {
+	if h.r == nil {
+		return fmt.Errorf("reconciler not registered")
+	}
+	_, _, err := h.r.WaitUntilReconciled(ctx, h.cidrs.Revision(h.db.ReadTxn()))
+	return err
 }
 
 // Maps returns the open maps, or nil before start.
@@ -96,7 +109,7 @@ func register(p registerParams) error {
 	if err != nil {
 		return err
 	}
-	p.Handle.r = r
+	p.Handle.r, p.Handle.db, p.Handle.cidrs = r, p.DB, p.CIDRs
 	p.JobGroup.Add(job.OneShot("resync", func(ctx context.Context, _ cell.Health) error {
 		return resyncLoop(ctx, p.DB, p.Status, r)
 	}))
