@@ -259,6 +259,15 @@ func bpfCommands(pinDir string) map[string]script.Cmd {
 				}
 				return nil, m.Put(bpfmap.LPMKeyV6From(prefix), uint8(v))
 			}),
+		"exists-pin": script.Command(
+			script.CmdUsage{Summary: "Succeed if a map is pinned under <bpf-root>/ipmasq", Args: "map"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				_, err := os.Stat(filepath.Join(pinDir, args[0]))
+				return nil, err
+			}),
 		"bpf/pin-incompatible": script.Command(
 			script.CmdUsage{Summary: "Pin a map with the wrong layout (a hash map) at a nonmasq map's path", Args: "map"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
