@@ -4,6 +4,8 @@
 package agent
 
 import (
+	"time"
+
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -43,6 +45,8 @@ var Cell = cell.Group(
 func Options() hive.Options {
 	opts := hive.DefaultOptions()
 	opts.EnvPrefix = EnvPrefix
+	// Log start/stop hooks only when slow; otherwise they are debug noise.
+	opts.LogThreshold = 100 * time.Millisecond
 	opts.ModuleDecorators = cell.ModuleDecorators{
 		func(h cell.Health, id cell.ModuleID) cell.Health { return h.NewScope(string(id)) },
 	}

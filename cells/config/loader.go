@@ -100,6 +100,7 @@ func (l *loader) run(ctx context.Context, health cell.Health) error {
 
 // load reads, validates and applies the config file once.
 func (l *loader) load(health cell.Health) {
+	start := time.Now()
 	data, err := readConfigFile(l.path)
 	var input string
 	switch {
@@ -132,7 +133,7 @@ func (l *loader) load(health cell.Health) {
 			return
 		}
 	}
-	l.apply(health, file)
+	l.apply(health, file, start)
 }
 
 // readConfigFile reads at most MaxFileSize bytes, refusing larger files
@@ -176,7 +177,7 @@ func (l *loader) currentStatus(txn statedb.ReadTxn) *tables.ConfigStatus {
 
 // apply makes nonmasq-cidrs hold exactly the entries of file (nil: no file)
 // in one transaction, touching only rows that change.
-func (l *loader) apply(health cell.Health, file *File) {
+func (l *loader) apply(health cell.Health, file *File, start time.Time) {
 	entries := file.Entries(l.limits)
 	want := make(map[netip.Prefix]Entry, len(entries))
 	for _, e := range entries {
@@ -243,7 +244,7 @@ func (l *loader) apply(health cell.Health, file *File) {
 
 	l.log.Info("Config applied", "path", l.path, "source", st.Source, "generation", st.Generation,
 		"changedPrefixes", changed, "noMasqIPv4", st.NoMasqV4, "noMasqIPv6", st.NoMasqV6,
-		"masqueradeCIDRs", st.MasqExceptions)
+		"masqueradeCIDRs", st.MasqExceptions, "duration", time.Since(start))
 	health.OK(fmt.Sprintf("config generation %d from %s (%s): %d IPv4 / %d IPv6 no-masquerade prefixes",
 		st.Generation, l.path, st.Source, st.NoMasqV4, st.NoMasqV6))
 }

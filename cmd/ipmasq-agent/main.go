@@ -4,6 +4,7 @@
 //
 //	ipmasq-agent --ip-masq-agent-config-path=/etc/config/ip-masq-agent
 //	ipmasq-agent hive        # print the cell graph
+//	ipmasq-agent maps        # print the pinned maps
 //	ipmasq-agent --help      # every flag; each can also be set as IPMASQ_<FLAG>
 package main
 
@@ -19,6 +20,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ipmasq/ipmasq/cells/agent"
+	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 )
 
 func main() {
@@ -50,8 +53,36 @@ func newRootCommand() *cobra.Command {
 	}
 	root.Flags().StringVar(&logLevel, "log-level", envOr("IPMASQ_LOG_LEVEL", "info"), "Log level: debug, info, warn or error")
 	h.RegisterFlags(root.Flags())
-	root.AddCommand(h.Command())
+	root.AddCommand(h.Command(), newMapsCommand())
 	return root
+}
+
+// newMapsCommand prints the pinned maps without starting an agent, so an
+// operator (or the demo) can see what the datapath consults.
+func newMapsCommand() *cobra.Command {
+	bpfRoot := agentconfig.Default.BPFRoot
+	cmd := &cobra.Command{
+		Use:   "maps",
+		Short: "Print the pinned non-masquerade maps as the kernel holds them",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg := agentconfig.Default
+			cfg.BPFRoot = bpfRoot
+			m, err := nonmasqmaps.LoadPinnedMaps(cfg.PinDir())
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			out, err := m.Format()
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprint(cmd.OutOrStdout(), out)
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&bpfRoot, "bpf-root", envOr("IPMASQ_BPF_ROOT", bpfRoot), "Mount point of the BPF filesystem the agent uses")
+	return cmd
 }
 
 func newLogger(level string) (*slog.Logger, error) {
@@ -72,11 +103,11 @@ func envOr(name, def string) string {
 // oneLine keeps the cause of a start failure and drops the hive's
 // multi-line decoration so an operator sees one clear line.
 func oneLine(err error) string {
+	s := err.Error()
 	var pe hive.ErrPopulate
 	if errors.As(err, &pe) {
-		err = errors.Unwrap(err)
+		// "failed to populate object graph: <root cause>"
+		s = strings.TrimPrefix(pe.Error(), "failed to populate object graph: ")
 	}
-	s := err.Error()
-	s = strings.ReplaceAll(s, "\n", "; ")
-	return s
+	return strings.ReplaceAll(s, "\n", "; ")
 }

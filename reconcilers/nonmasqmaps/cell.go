@@ -68,6 +68,10 @@ type registerParams struct {
 }
 
 func register(p registerParams) error {
+	// Fail before anything starts when the maps cannot be pinned.
+	if err := CheckBPFFS(p.Agent.BPFRoot); err != nil {
+		return err
+	}
 	o := &ops{}
 	// The maps are opened when the hive starts, before the reconciler's jobs
 	// (appended to the lifecycle after this hook) run.
@@ -104,7 +108,7 @@ func register(p registerParams) error {
 		reconciler.WithRefreshing(0, nil),
 		// One round can hold a whole 16 384-prefix config per family, so a
 		// new file is one batch write per map.
-		reconciler.WithRoundLimits(2*int(p.Agent.MaxNonMasqCIDRs)+1024, rate.NewLimiter(1000, 1)),
+		reconciler.WithRoundLimits(2*int(p.Agent.MaxNonMasqCIDRs)+1024, rate.NewLimiter(rate.Inf, 1)),
 	)
 	if err != nil {
 		return err

@@ -1,7 +1,10 @@
 package nonmasqmaps
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
 	"log/slog"
 
 	"github.com/cilium/ebpf"
@@ -76,4 +79,34 @@ func (m *Maps) Close() {
 		c.Close()
 	}
 	m.closers = nil
+}
+
+// LoadPinnedMaps opens the existing pinned maps read-only for inspection
+// (e.g. by "ipmasq-agent maps"), without creating or replacing anything.
+func LoadPinnedMaps(pinDir string) (*Maps, error) {
+	m := &Maps{}
+	opts := &ebpf.LoadPinOptions{ReadOnly: true}
+	if raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, MapNameV4), opts); err == nil {
+		m.closers = append(m.closers, raw)
+		if m.V4, err = bpfmap.NewMap[bpfmap.LPMKeyV4, uint8](raw); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("read %s: %w", MapNameV4, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("open %s: %w", MapNameV4, err)
+	}
+	if raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, MapNameV6), opts); err == nil {
+		m.closers = append(m.closers, raw)
+		if m.V6, err = bpfmap.NewMap[bpfmap.LPMKeyV6, uint8](raw); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("read %s: %w", MapNameV6, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		m.Close()
+		return nil, fmt.Errorf("open %s: %w", MapNameV6, err)
+	}
+	if m.V4 == nil && m.V6 == nil {
+		return nil, fmt.Errorf("no ipmasq maps pinned in %s (is the agent's --bpf-root the same?)", pinDir)
+	}
+	return m, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
 
+	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -71,42 +72,49 @@ func (h *Handle) dump(names ...string) (string, error) {
 	if h.maps == nil {
 		return "", fmt.Errorf("maps are not open (agent not started)")
 	}
+	return h.maps.Format(names...)
+}
+
+// Format prints the kernel's contents of the maps (all, or those named),
+// one "map prefix action" line per entry in prefix order.
+func (m *Maps) Format(names ...string) (string, error) {
 	want := func(n string) bool { return len(names) == 0 || slices.Contains(names, n) }
 	var b strings.Builder
-	write := func(name string, lines []dumpLine) {
-		slices.SortFunc(lines, func(a, b dumpLine) int {
-			if c := a.prefix.Addr().Compare(b.prefix.Addr()); c != 0 {
-				return c
-			}
-			return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
-		})
-		for _, l := range lines {
-			fmt.Fprintf(&b, "%s %s %s\n", name, l.prefix, l.action)
+	if m.V4 != nil && want(MapNameV4) {
+		if err := formatMap(&b, MapNameV4, m.V4); err != nil {
+			return "", err
 		}
 	}
-	if h.maps.V4 != nil && want(MapNameV4) {
-		m, err := h.maps.V4.Dump()
-		if err != nil {
-			return "", fmt.Errorf("dump %s: %w", MapNameV4, err)
+	if m.V6 != nil && want(MapNameV6) {
+		if err := formatMap(&b, MapNameV6, m.V6); err != nil {
+			return "", err
 		}
-		var lines []dumpLine
-		for k, v := range m {
-			lines = append(lines, dumpLine{k.Prefix(), tables.Action(v)})
-		}
-		write(MapNameV4, lines)
-	}
-	if h.maps.V6 != nil && want(MapNameV6) {
-		m, err := h.maps.V6.Dump()
-		if err != nil {
-			return "", fmt.Errorf("dump %s: %w", MapNameV6, err)
-		}
-		var lines []dumpLine
-		for k, v := range m {
-			lines = append(lines, dumpLine{k.Prefix(), tables.Action(v)})
-		}
-		write(MapNameV6, lines)
 	}
 	return b.String(), nil
+}
+
+func formatMap[K interface {
+	comparable
+	Prefix() netip.Prefix
+}](b *strings.Builder, name string, m *bpfmap.Map[K, uint8]) error {
+	entries, err := m.Dump()
+	if err != nil {
+		return fmt.Errorf("dump %s: %w", name, err)
+	}
+	lines := make([]dumpLine, 0, len(entries))
+	for k, v := range entries {
+		lines = append(lines, dumpLine{k.Prefix(), tables.Action(v)})
+	}
+	slices.SortFunc(lines, func(a, b dumpLine) int {
+		if c := a.prefix.Addr().Compare(b.prefix.Addr()); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
+	})
+	for _, l := range lines {
+		fmt.Fprintf(b, "%s %s %s\n", name, l.prefix, l.action)
+	}
+	return nil
 }
 
 func (h *Handle) stats() (string, error) {
