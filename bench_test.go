@@ -3,8 +3,8 @@ package ipmasq_test
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -198,4 +198,3 @@ func BenchmarkConfigChangeOne(b *testing.B) {
 		a.waitConverged()
 	}
 }
-
