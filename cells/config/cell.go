@@ -32,18 +32,23 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 // Cell provides the nonmasq-cidrs and ipmasq-config tables and keeps them in
 // step with the config file. It needs statedb.Cell, job.Cell, a cell.Health
 // and agentconfig.Cell.
+//
+// The file is first loaded while the tables are constructed, so every
+// consumer of the tables (whatever its place in the hive) sees the loaded
+// config even in its start hook; only a first file that is invalid leaves
+// the table uninitialized until a good one arrives.
 var Cell = cell.Module(
 	"config",
 	"ip-masq-agent config file",
 
 	cell.Config(Config{IPMasqAgentConfigPath: DefaultPath}),
+	cell.ProvidePrivate(newLoaderFromParams),
 	cell.Provide(
-		tables.NewNonMasqCIDRTable,
-		statedb.RWTable[*tables.NonMasqCIDR].ToTable,
-		tables.NewConfigStatusTable,
-		statedb.RWTable[*tables.ConfigStatus].ToTable,
+		func(l *loader) statedb.RWTable[*tables.NonMasqCIDR] { return l.cidrs },
+		func(l *loader) statedb.Table[*tables.NonMasqCIDR] { return l.cidrs },
+		func(l *loader) statedb.Table[*tables.ConfigStatus] { return l.status },
 	),
-	cell.Invoke(registerLoader),
+	cell.Invoke(registerWatcher),
 )
 
 type loaderParams struct {
@@ -51,27 +56,37 @@ type loaderParams struct {
 
 	Log    *slog.Logger
 	DB     *statedb.DB
-	Jobs   job.Registry
 	Health cell.Health
 	Agent  agentconfig.Config
 	Config Config
-	CIDRs  statedb.RWTable[*tables.NonMasqCIDR]
-	Status statedb.RWTable[*tables.ConfigStatus]
 }
 
-func registerLoader(p loaderParams) error {
+// newLoaderFromParams creates the tables and loads the file once.
+func newLoaderFromParams(p loaderParams) (*loader, error) {
 	path, err := filepath.Abs(p.Config.IPMasqAgentConfigPath)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	l := newLoader(p.Log, p.DB, p.CIDRs, p.Status, path, Limits{
+	cidrs, err := tables.NewNonMasqCIDRTable(p.DB)
+	if err != nil {
+		return nil, err
+	}
+	status, err := tables.NewConfigStatusTable(p.DB)
+	if err != nil {
+		return nil, err
+	}
+	l := newLoader(p.Log, p.DB, cidrs, status, path, Limits{
 		EnableIPv4:        p.Agent.EnableIPv4,
 		EnableIPv6:        p.Agent.EnableIPv6,
 		MaxCIDRsPerFamily: int(p.Agent.MaxNonMasqCIDRs),
-	})
-	g := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
-	g.Add(job.OneShot("watch-config", func(ctx context.Context, health cell.Health) error {
-		return l.run(ctx, health)
+	}, p.Health.NewScope("config-file"))
+	l.load()
+	return l, nil
+}
+
+func registerWatcher(l *loader, jobs job.Registry, health cell.Health, log *slog.Logger) {
+	g := jobs.NewGroup(health, job.WithLogger(log))
+	g.Add(job.OneShot("watch-config", func(ctx context.Context, _ cell.Health) error {
+		return l.run(ctx)
 	}))
-	return nil
 }

@@ -38,6 +38,7 @@ type loader struct {
 	status statedb.RWTable[*tables.ConfigStatus]
 	path   string
 	limits Limits
+	health cell.Health
 
 	// markInitialized marks nonmasq-cidrs initialized; nil once done.
 	markInitialized func(statedb.WriteTxn)
@@ -54,9 +55,9 @@ type loader struct {
 const emptyFileSettle = 50 * time.Millisecond
 
 func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.NonMasqCIDR],
-	status statedb.RWTable[*tables.ConfigStatus], path string, limits Limits) *loader {
+	status statedb.RWTable[*tables.ConfigStatus], path string, limits Limits, health cell.Health) *loader {
 	l := &loader{
-		log: log, db: db, cidrs: cidrs, status: status, path: path, limits: limits,
+		log: log, db: db, cidrs: cidrs, status: status, path: path, limits: limits, health: health,
 		resync: DefaultResyncInterval,
 	}
 	wtxn := db.WriteTxn(cidrs, status)
@@ -66,9 +67,10 @@ func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.N
 	return l
 }
 
-// run loads the file now, then on every change in its directory and every
-// resync interval, until ctx is done.
-func (l *loader) run(ctx context.Context, health cell.Health) error {
+// run loads the file on every change in its directory and every resync
+// interval, until ctx is done. The first load happened at construction; one
+// more right after the watch is armed catches a change in between.
+func (l *loader) run(ctx context.Context) error {
 	w, err := newDirWatcher(l.log, filepath.Dir(l.path))
 	if err != nil {
 		// Without a watch the file is still re-read every resync interval.
@@ -81,7 +83,7 @@ func (l *loader) run(ctx context.Context, health cell.Health) error {
 	if w != nil {
 		changed = w.Changed()
 	}
-	l.load(health)
+	l.load()
 	timer := time.NewTimer(l.resync)
 	defer timer.Stop()
 	for {
@@ -93,13 +95,13 @@ func (l *loader) run(ctx context.Context, health cell.Health) error {
 			// A periodic re-read catches anything the watch missed.
 			l.lastInput = ""
 		}
-		l.load(health)
+		l.load()
 		timer.Reset(l.resync)
 	}
 }
 
 // load reads, validates and applies the config file once.
-func (l *loader) load(health cell.Health) {
+func (l *loader) load() {
 	start := time.Now()
 	data, err := readConfigFile(l.path)
 	var input string
@@ -107,14 +109,14 @@ func (l *loader) load(health cell.Health) {
 	case errors.Is(err, fs.ErrNotExist):
 		input, data = "absent", nil
 	case err != nil:
-		l.reject(health, err)
+		l.reject(err)
 		return
 	case len(bytes.TrimSpace(data)) == 0 && l.applied == tables.SourceFile:
 		// An in-place write truncates before it writes: give the writer a
 		// moment so a half-done save does not apply the defaults.
 		time.Sleep(emptyFileSettle)
 		if data, err = readConfigFile(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			l.reject(health, err)
+			l.reject(err)
 			return
 		}
 		input = fmt.Sprintf("%x", sha256.Sum256(data))
@@ -129,11 +131,11 @@ func (l *loader) load(health cell.Health) {
 	var file *File
 	if len(bytes.TrimSpace(data)) > 0 {
 		if file, err = Parse(l.path, data, l.limits); err != nil {
-			l.reject(health, err)
+			l.reject(err)
 			return
 		}
 	}
-	l.apply(health, file, start)
+	l.apply(file, start)
 }
 
 // readConfigFile reads at most MaxFileSize bytes, refusing larger files
@@ -156,9 +158,9 @@ func readConfigFile(path string) ([]byte, error) {
 
 // reject records a bad file: the tables keep their rows, only the status
 // row and health change.
-func (l *loader) reject(health cell.Health, err error) {
+func (l *loader) reject(err error) {
 	l.log.Error("Config file rejected; keeping the last good config", "path", l.path, "error", err)
-	health.Degraded("config file rejected, last good config kept", err)
+	l.health.Degraded("config file rejected, last good config kept", err)
 	wtxn := l.db.WriteTxn(l.status)
 	st := l.currentStatus(wtxn)
 	st.LastError = err.Error()
@@ -177,7 +179,7 @@ func (l *loader) currentStatus(txn statedb.ReadTxn) *tables.ConfigStatus {
 
 // apply makes nonmasq-cidrs hold exactly the entries of file (nil: no file)
 // in one transaction, touching only rows that change.
-func (l *loader) apply(health cell.Health, file *File, start time.Time) {
+func (l *loader) apply(file *File, start time.Time) {
 	entries := file.Entries(l.limits)
 	want := make(map[netip.Prefix]Entry, len(entries))
 	for _, e := range entries {
@@ -245,7 +247,7 @@ func (l *loader) apply(health cell.Health, file *File, start time.Time) {
 	l.log.Info("Config applied", "path", l.path, "source", st.Source, "generation", st.Generation,
 		"changedPrefixes", changed, "noMasqIPv4", st.NoMasqV4, "noMasqIPv6", st.NoMasqV6,
 		"masqueradeCIDRs", st.MasqExceptions, "duration", time.Since(start))
-	health.OK(fmt.Sprintf("config generation %d from %s (%s): %d IPv4 / %d IPv6 no-masquerade prefixes",
+	l.health.OK(fmt.Sprintf("config generation %d from %s (%s): %d IPv4 / %d IPv6 no-masquerade prefixes",
 		st.Generation, l.path, st.Source, st.NoMasqV4, st.NoMasqV6))
 }
 
