@@ -2,6 +2,7 @@ package ipmasq_test
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,9 +22,13 @@ import (
 	"github.com/cilium/hive/script/scripttest"
 	"github.com/spf13/pflag"
 
+	"github.com/cilium/hive/cell"
+
 	"github.com/ipmasq/ipmasq/cells/agent"
+	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 )
 
 var debug = flag.Bool("debug", false, "log the agent at debug level in script tests")
@@ -39,13 +45,14 @@ func TestScript(t *testing.T) {
 type agentUnderTest struct {
 	t       testing.TB
 	args    []string
+	extra   []cell.Cell
 	h       *hive.Hive
 	cmds    map[string]script.Cmd
 	started bool
 }
 
 func (a *agentUnderTest) build() {
-	h := agent.New()
+	h := agent.New(a.extra...)
 	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse(a.args); err != nil {
@@ -92,9 +99,17 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	bpfRoot := privtest.MountBPFFS(t)
 	configPath := filepath.Join(dir, "config", "ip-masq-agent")
 
+	apiSocket := filepath.Join(dir, "api.sock")
+	args, target := rulesTarget(t, args)
 	a := &agentUnderTest{
-		t:    t,
-		args: append([]string{"--bpf-root=" + bpfRoot, "--ip-masq-agent-config-path=" + configPath}, args...),
+		t: t,
+		args: append([]string{
+			"--bpf-root=" + bpfRoot,
+			"--ip-masq-agent-config-path=" + configPath,
+			"--state-dir=" + filepath.Join(dir, "state"),
+			"--api-socket=" + apiSocket,
+		}, args...),
+		extra: []cell.Cell{cell.Provide(func() iprules.Target { return target })},
 	}
 	a.build()
 	t.Cleanup(func() {
@@ -109,6 +124,8 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	}
 	maps.Copy(cmds, configCommands(configPath))
 	maps.Copy(cmds, bpfCommands(filepath.Join(bpfRoot, "ipmasq")))
+	maps.Copy(cmds, apiCommands(api.NewClient(apiSocket)))
+	maps.Copy(cmds, stateCommands(filepath.Join(dir, "state")))
 	cmds["agent/restart"] = script.Command(
 		script.CmdUsage{Summary: "Stop the agent and start a new one on the same bpffs and config, like a process restart"},
 		func(s *script.State, _ ...string) (script.WaitFunc, error) {
@@ -283,6 +300,117 @@ func bpfCommands(pinDir string) map[string]script.Cmd {
 				}
 				defer m.Close()
 				return nil, m.Pin(filepath.Join(pinDir, args[0]))
+			}),
+	}
+}
+
+// rulesTarget picks where the agent's ip rules go, from the test-only
+// "--rules-target=memory|netns" script argument (default memory): an
+// in-memory target, or the kernel inside a network namespace made for this
+// test only.
+func rulesTarget(t testing.TB, args []string) ([]string, iprules.Target) {
+	kind := "memory"
+	var rest []string
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--rules-target="); ok {
+			kind = v
+			continue
+		}
+		rest = append(rest, a)
+	}
+	switch kind {
+	case "memory":
+		return rest, iprules.NewMemoryTarget()
+	case "netns":
+		return rest, iprules.NewNetlinkTarget(privtest.NetlinkHandleInNewNetns(t))
+	}
+	t.Fatalf("--rules-target=%s: want memory or netns", kind)
+	return nil, nil
+}
+
+// apiCommands drive the agent's API over its socket.
+func apiCommands(c *api.Client) map[string]script.Cmd {
+	return map[string]script.Cmd{
+		"api/allocate": script.Command(
+			script.CmdUsage{Summary: "Allocate an address over the API and print the answer", Args: "owner family [route-table]"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) < 2 || len(args) > 3 {
+					return nil, script.ErrUsage
+				}
+				req := api.AllocationRequest{Owner: args[0], Family: args[1]}
+				if len(args) == 3 {
+					n, err := strconv.ParseUint(args[2], 10, 32)
+					if err != nil {
+						return nil, err
+					}
+					rt := uint32(n)
+					req.RouteTable = &rt
+				}
+				resp, err := c.Allocate(s.Context(), req)
+				if err != nil {
+					return nil, err
+				}
+				out, _ := json.Marshal(resp)
+				return func(*script.State) (string, string, error) { return string(out) + "\n", "", nil }, nil
+			}),
+		"api/release": script.Command(
+			script.CmdUsage{Summary: "Release an address over the API", Args: "ip"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				ip, err := netip.ParseAddr(args[0])
+				if err != nil {
+					return nil, err
+				}
+				return nil, c.Release(s.Context(), ip)
+			}),
+		"api/list": script.Command(
+			script.CmdUsage{Summary: "List allocations over the API"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				list, err := c.List(s.Context())
+				if err != nil {
+					return nil, err
+				}
+				var b strings.Builder
+				for _, a := range list {
+					fmt.Fprintf(&b, "%s %s %d\n", a.IP, a.Owner, a.RouteTable)
+				}
+				return func(*script.State) (string, string, error) { return b.String(), "", nil }, nil
+			}),
+	}
+}
+
+// stateCommands change the IPAM state directory behind the agent's back.
+func stateCommands(dir string) map[string]script.Cmd {
+	return map[string]script.Cmd{
+		"state/write": script.Command(
+			script.CmdUsage{Summary: "Write a file from the archive into the state directory", Args: "src name"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				data, err := os.ReadFile(s.Path(args[0]))
+				if err != nil {
+					return nil, err
+				}
+				if err := os.MkdirAll(dir, 0o700); err != nil {
+					return nil, err
+				}
+				return nil, os.WriteFile(filepath.Join(dir, args[1]), data, 0o600)
+			}),
+		"state/ls": script.Command(
+			script.CmdUsage{Summary: "List the state directory"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				entries, err := os.ReadDir(dir)
+				if err != nil {
+					return nil, err
+				}
+				var b strings.Builder
+				for _, e := range entries {
+					b.WriteString(e.Name() + "\n")
+				}
+				return func(*script.State) (string, string, error) { return b.String(), "", nil }, nil
 			}),
 	}
 }

@@ -12,7 +12,11 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
+	"github.com/ipmasq/ipmasq/cells/egressrules"
+	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 )
 
@@ -32,12 +36,16 @@ var Infrastructure = cell.Group(
 	}),
 )
 
-// Cell is every ipmasq cell: settings, config file, and the BPF map
-// reconciler.
+// Cell is every ipmasq cell: settings, config file, BPF maps, IPAM and its
+// API, and the per-endpoint ip rules.
 var Cell = cell.Group(
 	agentconfig.Cell,
 	config.Cell,
 	nonmasqmaps.Cell,
+	ipam.Cell,
+	api.Cell,
+	egressrules.Cell,
+	iprules.Cell,
 )
 
 // Options are the hive options of the agent: flags from IPMASQ_* variables

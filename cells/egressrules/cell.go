@@ -100,7 +100,7 @@ func (c *controller) run(ctx context.Context, health cell.Health) error {
 		}
 		cidrRows, cidrsChanged := p.CIDRs.AllWatch(txn)
 		epRows, epsChanged := p.Endpoints.AllWatch(txn)
-		added, deleted, errs := c.sync(collect(cidrRows), collect(epRows))
+		added, deleted, errs := c.sync(statedb.Collect(cidrRows), statedb.Collect(epRows))
 		if len(errs) > 0 {
 			health.Degraded("some prefixes get no ip rule", errors.Join(errs...))
 		} else {
@@ -147,12 +147,4 @@ func (c *controller) sync(cidrs []*tables.NonMasqCIDR, eps []*tables.Endpoint) (
 	}
 	wtxn.Commit()
 	return added, deleted, errs
-}
-
-func collect[T any](seq func(func(T, statedb.Revision) bool)) []T {
-	var out []T
-	for x := range seq {
-		out = append(out, x)
-	}
-	return out
 }

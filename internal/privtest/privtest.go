@@ -5,11 +5,15 @@
 package privtest
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/cilium/ebpf/rlimit"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -48,4 +52,38 @@ func MountBPFFS(t testing.TB) string {
 		}
 	})
 	return dir
+}
+
+// NetlinkHandleInNewNetns creates a network namespace for this test only
+// and returns a netlink handle bound to it. The calling thread's namespace
+// is restored at once; the namespace goes away when the test ends.
+func NetlinkHandleInNewNetns(t testing.TB) *netlink.Handle {
+	t.Helper()
+	Require(t)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatalf("get current netns: %v", err)
+	}
+	defer orig.Close()
+	ns, err := netns.New()
+	if err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	if err := netns.Set(orig); err != nil {
+		// The thread is stuck in the new namespace; do not let it run
+		// anything else.
+		panic(fmt.Sprintf("restore netns: %v", err))
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		t.Fatalf("netlink handle in new netns: %v", err)
+	}
+	t.Cleanup(func() {
+		h.Close()
+		ns.Close()
+	})
+	return h
 }

@@ -1,0 +1,272 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/spf13/pflag"
+
+	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// DefaultSocket is where the API listens unless --api-socket says otherwise.
+const DefaultSocket = "/run/ipmasq/api.sock"
+
+// MaxRequestBody bounds request bodies.
+const MaxRequestBody = 64 << 10
+
+// Config is the API cell's command-line configuration.
+type Config struct {
+	// APISocket is the unix socket path of the API.
+	APISocket string `mapstructure:"api-socket"`
+}
+
+// Flags implements cell.Flagger.
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("api-socket", def.APISocket, "Unix socket of the agent's local API (IPAM); created with mode 0600")
+}
+
+// Cell serves the API.
+var Cell = cell.Module(
+	"api",
+	"Local HTTP API on a unix socket",
+
+	cell.Config(Config{APISocket: DefaultSocket}),
+	cell.Invoke(register),
+)
+
+func register(lc cell.Lifecycle, log *slog.Logger, cfg Config, i *ipam.IPAM) {
+	s := &server{log: log, path: cfg.APISocket, ipam: i}
+	lc.Append(cell.Hook{OnStart: s.start, OnStop: s.stop})
+}
+
+type server struct {
+	log  *slog.Logger
+	path string
+	ipam *ipam.IPAM
+	srv  *http.Server
+}
+
+func (s *server) start(cell.HookContext) error {
+	if err := os.MkdirAll(filepath.Dir(s.path), 0o755); err != nil {
+		return fmt.Errorf("--api-socket %s: %w", s.path, err)
+	}
+	if err := removeStaleSocket(s.path); err != nil {
+		return err
+	}
+	ln, err := net.Listen("unix", s.path)
+	if err != nil {
+		return fmt.Errorf("--api-socket %s: %w", s.path, err)
+	}
+	if err := os.Chmod(s.path, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("--api-socket %s: %w", s.path, err)
+	}
+	s.srv = &http.Server{
+		Handler: s.routes(),
+		// Slow clients cannot hold a connection open forever.
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+	}
+	go func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("API server stopped", "socket", s.path, "error", err)
+		}
+	}()
+	s.log.Info("API listening", "socket", s.path)
+	return nil
+}
+
+// removeStaleSocket removes a socket left by a previous run, but refuses to
+// take over one that another process still serves.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("--api-socket %s exists and is not a socket", path)
+	}
+	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
+		c.Close()
+		return fmt.Errorf("--api-socket %s is in use by another process (another agent running?)", path)
+	}
+	return os.Remove(path)
+}
+
+func (s *server) stop(ctx cell.HookContext) error {
+	if s.srv == nil {
+		return nil
+	}
+	err := s.srv.Shutdown(ctx)
+	os.Remove(s.path)
+	return err
+}
+
+func (s *server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/ipam/allocations", s.allocate)
+	mux.HandleFunc("GET /v1/ipam/allocations", s.list)
+	mux.HandleFunc("DELETE /v1/ipam/allocations/{ip}", s.releaseIP)
+	mux.HandleFunc("DELETE /v1/ipam/allocations", s.releaseOwner)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// AllocationRequest is the body of POST /v1/ipam/allocations.
+type AllocationRequest struct {
+	Owner      string  `json:"owner"`
+	Family     string  `json:"family"`
+	RouteTable *uint32 `json:"routeTable,omitempty"`
+}
+
+// AllocationResponse describes one allocation.
+type AllocationResponse struct {
+	IP                 netip.Addr     `json:"ip"`
+	Owner              string         `json:"owner"`
+	RouteTable         uint32         `json:"routeTable"`
+	Created            time.Time      `json:"created"`
+	NonMasqueradeCIDRs []netip.Prefix `json:"nonMasqueradeCIDRs,omitempty"`
+}
+
+// ListResponse is the body of GET /v1/ipam/allocations.
+type ListResponse struct {
+	Allocations []AllocationResponse `json:"allocations"`
+}
+
+// ErrorResponse is the body of every error.
+type ErrorResponse struct {
+	Error string `json:"error"`
+}
+
+func (s *server) allocate(w http.ResponseWriter, r *http.Request) {
+	var req AllocationRequest
+	if status, err := decodeStrict(w, r, &req); err != nil {
+		writeError(w, status, err.Error())
+		return
+	}
+	var fam tables.Family
+	switch req.Family {
+	case "ipv4":
+		fam = tables.IPv4
+	case "ipv6":
+		fam = tables.IPv6
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("family %q: want \"ipv4\" or \"ipv6\"", req.Family))
+		return
+	}
+	a, err := s.ipam.Allocate(r.Context(), ipam.Request{Owner: req.Owner, Family: fam, RouteTable: req.RouteTable})
+	if err != nil {
+		writeError(w, statusOf(err), err.Error())
+		return
+	}
+	status := http.StatusOK
+	if a.Created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, response(a.Endpoint, a.NonMasqueradeCIDRs))
+}
+
+func (s *server) list(w http.ResponseWriter, r *http.Request) {
+	out := ListResponse{Allocations: []AllocationResponse{}}
+	for _, ep := range s.ipam.List() {
+		out.Allocations = append(out.Allocations, response(ep, s.ipam.NonMasqueradeCIDRs(ep.Family())))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) releaseIP(w http.ResponseWriter, r *http.Request) {
+	ip, err := netip.ParseAddr(r.PathValue("ip"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q is not an IP address", r.PathValue("ip")))
+		return
+	}
+	if _, err := s.ipam.Release(ip); err != nil {
+		writeError(w, statusOf(err), err.Error())
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) releaseOwner(w http.ResponseWriter, r *http.Request) {
+	owner := r.URL.Query().Get("owner")
+	if owner == "" {
+		writeError(w, http.StatusBadRequest, "DELETE /v1/ipam/allocations needs ?owner=<owner>, or use /v1/ipam/allocations/{ip}")
+		return
+	}
+	if _, err := s.ipam.ReleaseOwner(owner); err != nil {
+		writeError(w, statusOf(err), err.Error())
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func response(ep tables.Endpoint, cidrs []netip.Prefix) AllocationResponse {
+	return AllocationResponse{IP: ep.IP, Owner: ep.Owner, RouteTable: ep.RouteTable, Created: ep.Created, NonMasqueradeCIDRs: cidrs}
+}
+
+// decodeStrict reads one JSON object with no unknown fields and nothing
+// after it, from a body of at most MaxRequestBody bytes.
+func decodeStrict(w http.ResponseWriter, r *http.Request, v any) (int, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return http.StatusRequestEntityTooLarge, fmt.Errorf("request body over %d bytes", MaxRequestBody)
+		}
+		return http.StatusBadRequest, fmt.Errorf("read request: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return http.StatusBadRequest, fmt.Errorf("bad JSON request: %w", err)
+	}
+	if dec.More() {
+		return http.StatusBadRequest, errors.New("bad JSON request: data after the object")
+	}
+	return 0, nil
+}
+
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, ipam.ErrInvalid), errors.Is(err, ipam.ErrNoPool):
+		return http.StatusBadRequest
+	case errors.Is(err, ipam.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, ipam.ErrConflict), errors.Is(err, ipam.ErrExhausted):
+		return http.StatusConflict
+	case errors.Is(err, ipam.ErrConfigNotLoaded), errors.Is(err, context.Canceled):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, ErrorResponse{Error: msg})
+}

@@ -1,0 +1,98 @@
+package ipam
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// Config is the IPAM cell's command-line configuration.
+type Config struct {
+	// PodCIDR are the pools addresses are allocated from.
+	PodCIDR []string
+	// StateDir holds the endpoints state file.
+	StateDir string
+	// EgressRouteTable is the route table of an allocation that names none.
+	EgressRouteTable uint32
+	// IPAMConfigWait bounds how long an allocation waits for the first
+	// config load.
+	IPAMConfigWait time.Duration `mapstructure:"ipam-config-wait"`
+}
+
+// DefaultConfig is the configuration used when no flag is given.
+var DefaultConfig = Config{
+	StateDir:       "/var/lib/ipmasq",
+	IPAMConfigWait: 10 * time.Second,
+}
+
+// Flags implements cell.Flagger.
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.StringSlice("pod-cidr", def.PodCIDR, "Pool of endpoint addresses (repeatable; IPv4 and IPv6)")
+	flags.String("state-dir", def.StateDir, "Directory of the agent's persistent state (endpoint allocations)")
+	flags.Uint32("egress-route-table", def.EgressRouteTable, "Route table of an allocation that names none (0: no per-endpoint ip rules)")
+	flags.Duration("ipam-config-wait", def.IPAMConfigWait, "How long an allocation waits for the first masquerade config load before failing with 503")
+}
+
+// Cell provides the endpoints table and the IPAM.
+var Cell = cell.Module(
+	"ipam",
+	"Endpoint address allocation with durable state",
+
+	cell.Config(DefaultConfig),
+	cell.Provide(
+		newIPAM,
+		func(i *IPAM) statedb.Table[*tables.Endpoint] { return i.endpoints },
+	),
+)
+
+type ipamParams struct {
+	cell.In
+
+	Log    *slog.Logger
+	DB     *statedb.DB
+	Health cell.Health
+	Config Config
+	CIDRs  statedb.Table[*tables.NonMasqCIDR]
+}
+
+// newIPAM parses the pools, creates the endpoints table and restores it
+// from disk. A state that cannot be read is a start error: starting empty
+// would hand out addresses that are in use.
+func newIPAM(p ipamParams) (*IPAM, error) {
+	var prefixes []netip.Prefix
+	for _, s := range p.Config.PodCIDR {
+		pfx, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("--pod-cidr %q is not a CIDR (want e.g. 10.244.1.0/24 or fd00:10:244:1::/64)", s)
+		}
+		prefixes = append(prefixes, pfx)
+	}
+	pools, err := NewPools(prefixes)
+	if err != nil {
+		return nil, err
+	}
+	store, err := NewStore(p.Config.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("--state-dir %s: %w", p.Config.StateDir, err)
+	}
+	endpoints, err := tables.NewEndpointTable(p.DB)
+	if err != nil {
+		return nil, err
+	}
+	i := &IPAM{
+		log: p.Log, db: p.DB, endpoints: endpoints, cidrs: p.CIDRs,
+		pools: pools, store: store, config: p.Config,
+		health: p.Health.NewScope("state"),
+	}
+	if err := i.restore(); err != nil {
+		return nil, err
+	}
+	return i, nil
+}

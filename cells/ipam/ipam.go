@@ -1,0 +1,250 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+var (
+	// ErrConfigNotLoaded means the first masquerade config has not been
+	// loaded within --ipam-config-wait.
+	ErrConfigNotLoaded = errors.New("the masquerade config has not been loaded yet")
+	// ErrNotFound means no endpoint has the given address or owner.
+	ErrNotFound = errors.New("no such allocation")
+	// ErrConflict means the owner already holds an address of the family
+	// with a different route table.
+	ErrConflict = errors.New("conflicting allocation")
+	// ErrInvalid means the request itself is wrong.
+	ErrInvalid = errors.New("invalid request")
+)
+
+// Request asks for an address.
+type Request struct {
+	// Owner identifies the holder, e.g. "<container ID>/eth0".
+	Owner string
+	// Family is the address family wanted.
+	Family tables.Family
+	// RouteTable is the endpoint's route table; nil means
+	// --egress-route-table.
+	RouteTable *uint32
+}
+
+// Allocation is an endpoint with the no-masquerade CIDRs of its family.
+type Allocation struct {
+	Endpoint tables.Endpoint
+	// NonMasqueradeCIDRs come from the nonmasq-cidrs table.
+	NonMasqueradeCIDRs []netip.Prefix
+	// Created is false when the owner already held the address.
+	Created bool
+}
+
+// IPAM allocates endpoint addresses. It is the only writer of the
+// endpoints table.
+type IPAM struct {
+	log       *slog.Logger
+	db        *statedb.DB
+	endpoints statedb.RWTable[*tables.Endpoint]
+	cidrs     statedb.Table[*tables.NonMasqCIDR]
+	pools     *Pools
+	store     *Store
+	config    Config
+	health    cell.Health
+
+	// mu serializes changes so that the state file and the table agree.
+	mu         sync.Mutex
+	saveFailed bool
+}
+
+// restore fills the endpoints table from disk and marks it initialized.
+func (i *IPAM) restore() error {
+	eps, report, err := i.store.Load()
+	if err != nil {
+		return fmt.Errorf("restore endpoints: %w (fix or remove the file; starting empty would hand out addresses in use)", err)
+	}
+	wtxn := i.db.WriteTxn(i.endpoints)
+	done := i.endpoints.RegisterInitializer(wtxn, "ipam-state")
+	var outside []string
+	for _, ep := range eps {
+		i.endpoints.Insert(wtxn, ep)
+		if !i.pools.Usable(ep.IP) {
+			outside = append(outside, ep.IP.String()+" ("+ep.Owner+")")
+		}
+	}
+	done(wtxn)
+	wtxn.Commit()
+
+	var problems []string
+	problems = append(problems, report.Problems...)
+	if len(outside) > 0 {
+		// Kept: the owner still uses the address; it is only not
+		// handed out again.
+		problems = append(problems, fmt.Sprintf("%d restored endpoint(s) outside the --pod-cidr pools, kept: %s",
+			len(outside), strings.Join(outside, ", ")))
+	}
+	for _, p := range problems {
+		i.log.Warn("Endpoint state", "problem", p, "file", i.store.Path())
+	}
+	if len(problems) > 0 {
+		i.health.Degraded("endpoint state restored with problems", errors.New(strings.Join(problems, "; ")))
+	} else {
+		i.health.OK(fmt.Sprintf("%d endpoint(s) restored from %s", len(eps), report.Source))
+	}
+	i.log.Info("Endpoints restored", "count", len(eps), "source", report.Source, "file", i.store.Path())
+	return nil
+}
+
+// Allocate returns the owner's address of the family, allocating one if it
+// has none. It waits for the first config load (bounded by
+// --ipam-config-wait) so the answer always carries the real CIDRs.
+func (i *IPAM) Allocate(ctx context.Context, req Request) (Allocation, error) {
+	if strings.TrimSpace(req.Owner) == "" {
+		return Allocation{}, fmt.Errorf("%w: owner is empty", ErrInvalid)
+	}
+	if req.Family != tables.IPv4 && req.Family != tables.IPv6 {
+		return Allocation{}, fmt.Errorf("%w: family must be ipv4 or ipv6", ErrInvalid)
+	}
+	table := i.config.EgressRouteTable
+	if req.RouteTable != nil {
+		table = *req.RouteTable
+	}
+	if err := i.waitForConfig(ctx); err != nil {
+		return Allocation{}, err
+	}
+
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	wtxn := i.db.WriteTxn(i.endpoints)
+	defer wtxn.Abort()
+	for ep := range i.endpoints.List(wtxn, tables.EndpointByOwner.Query(req.Owner)) {
+		if ep.Family() != req.Family {
+			continue
+		}
+		if ep.RouteTable != table {
+			return Allocation{}, fmt.Errorf("%w: owner %q already holds %s with route table %d (release it first)",
+				ErrConflict, req.Owner, ep.IP, ep.RouteTable)
+		}
+		return i.allocation(ep, false), nil
+	}
+	ip, err := i.pools.Next(req.Family, func(a netip.Addr) bool {
+		_, _, used := i.endpoints.Get(wtxn, tables.EndpointByIP.Query(a))
+		return used
+	})
+	if err != nil {
+		return Allocation{}, err
+	}
+	ep := &tables.Endpoint{IP: ip, Owner: req.Owner, RouteTable: table, Created: time.Now().UTC().Truncate(time.Second)}
+	i.endpoints.Insert(wtxn, ep)
+	if err := i.save(wtxn); err != nil {
+		return Allocation{}, err
+	}
+	wtxn.Commit()
+	i.log.Info("Allocated", "ip", ip, "owner", req.Owner, "routeTable", table)
+	return i.allocation(ep, true), nil
+}
+
+func (i *IPAM) allocation(ep *tables.Endpoint, created bool) Allocation {
+	return Allocation{
+		Endpoint:           *ep,
+		NonMasqueradeCIDRs: tables.NoMasqueradePrefixes(i.db.ReadTxn(), i.cidrs, ep.Family()),
+		Created:            created,
+	}
+}
+
+func (i *IPAM) waitForConfig(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, i.config.IPAMConfigWait)
+	defer cancel()
+	if _, err := tables.WaitForConfig(ctx, i.db, i.cidrs); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w after %s: %v", ErrConfigNotLoaded, i.config.IPAMConfigWait, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// Release frees an address. Releasing it twice is ErrNotFound.
+func (i *IPAM) Release(ip netip.Addr) (tables.Endpoint, error) {
+	return i.release(func(txn statedb.ReadTxn) []*tables.Endpoint {
+		ep, _, ok := i.endpoints.Get(txn, tables.EndpointByIP.Query(ip.Unmap()))
+		if !ok {
+			return nil
+		}
+		return []*tables.Endpoint{ep}
+	}, "ip "+ip.String())
+}
+
+// ReleaseOwner frees every address of an owner.
+func (i *IPAM) ReleaseOwner(owner string) ([]tables.Endpoint, error) {
+	var released []tables.Endpoint
+	_, err := i.release(func(txn statedb.ReadTxn) []*tables.Endpoint {
+		eps := statedb.Collect(i.endpoints.List(txn, tables.EndpointByOwner.Query(owner)))
+		for _, ep := range eps {
+			released = append(released, *ep)
+		}
+		return eps
+	}, "owner "+owner)
+	return released, err
+}
+
+func (i *IPAM) release(find func(statedb.ReadTxn) []*tables.Endpoint, what string) (tables.Endpoint, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	wtxn := i.db.WriteTxn(i.endpoints)
+	defer wtxn.Abort()
+	eps := find(wtxn)
+	if len(eps) == 0 {
+		return tables.Endpoint{}, fmt.Errorf("%w: %s", ErrNotFound, what)
+	}
+	for _, ep := range eps {
+		i.endpoints.Delete(wtxn, ep)
+	}
+	if err := i.save(wtxn); err != nil {
+		return tables.Endpoint{}, err
+	}
+	wtxn.Commit()
+	for _, ep := range eps {
+		i.log.Info("Released", "ip", ep.IP, "owner", ep.Owner)
+	}
+	return *eps[0], nil
+}
+
+// save persists the endpoints as the transaction holds them; the caller
+// commits only when it succeeded, so the table never runs ahead of the disk.
+func (i *IPAM) save(txn statedb.ReadTxn) error {
+	eps := statedb.Collect(i.endpoints.All(txn))
+	if err := i.store.Save(eps); err != nil {
+		i.health.Degraded("cannot persist endpoints; allocations and releases fail until it works", err)
+		i.saveFailed = true
+		return fmt.Errorf("persist endpoints: %w", err)
+	}
+	if i.saveFailed {
+		i.saveFailed = false
+		i.health.OK(fmt.Sprintf("endpoints persisted to %s again", i.store.Path()))
+	}
+	return nil
+}
+
+// List returns every endpoint in address order.
+func (i *IPAM) List() []tables.Endpoint {
+	var out []tables.Endpoint
+	for ep := range i.endpoints.All(i.db.ReadTxn()) {
+		out = append(out, *ep)
+	}
+	return out
+}
+
+// NonMasqueradeCIDRs lists the no-masquerade CIDRs of a family from memory.
+func (i *IPAM) NonMasqueradeCIDRs(f tables.Family) []netip.Prefix {
+	return tables.NoMasqueradePrefixes(i.db.ReadTxn(), i.cidrs, f)
+}

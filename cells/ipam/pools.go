@@ -1,0 +1,292 @@
+package ipam
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"strings"
+	"sync"
+
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+var (
+	// ErrExhausted means every usable address of a family is allocated (or,
+	// in a huge IPv6 pool, that the bounded scan found none free).
+	ErrExhausted = errors.New("exhausted")
+	// ErrNoPool means no --pod-cidr of the requested family is configured.
+	ErrNoPool = errors.New("no pool")
+)
+
+// maxScanPerPool bounds how many candidates Next checks in one pool, so
+// that a /64 cannot make it loop for ever. Reaching it needs that many
+// addresses in use in a row, far more than a node runs.
+const maxScanPerPool = 1 << 20
+
+// Pools hands out endpoint addresses from the node's pod CIDRs.
+//
+// Pools is safe for concurrent use. Its only state besides the pools is
+// where each family's last allocation was, which makes Next next-fit.
+type Pools struct {
+	v4, v6 family
+
+	mu sync.Mutex
+}
+
+type family struct {
+	pools []pool
+	// cursor is the address Next returned last; guarded by Pools.mu.
+	cursor netip.Addr
+}
+
+// pool is one --pod-cidr and its range of usable addresses.
+type pool struct {
+	prefix      netip.Prefix
+	first, last netip.Addr
+	size        uint64 // usable addresses, saturating
+}
+
+func (p *pool) holds(ip netip.Addr) bool {
+	return p.prefix.Contains(ip) && ip.Compare(p.first) >= 0 && ip.Compare(p.last) <= 0
+}
+
+// NewPools validates the pools: each must be masked, must not overlap
+// another, and must leave room for at least two (IPv4, /30) or three
+// (IPv6, /126) usable addresses. IPv4-mapped IPv6 prefixes are rejected:
+// write them as IPv4. Pools of a family are searched in the order given.
+func NewPools(cidrs []netip.Prefix) (*Pools, error) {
+	p := &Pools{}
+	for i, c := range cidrs {
+		if err := checkPool(c); err != nil {
+			return nil, err
+		}
+		for _, prev := range cidrs[:i] {
+			if c.Overlaps(prev) {
+				return nil, fmt.Errorf("--pod-cidr %s overlaps --pod-cidr %s; pools must be disjoint", c, prev)
+			}
+		}
+		pl := newPool(c)
+		fam := p.family(tables.FamilyOf(c.Addr()))
+		fam.pools = append(fam.pools, pl)
+	}
+	return p, nil
+}
+
+func checkPool(c netip.Prefix) error {
+	if !c.IsValid() {
+		return fmt.Errorf("--pod-cidr %s is not a valid prefix; expected e.g. 10.244.1.0/24 or fd00:10:244:1::/64", c)
+	}
+	addr := c.Addr()
+	if addr.Is4In6() {
+		hint := ""
+		if c.Bits() >= 96 {
+			hint = fmt.Sprintf("; write it as IPv4: %s", netip.PrefixFrom(addr.Unmap(), c.Bits()-96).Masked())
+		}
+		return fmt.Errorf("--pod-cidr %s is an IPv4-mapped IPv6 prefix%s", c, hint)
+	}
+	if addr.Zone() != "" {
+		return fmt.Errorf("--pod-cidr %s has a zone; pools cannot have one", c)
+	}
+	if m := c.Masked(); m != c {
+		return fmt.Errorf("--pod-cidr %s has host bits set; did you mean %s?", c, m)
+	}
+	if addr.Is4() && c.Bits() > 30 {
+		return fmt.Errorf("--pod-cidr %s is too small: an IPv4 pool must be /30 or larger (2 usable addresses)", c)
+	}
+	if addr.Is6() && c.Bits() > 126 {
+		return fmt.Errorf("--pod-cidr %s is too small: an IPv6 pool must be /126 or larger (3 usable addresses)", c)
+	}
+	return nil
+}
+
+// newPool computes the usable range of a checked prefix: all but the
+// network address, and for IPv4 also all but the broadcast address.
+func newPool(c netip.Prefix) pool {
+	hostBits := c.Addr().BitLen() - c.Bits()
+	pl := pool{prefix: c, first: c.Addr().Next(), last: lastAddr(c)}
+	switch {
+	case c.Addr().Is4():
+		pl.last = pl.last.Prev()
+		pl.size = 1<<hostBits - 2
+	case hostBits >= 64:
+		pl.size = math.MaxUint64 // 2^64-1 is exact for a /64; larger saturate
+	default:
+		pl.size = 1<<hostBits - 1
+	}
+	return pl
+}
+
+// lastAddr is the highest address of a masked prefix.
+func lastAddr(c netip.Prefix) netip.Addr {
+	b := c.Addr().As16()
+	off := 16 - c.Addr().BitLen()/8 // IPv4 lives in the last 4 bytes
+	for i := off*8 + c.Bits(); i < 128; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	if c.Addr().Is4() {
+		return netip.AddrFrom4([4]byte(b[12:]))
+	}
+	return netip.AddrFrom16(b)
+}
+
+func (p *Pools) family(f tables.Family) *family {
+	if f == tables.IPv6 {
+		return &p.v6
+	}
+	return &p.v4
+}
+
+// Prefixes returns the pools of a family in the order they were given.
+func (p *Pools) Prefixes(f tables.Family) []netip.Prefix {
+	pools := p.family(f).pools
+	out := make([]netip.Prefix, 0, len(pools))
+	for _, pl := range pools {
+		out = append(out, pl.prefix)
+	}
+	return out
+}
+
+// Contains reports whether ip lies in one of the pools. IPv4-mapped IPv6
+// addresses are not in any pool: endpoints hold plain IPv4 addresses.
+func (p *Pools) Contains(ip netip.Addr) bool {
+	for _, pl := range p.family(tables.FamilyOf(ip)).pools {
+		if pl.prefix.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// Usable reports whether ip may be handed out: inside a pool and not the
+// pool's network address, nor (IPv4) its broadcast address.
+func (p *Pools) Usable(ip netip.Addr) bool {
+	for _, pl := range p.family(tables.FamilyOf(ip)).pools {
+		if pl.holds(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// Capacity is the number of usable addresses of a family, saturating at
+// math.MaxUint64.
+func (p *Pools) Capacity(f tables.Family) uint64 {
+	var n uint64
+	for _, pl := range p.family(f).pools {
+		if n+pl.size < n {
+			return math.MaxUint64
+		}
+		n += pl.size
+	}
+	return n
+}
+
+// Next returns a free usable address of family f, where used(ip) reports
+// addresses already taken.
+//
+// The search is next-fit: it starts just after the address Next returned
+// last, runs to the end of that pool, through the family's other pools in
+// order, and wraps around back to the start. A just-released address is
+// therefore handed out again only when nothing else is free, so a stale
+// reference to it (a conntrack entry, a slow peer) does not meet a new
+// owner at once. The cost is one used call per address in use that the
+// search passes, and at most 1<<20 per pool: when that many in a row are
+// in use in a huge IPv6 pool, Next gives up with ErrExhausted.
+//
+// used is called with the lock of p held; it must not call back into p.
+func (p *Pools) Next(f tables.Family, used func(netip.Addr) bool) (netip.Addr, error) {
+	fam := p.family(f)
+	pools := fam.pools
+	if len(pools) == 0 {
+		return netip.Addr{}, p.errNoPool(f)
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	start, from := 0, pools[0].first
+	wrap := false // whether to come back to the start pool's beginning
+	if c := fam.cursor; c.IsValid() {
+		for i := range pools {
+			if pools[i].holds(c) {
+				start, from, wrap = i, c.Next(), true
+				break
+			}
+		}
+	}
+
+	budget := make([]uint64, len(pools))
+	for i := range pools {
+		budget[i] = min(pools[i].size, maxScanPerPool)
+	}
+	scan := func(i int, lo, hi netip.Addr) (netip.Addr, bool) {
+		// lo is invalid past the top of the IPv6 space (cursor was ::ffff...).
+		for a := lo; budget[i] > 0 && a.IsValid() && a.Compare(hi) <= 0; a = a.Next() {
+			budget[i]--
+			if !used(a) {
+				return a, true
+			}
+		}
+		return netip.Addr{}, false
+	}
+
+	n := len(pools)
+	for k := 0; k < n; k++ {
+		i := (start + k) % n
+		lo := pools[i].first
+		if k == 0 {
+			lo = from
+		}
+		if a, ok := scan(i, lo, pools[i].last); ok {
+			fam.cursor = a
+			return a, nil
+		}
+	}
+	if wrap {
+		// The start pool up to and including the last address returned:
+		// if that was released, it is the last resort.
+		if a, ok := scan(start, pools[start].first, fam.cursor); ok {
+			fam.cursor = a
+			return a, nil
+		}
+	}
+	return netip.Addr{}, p.errExhausted(f, budget)
+}
+
+func (p *Pools) poolList(f tables.Family) string {
+	var b strings.Builder
+	for i, c := range p.Prefixes(f) {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(c.String())
+	}
+	return b.String()
+}
+
+func (p *Pools) errNoPool(f tables.Family) error {
+	other := tables.IPv4
+	if f == tables.IPv4 {
+		other = tables.IPv6
+	}
+	if len(p.family(other).pools) == 0 {
+		return fmt.Errorf("%w for %s addresses: no --pod-cidr is configured", ErrNoPool, f)
+	}
+	return fmt.Errorf("%w for %s addresses: --pod-cidr has only %s", ErrNoPool, f, p.poolList(other))
+}
+
+func (p *Pools) errExhausted(f tables.Family, budget []uint64) error {
+	bounded := false
+	var checked uint64
+	for i, pl := range p.family(f).pools {
+		bounded = bounded || pl.size > maxScanPerPool
+		checked += min(pl.size, maxScanPerPool) - budget[i]
+	}
+	if !bounded {
+		return fmt.Errorf("%s pools %s %w: all %d addresses are allocated",
+			f, p.poolList(f), ErrExhausted, p.Capacity(f))
+	}
+	return fmt.Errorf("%s pools %s %w: the %d addresses checked are all allocated (the search stops after %d per pool)",
+		f, p.poolList(f), ErrExhausted, checked, maxScanPerPool)
+}

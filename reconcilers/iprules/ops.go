@@ -1,0 +1,182 @@
+package iprules
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// Ops implements reconciler.Operations[*tables.IPRule]. It caches the owned
+// rules so that Update and Delete write only when the kernel differs; the
+// cache is loaded from the Target by the first operation and reloaded by
+// every Prune, which repairs whatever changed behind the agent's back.
+type Ops struct {
+	target Target
+
+	mu sync.Mutex
+	// owned holds the rules with Protocol that the Target has; nil until
+	// the first successful List.
+	owned map[tables.IPRuleKey]struct{}
+
+	rules         atomic.Int64
+	adds, deletes atomic.Uint64
+}
+
+// Stats counts what Ops did to its Target.
+type Stats struct {
+	// Rules is the number of owned rules in the Target, as far as Ops knows.
+	Rules int
+	// Adds and Deletes are the writes made since NewOps; "already there"
+	// and "already gone" cost none.
+	Adds, Deletes uint64
+}
+
+var _ reconciler.Operations[*tables.IPRule] = (*Ops)(nil)
+
+// NewOps returns operations that write the ip-rules table's rows to t.
+func NewOps(t Target) *Ops {
+	return &Ops{target: t}
+}
+
+// Stats returns the counters; it is safe for concurrent use.
+func (o *Ops) Stats() Stats {
+	return Stats{
+		Rules:   int(o.rules.Load()),
+		Adds:    o.adds.Load(),
+		Deletes: o.deletes.Load(),
+	}
+}
+
+// Update installs the row's rule unless the target already has it.
+func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *tables.IPRule) error {
+	k := canonical(r.Key())
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err := o.load(); err != nil {
+		return err
+	}
+	if _, ok := o.owned[k]; ok {
+		return nil
+	}
+	return o.add(k)
+}
+
+// Delete removes the row's rule unless the target already lacks it.
+func (o *Ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *tables.IPRule) error {
+	k := canonical(r.Key())
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err := o.load(); err != nil {
+		return err
+	}
+	if _, ok := o.owned[k]; !ok {
+		return nil
+	}
+	return o.del(k)
+}
+
+// Prune makes the owned rules equal to objects. It re-lists the target
+// first, so rules deleted or added behind the agent's back are repaired,
+// then adds the missing rules before deleting the stale ones: a rule that
+// moves to another table is never absent in between. Rules of other
+// protocols are never listed, so never deleted. When the target already
+// matches, it writes nothing. It keeps going after a failed write and
+// returns all errors.
+func (o *Ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*tables.IPRule, statedb.Revision]) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err := o.reload(); err != nil {
+		return fmt.Errorf("prune: %w", err)
+	}
+	want := make(map[tables.IPRuleKey]struct{})
+	var missing []tables.IPRuleKey
+	for r := range objects {
+		k := canonical(r.Key())
+		if _, dup := want[k]; dup {
+			continue
+		}
+		want[k] = struct{}{}
+		if _, ok := o.owned[k]; !ok {
+			missing = append(missing, k)
+		}
+	}
+	var stale []tables.IPRuleKey
+	for k := range o.owned {
+		if _, ok := want[k]; !ok {
+			stale = append(stale, k)
+		}
+	}
+	// Sorted, so that a prune writes and fails in a reproducible order.
+	slices.SortFunc(missing, compareKey)
+	slices.SortFunc(stale, compareKey)
+
+	var errs []error
+	for i, k := range slices.Concat(missing, stale) {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if i < len(missing) {
+			errs = append(errs, o.add(k))
+		} else {
+			errs = append(errs, o.del(k))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("prune: %w", err)
+	}
+	return nil
+}
+
+// load fills the cache on first use; a failed List is retried by the next
+// operation.
+func (o *Ops) load() error {
+	if o.owned != nil {
+		return nil
+	}
+	return o.reload()
+}
+
+// reload replaces the cache with the target's owned rules.
+func (o *Ops) reload() error {
+	keys, err := o.target.List()
+	if err != nil {
+		return err
+	}
+	owned := make(map[tables.IPRuleKey]struct{}, len(keys))
+	for _, k := range keys {
+		owned[canonical(k)] = struct{}{}
+	}
+	o.owned = owned
+	o.rules.Store(int64(len(owned)))
+	return nil
+}
+
+func (o *Ops) add(k tables.IPRuleKey) error {
+	if err := o.target.Add(k); err != nil {
+		return err
+	}
+	o.adds.Add(1)
+	o.owned[k] = struct{}{}
+	o.rules.Store(int64(len(o.owned)))
+	return nil
+}
+
+func (o *Ops) del(k tables.IPRuleKey) error {
+	if err := o.target.Del(k); err != nil {
+		return err
+	}
+	o.deletes.Add(1)
+	delete(o.owned, k)
+	o.rules.Store(int64(len(o.owned)))
+	return nil
+}
