@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -21,14 +22,17 @@ import (
 	"github.com/cilium/hive/script"
 	"github.com/cilium/hive/script/scripttest"
 	"github.com/spf13/pflag"
+	"github.com/vishvananda/netlink"
 
 	"github.com/cilium/hive/cell"
 
 	"github.com/ipmasq/ipmasq/cells/agent"
 	"github.com/ipmasq/ipmasq/cells/api"
+	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
+	"github.com/ipmasq/ipmasq/tables"
 )
 
 var debug = flag.Bool("debug", false, "log the agent at debug level in script tests")
@@ -100,7 +104,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	configPath := filepath.Join(dir, "config", "ip-masq-agent")
 
 	apiSocket := filepath.Join(dir, "api.sock")
-	args, target := rulesTarget(t, args)
+	args, target, nlh := rulesTarget(t, args)
 	a := &agentUnderTest{
 		t: t,
 		args: append([]string{
@@ -126,6 +130,9 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	maps.Copy(cmds, bpfCommands(filepath.Join(bpfRoot, "ipmasq")))
 	maps.Copy(cmds, apiCommands(api.NewClient(apiSocket)))
 	maps.Copy(cmds, stateCommands(filepath.Join(dir, "state")))
+	if nlh != nil {
+		maps.Copy(cmds, netnsCommands(nlh))
+	}
 	cmds["agent/restart"] = script.Command(
 		script.CmdUsage{Summary: "Stop the agent and start a new one on the same bpffs and config, like a process restart"},
 		func(s *script.State, _ ...string) (script.WaitFunc, error) {
@@ -308,7 +315,7 @@ func bpfCommands(pinDir string) map[string]script.Cmd {
 // "--rules-target=memory|netns" script argument (default memory): an
 // in-memory target, or the kernel inside a network namespace made for this
 // test only.
-func rulesTarget(t testing.TB, args []string) ([]string, iprules.Target) {
+func rulesTarget(t testing.TB, args []string) ([]string, iprules.Target, *netlink.Handle) {
 	kind := "memory"
 	var rest []string
 	for _, a := range args {
@@ -320,12 +327,102 @@ func rulesTarget(t testing.TB, args []string) ([]string, iprules.Target) {
 	}
 	switch kind {
 	case "memory":
-		return rest, iprules.NewMemoryTarget()
+		return rest, iprules.NewMemoryTarget(), nil
 	case "netns":
-		return rest, iprules.NewNetlinkTarget(privtest.NetlinkHandleInNewNetns(t))
+		h := privtest.NetlinkHandleInNewNetns(t)
+		return rest, iprules.NewNetlinkTarget(h), h
 	}
 	t.Fatalf("--rules-target=%s: want memory or netns", kind)
-	return nil, nil
+	return nil, nil, nil
+}
+
+// netnsCommands set up and query routing in the test's network namespace.
+func netnsCommands(h *netlink.Handle) map[string]script.Cmd {
+	return map[string]script.Cmd{
+		"netns/endpoint": script.Command(
+			script.CmdUsage{
+				Summary: "Give the test netns an endpoint: veth pod0 with the address and a default route in the table, veth up0 as the main table's default",
+				Args:    "ip table",
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				ip, err := netip.ParseAddr(args[0])
+				if err != nil {
+					return nil, err
+				}
+				table, err := strconv.Atoi(args[1])
+				if err != nil {
+					return nil, err
+				}
+				return nil, setupEndpointRouting(h, ip, table)
+			}),
+		"route/get": script.Command(
+			script.CmdUsage{Summary: "Look up the route the kernel picks for dst from src (like ip route get dst from src)", Args: "dst src"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				dst, src := net.ParseIP(args[0]), net.ParseIP(args[1])
+				if dst == nil || src == nil {
+					return nil, fmt.Errorf("bad address in %v", args)
+				}
+				routes, err := h.RouteGetWithOptions(dst, &netlink.RouteGetOptions{SrcAddr: src})
+				if err != nil {
+					return nil, err
+				}
+				var b strings.Builder
+				for _, r := range routes {
+					link, err := h.LinkByIndex(r.LinkIndex)
+					if err != nil {
+						return nil, err
+					}
+					fmt.Fprintf(&b, "%s dev %s table %s\n", dst, link.Attrs().Name, iprulesTableName(r.Table))
+				}
+				return func(*script.State) (string, string, error) { return b.String(), "", nil }, nil
+			}),
+	}
+}
+
+func iprulesTableName(t int) string {
+	if t == 254 {
+		return "main"
+	}
+	return strconv.Itoa(t)
+}
+
+func setupEndpointRouting(h *netlink.Handle, ip netip.Addr, table int) error {
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pod0"}, PeerName: "up0"}
+	if err := h.LinkAdd(veth); err != nil {
+		return fmt.Errorf("add veth: %w", err)
+	}
+	for _, name := range []string{"pod0", "up0"} {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		if err := h.LinkSetUp(l); err != nil {
+			return err
+		}
+	}
+	pod, _ := h.LinkByName("pod0")
+	up, _ := h.LinkByName("up0")
+	bits := ip.BitLen()
+	if err := h.AddrAdd(pod, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(bits, bits)}}); err != nil {
+		return fmt.Errorf("add address: %w", err)
+	}
+	any := &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}
+	if ip.Is6() {
+		any = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: pod.Attrs().Index, Dst: any, Table: table, Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("add route table %d: %w", table, err)
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: up.Attrs().Index, Dst: any, Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("add main route: %w", err)
+	}
+	return nil
 }
 
 // apiCommands drive the agent's API over its socket.
@@ -398,6 +495,30 @@ func stateCommands(dir string) map[string]script.Cmd {
 					return nil, err
 				}
 				return nil, os.WriteFile(filepath.Join(dir, args[1]), data, 0o600)
+			}),
+		"state/seed": script.Command(
+			script.CmdUsage{Summary: "Write a valid endpoints state file with these endpoints (restored at the next agent start)", Args: "ip owner table ..."},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) == 0 || len(args)%3 != 0 {
+					return nil, script.ErrUsage
+				}
+				var eps []*tables.Endpoint
+				for i := 0; i < len(args); i += 3 {
+					ip, err := netip.ParseAddr(args[i])
+					if err != nil {
+						return nil, err
+					}
+					rt, err := strconv.ParseUint(args[i+2], 10, 32)
+					if err != nil {
+						return nil, err
+					}
+					eps = append(eps, &tables.Endpoint{IP: ip, Owner: args[i+1], RouteTable: uint32(rt), Created: time.Unix(0, 0).UTC()})
+				}
+				store, err := ipam.NewStore(dir)
+				if err != nil {
+					return nil, err
+				}
+				return nil, store.Save(eps)
 			}),
 		"state/ls": script.Command(
 			script.CmdUsage{Summary: "List the state directory"},
