@@ -1,8 +1,10 @@
-// Command ipmasq-demo shows the agent at work on a private BPF filesystem:
-// it starts ipmasq-agent on a built-in config, prints the maps it wrote,
-// changes the config, feeds it a bad file, and restarts it, printing the
-// maps after each step. It needs root (bpffs mount, BPF maps) and touches
-// nothing of the host but a temporary directory.
+// Command ipmasq-demo shows the agent at work on a private BPF filesystem
+// and in a network namespace of its own: it starts ipmasq-agent on a
+// built-in config, prints the maps it wrote, changes the config, allocates
+// a pod address over the API and shows the pod's ip rules following the
+// config, feeds it a bad file, and restarts it. It needs root (bpffs mount,
+// BPF maps, a network namespace) and touches nothing of the host but a
+// temporary directory.
 //
 //	go build -o bin/ipmasq-agent ./cmd/ipmasq-agent
 //	go run ./cmd/ipmasq-demo --agent bin/ipmasq-agent
@@ -17,14 +19,20 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/cells/api"
+	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/tables"
 )
 
 const firstConfig = `# The example from the Kubernetes ip-masq-agent documentation, plus an
@@ -50,6 +58,8 @@ func main() {
 }
 
 type demo struct {
+	netns      netns.NsHandle
+	nl         *netlink.Handle
 	agentBin   string
 	dir        string
 	bpfRoot    string
@@ -80,6 +90,14 @@ func run(agentBin string) error {
 	if err := unix.Mount("bpf", d.bpfRoot, "bpf", 0, "mode=0700"); err != nil {
 		return fmt.Errorf("mount private bpffs: %w", err)
 	}
+	// The agent runs in a network namespace of its own, so the ip rules it
+	// writes never reach the host's.
+	if d.netns, err = newNetns(); err != nil {
+		return err
+	}
+	if d.nl, err = netlink.NewHandleAt(d.netns); err != nil {
+		return err
+	}
 
 	step("1. Config file (what an operator's ConfigMap holds)")
 	if err := d.writeConfig(firstConfig); err != nil {
@@ -106,7 +124,29 @@ func run(agentBin string) error {
 	}
 	fmt.Printf("   (file written → maps updated in %s, measured by polling the map)\n", time.Since(start).Round(time.Millisecond))
 
-	step("4. A bad file (host bits set) is rejected; the maps keep the last good config")
+	step("4. A pod gets an address over the API; its ip rules follow the config")
+	client := api.NewClient(filepath.Join(d.dir, "api.sock"))
+	rt := uint32(11)
+	var alloc api.AllocationResponse
+	if err := retry(func() (err error) {
+		alloc, err = client.Allocate(context.Background(), api.AllocationRequest{Owner: "demo-pod/eth0", Family: "ipv4", RouteTable: &rt})
+		return err
+	}); err != nil {
+		return err
+	}
+	fmt.Printf("   POST /v1/ipam/allocations → %s, route table %d, nonMasqueradeCIDRs %v\n", alloc.IP, alloc.RouteTable, alloc.NonMasqueradeCIDRs)
+	if err := d.waitRules(7); err != nil {
+		return err
+	}
+	fmt.Println("   Remove 198.18.0.0/15 again: the pod's rule for it goes, the others stay.")
+	if err := d.writeConfig(firstConfig); err != nil {
+		return err
+	}
+	if err := d.waitRules(6); err != nil {
+		return err
+	}
+
+	step("5. A bad file (host bits set) is rejected; the maps keep the last good config")
 	if err := d.writeConfig("nonMasqueradeCIDRs: [10.0.0.1/8]\n"); err != nil {
 		return err
 	}
@@ -115,26 +155,31 @@ func run(agentBin string) error {
 		return err
 	}
 	fmt.Println("   agent log: " + line)
-	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "198.18.0.0/15") }); err != nil {
+	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "10.96.0.0/12") }); err != nil {
 		return err
 	}
 
-	step("5. Stop the agent (SIGTERM): the maps stay pinned for the datapath")
+	step("6. Stop the agent (SIGTERM): the maps stay pinned for the datapath")
 	if err := d.stopAgent(); err != nil {
 		return err
 	}
-	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "198.18.0.0/15") }); err != nil {
+	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "10.96.0.0/12") }); err != nil {
 		return err
 	}
 
-	step("6. Delete the file and restart: the reserved-range defaults apply")
+	step("7. Delete the file and restart: the reserved-range defaults apply, and the pod's rules follow")
 	if err := os.Remove(d.configPath); err != nil {
 		return err
 	}
 	if err := d.startAgent(); err != nil {
 		return err
 	}
-	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "240.0.0.0/4") }); err != nil {
+	if err := d.waitMaps(func(s string) bool {
+		return strings.Contains(s, "240.0.0.0/4") && !strings.Contains(s, "10.96.0.0/12")
+	}); err != nil {
+		return err
+	}
+	if err := d.waitRules(12); err != nil {
 		return err
 	}
 	if err := d.stopAgent(); err != nil {
@@ -168,11 +213,15 @@ func (d *demo) startAgent() error {
 	if err != nil {
 		return err
 	}
+	// Everything the agent keeps lives in the demo directory.
 	d.agent = exec.Command(d.agentBin,
 		"--bpf-root="+d.bpfRoot,
-		"--ip-masq-agent-config-path="+d.configPath)
+		"--ip-masq-agent-config-path="+d.configPath,
+		"--state-dir="+filepath.Join(d.dir, "state"),
+		"--api-socket="+filepath.Join(d.dir, "api.sock"),
+		"--pod-cidr=10.244.1.0/24")
 	d.agent.Stdout, d.agent.Stderr = logFile, logFile
-	if err := d.agent.Start(); err != nil {
+	if err := startIn(d.netns, d.agent); err != nil {
 		logFile.Close()
 		return fmt.Errorf("start %s: %w", d.agentBin, err)
 	}
@@ -238,10 +287,82 @@ func (d *demo) waitLog(s string) (string, error) {
 	return "", fmt.Errorf("no %q in the agent log %s", s, d.logPath)
 }
 
+// waitRules waits until the agent's network namespace holds n rules of
+// ipmasq's protocol, then prints them.
+func (d *demo) waitRules(n int) error {
+	deadline := time.Now().Add(10 * time.Second)
+	var keys []tables.IPRuleKey
+	for time.Now().Before(deadline) {
+		keys, _ = iprules.NewNetlinkTarget(d.nl).List()
+		if len(keys) == n {
+			fmt.Print(indent("$ ip rule   # in the agent's network namespace, ipmasq's rules only\n" + iprules.Format(keys)))
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("want %d ip rules, have %d:\n%s", n, len(keys), iprules.Format(keys))
+}
+
+func retry(f func() error) error {
+	var err error
+	for range 100 {
+		if err = f(); err == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return err
+}
+
+// newNetns creates an unnamed network namespace without moving the caller.
+func newNetns() (netns.NsHandle, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return 0, err
+	}
+	defer orig.Close()
+	ns, err := netns.New()
+	if err != nil {
+		return 0, fmt.Errorf("create network namespace: %w", err)
+	}
+	if err := netns.Set(orig); err != nil {
+		panic(err)
+	}
+	return ns, nil
+}
+
+// startIn starts cmd inside ns: the child inherits the namespace of the
+// thread that forks it.
+func startIn(ns netns.NsHandle, cmd *exec.Cmd) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		return err
+	}
+	startErr := cmd.Start()
+	if err := netns.Set(orig); err != nil {
+		panic(err)
+	}
+	return startErr
+}
+
 func (d *demo) cleanup() {
 	if d.agent != nil {
 		_ = d.agent.Process.Kill()
 		_ = d.agent.Wait()
+	}
+	if d.nl != nil {
+		d.nl.Close()
+	}
+	if d.netns != 0 {
+		d.netns.Close()
 	}
 	_ = unix.Unmount(d.bpfRoot, unix.MNT_DETACH)
 	_ = os.RemoveAll(d.dir)
