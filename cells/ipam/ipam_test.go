@@ -1,0 +1,147 @@
+package ipam_test
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/hivetest"
+	"github.com/cilium/statedb"
+	"github.com/spf13/pflag"
+
+	"github.com/ipmasq/ipmasq/cells/agent"
+	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/cells/config"
+	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+type fixture struct {
+	ipam   *ipam.IPAM
+	db     *statedb.DB
+	eps    statedb.Table[*tables.Endpoint]
+	health *cell.SimpleHealth
+	h      *hive.Hive
+}
+
+// startIPAM runs the config and IPAM cells on stateDir with the pool.
+func startIPAM(t *testing.T, stateDir string, pool string) (*fixture, error) {
+	var f fixture
+	f.h = hive.NewWithOptions(agent.Options(),
+		agent.Infrastructure, agentconfig.Cell, config.Cell, ipam.Cell,
+		cell.Invoke(func(i *ipam.IPAM, db *statedb.DB, eps statedb.Table[*tables.Endpoint], h *cell.SimpleHealth) {
+			f.ipam, f.db, f.eps, f.health = i, db, eps, h
+		}))
+	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
+	f.h.RegisterFlags(flags)
+	if err := flags.Parse([]string{
+		"--ip-masq-agent-config-path=" + filepath.Join(t.TempDir(), "none"),
+		"--state-dir=" + stateDir, "--pod-cidr=" + pool,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	log := hivetest.Logger(t, hivetest.LogLevel(slog.LevelError))
+	if err := f.h.Start(log, context.Background()); err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { f.h.Stop(log, context.Background()) })
+	return &f, nil
+}
+
+func (f *fixture) healthOf(scope string) string {
+	for _, name := range []string{"ipam." + scope} {
+		if h := f.health.GetChild(name); h != nil {
+			msg := string(h.Level) + ": " + h.Status
+			if h.Error != nil {
+				msg += ": " + h.Error.Error()
+			}
+			return msg
+		}
+	}
+	return "no health for " + scope
+}
+
+func TestRestoredOutsidePoolsIsKeptAndReported(t *testing.T) {
+	dir := t.TempDir()
+	store, _ := ipam.NewStore(dir)
+	outside := &tables.Endpoint{IP: netip.MustParseAddr("10.9.9.9"), Owner: "old-pod", RouteTable: 11, Created: time.Unix(1, 0).UTC()}
+	inside := &tables.Endpoint{IP: netip.MustParseAddr("10.244.1.1"), Owner: "pod", Created: time.Unix(1, 0).UTC()}
+	if err := store.Save([]*tables.Endpoint{outside, inside}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := startIPAM(t, dir, "10.244.1.0/24")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := f.eps.NumObjects(f.db.ReadTxn()); n != 2 {
+		t.Fatalf("restored %d endpoints, want 2 (the one outside the pools is kept)", n)
+	}
+	if h := f.healthOf("state"); !strings.Contains(h, "Degraded") || !strings.Contains(h, "10.9.9.9 (old-pod)") {
+		t.Fatalf("health must report the endpoint outside the pools: %s", h)
+	}
+	// The restored in-pool address is not handed out again.
+	a, err := f.ipam.Allocate(context.Background(), ipam.Request{Owner: "new", Family: tables.IPv4})
+	if err != nil || a.Endpoint.IP.String() == "10.244.1.1" {
+		t.Fatalf("allocation: %+v %v", a, err)
+	}
+}
+
+func TestUnreadableStateRefusesToStart(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "endpoints.json"), []byte(`{"version":1,"endpoints":[`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := startIPAM(t, dir, "10.244.1.0/24")
+	if err == nil || !strings.Contains(err.Error(), "endpoints.json") || !strings.Contains(err.Error(), "starting empty would hand out addresses in use") {
+		t.Fatalf("want a start error naming the state file, got %v", err)
+	}
+}
+
+func TestPersistFailureKeepsTableAndDisk(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	f, err := startIPAM(t, dir, "10.244.1.0/24")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := f.ipam.Allocate(ctx, ipam.Request{Owner: "a", Family: tables.IPv4}); err != nil {
+		t.Fatal(err)
+	}
+	// The state directory becomes unusable (a file where it was).
+	if err := os.Rename(dir, dir+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.ipam.Allocate(ctx, ipam.Request{Owner: "b", Family: tables.IPv4})
+	if err == nil || !strings.Contains(err.Error(), "persist endpoints") {
+		t.Fatalf("allocation with an unusable state dir: want a persist error, got %v", err)
+	}
+	if _, err := f.ipam.Release(netip.MustParseAddr("10.244.1.1")); err == nil {
+		t.Fatal("release with an unusable state dir must fail, not forget the address on disk")
+	}
+	if n := f.eps.NumObjects(f.db.ReadTxn()); n != 1 {
+		t.Fatalf("the table must not run ahead of the disk: %d endpoints", n)
+	}
+	if h := f.healthOf("state"); !strings.Contains(h, "Degraded") {
+		t.Fatalf("health: %s", h)
+	}
+	os.Remove(dir)
+	if err := os.Rename(dir+".moved", dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ipam.Allocate(ctx, ipam.Request{Owner: "b", Family: tables.IPv4}); err != nil {
+		t.Fatalf("after the directory is back: %v", err)
+	}
+	if h := f.healthOf("state"); !strings.Contains(h, "OK") {
+		t.Fatalf("health after recovery: %s", h)
+	}
+}
