@@ -19,8 +19,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ipmasq/ipmasq/cells/agent"
+	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -32,18 +34,29 @@ type benchAgent struct {
 	db         *statedb.DB
 	status     statedb.Table[*tables.ConfigStatus]
 	maps       *nonmasqmaps.Handle
+	rules      *iprules.Handle
 	generation uint64
 }
 
-func startBenchAgent(b *testing.B) *benchAgent {
+func startBenchAgent(b *testing.B, args ...string) *benchAgent {
+	return startBenchAgentWith(b, iprules.NewMemoryTarget(), args...)
+}
+
+func startBenchAgentWith(b *testing.B, rules iprules.Target, args ...string) *benchAgent {
 	bpfRoot := privtest.MountBPFFS(b)
-	a := &benchAgent{b: b, configPath: filepath.Join(b.TempDir(), "config", "ip-masq-agent")}
-	h := agent.New(cell.Invoke(func(db *statedb.DB, st statedb.Table[*tables.ConfigStatus], m *nonmasqmaps.Handle) {
-		a.db, a.status, a.maps = db, st, m
-	}))
+	dir := b.TempDir()
+	a := &benchAgent{b: b, configPath: filepath.Join(dir, "config", "ip-masq-agent")}
+	h := agent.New(
+		cell.Provide(func() iprules.Target { return rules }),
+		cell.Invoke(func(db *statedb.DB, st statedb.Table[*tables.ConfigStatus], m *nonmasqmaps.Handle, r *iprules.Handle) {
+			a.db, a.status, a.maps, a.rules = db, st, m, r
+		}))
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
-	if err := flags.Parse([]string{"--bpf-root=" + bpfRoot, "--ip-masq-agent-config-path=" + a.configPath}); err != nil {
+	if err := flags.Parse(append([]string{
+		"--bpf-root=" + bpfRoot, "--ip-masq-agent-config-path=" + a.configPath,
+		"--state-dir=" + filepath.Join(dir, "state"), "--api-socket=" + filepath.Join(dir, "api.sock"),
+	}, args...)); err != nil {
 		b.Fatal(err)
 	}
 	log := hivetest.Logger(b, hivetest.LogLevel(slog.LevelWarn))
@@ -197,4 +210,74 @@ func BenchmarkConfigChangeOne(b *testing.B) {
 		a.write(files[(i+1)%2])
 		a.waitConverged()
 	}
+}
+
+// BenchmarkConfigChangeRules measures a config change on a node with 1 000
+// endpoints (route table 11, 5 rules each: four CIDRs and link-local)
+// through the whole agent: file event, parse,
+// rules controller, ip rule reconciler, netlink writes in a network
+// namespace made for the benchmark. Each iteration adds or removes one
+// prefix, so exactly 1 000 rules are written (checked).
+func BenchmarkConfigChangeRules(b *testing.B) {
+	const endpoints = 1000
+	stateDir := b.TempDir()
+	var eps []*tables.Endpoint
+	for i := range endpoints {
+		eps = append(eps, &tables.Endpoint{
+			IP: netip.AddrFrom4([4]byte{10, 1, byte(i / 250), byte(i%250 + 1)}), Owner: fmt.Sprintf("pod-%d", i),
+			RouteTable: 11, Created: time.Unix(0, 0).UTC(),
+		})
+	}
+	store, err := ipam.NewStore(stateDir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := store.Save(eps); err != nil {
+		b.Fatal(err)
+	}
+	four := []byte("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 100.64.0.0/10, 192.168.0.0/16]\nmasqLinkLocal: false\n")
+	five := []byte("nonMasqueradeCIDRs: [10.0.0.0/8, 172.16.0.0/12, 100.64.0.0/10, 192.168.0.0/16, 198.18.0.0/15]\nmasqLinkLocal: false\n")
+
+	// The first config is in place before the agent starts, as on a node.
+	configPath := filepath.Join(b.TempDir(), "ip-masq-agent")
+	if err := os.WriteFile(configPath, four, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	target := iprules.NewNetlinkTarget(privtest.NetlinkHandleInNewNetns(b))
+	a := startBenchAgentWith(b, target, "--state-dir="+stateDir, "--pod-cidr=10.1.0.0/16",
+		"--ip-masq-agent-config-path="+configPath)
+	a.configPath = configPath
+	start := time.Now()
+	a.waitRuleWrites(5 * endpoints)
+	initial := time.Since(start)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		before := a.rules.Stats()
+		if i%2 == 0 {
+			a.write(five)
+		} else {
+			a.write(four)
+		}
+		a.waitRuleWrites(before.Adds + before.Deletes + endpoints)
+	}
+	b.StopTimer()
+	st := a.rules.Stats()
+	b.ReportMetric(float64(st.Adds+st.Deletes-5*endpoints)/float64(b.N), "rule-writes/op")
+	b.ReportMetric(float64(initial.Milliseconds()), "initial-5000-rules-ms")
+}
+
+// waitRuleWrites waits until the rule reconciler has made n writes in all.
+func (a *benchAgent) waitRuleWrites(n uint64) {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		st := a.rules.Stats()
+		switch w := st.Adds + st.Deletes; {
+		case w == n:
+			return
+		case w > n:
+			a.b.Fatalf("%d rule writes, want exactly %d", w, n)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	a.b.Fatalf("rule writes did not reach %d: %+v", n, a.rules.Stats())
 }
