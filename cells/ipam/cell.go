@@ -55,11 +55,12 @@ var Cell = cell.Module(
 type ipamParams struct {
 	cell.In
 
-	Log    *slog.Logger
-	DB     *statedb.DB
-	Health cell.Health
-	Config Config
-	CIDRs  statedb.Table[*tables.NonMasqCIDR]
+	Log       *slog.Logger
+	Lifecycle cell.Lifecycle
+	DB        *statedb.DB
+	Health    cell.Health
+	Config    Config
+	CIDRs     statedb.Table[*tables.NonMasqCIDR]
 }
 
 // newIPAM parses the pools, creates the endpoints table and restores it
@@ -89,10 +90,13 @@ func newIPAM(p ipamParams) (*IPAM, error) {
 	i := &IPAM{
 		log: p.Log, db: p.DB, endpoints: endpoints, cidrs: p.CIDRs,
 		pools: pools, store: store, config: p.Config,
-		health: p.Health.NewScope("state"),
+		health:        p.Health.NewScope("state"),
+		compactHealth: p.Health.NewScope("compaction"),
 	}
 	if err := i.restore(); err != nil {
+		i.store.Close()
 		return nil, err
 	}
+	p.Lifecycle.Append(cell.Hook{OnStop: i.stop})
 	return i, nil
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -64,6 +65,12 @@ type IPAM struct {
 	// mu serializes changes so that the state file and the table agree.
 	mu         sync.Mutex
 	saveFailed bool
+
+	// One compaction at a time, in the background: it rewrites the
+	// snapshot, which an allocation should not wait for.
+	compacting    atomic.Bool
+	compactions   sync.WaitGroup
+	compactHealth cell.Health
 }
 
 // restore fills the endpoints table from disk and marks it initialized.
@@ -100,8 +107,40 @@ func (i *IPAM) restore() error {
 	} else {
 		i.health.OK(fmt.Sprintf("%d endpoint(s) restored from %s", len(eps), report.Source))
 	}
-	i.log.Info("Endpoints restored", "count", len(eps), "source", report.Source, "file", i.store.Path())
+	i.log.Info("Endpoints restored", "count", len(eps), "source", report.Source, "replayed", report.Replayed, "file", i.store.Path())
+
+	// Start from a fresh snapshot and an empty journal. Failing is not
+	// fatal: the journal holds everything, and changes tell whether the
+	// disk works.
+	i.compact()
 	return nil
+}
+
+// maybeCompact starts a compaction in the background when the journal
+// has grown enough and none is running. Called after a change commits.
+func (i *IPAM) maybeCompact() {
+	if !i.store.NeedsCompaction() || !i.compacting.CompareAndSwap(false, true) {
+		return
+	}
+	i.compactions.Go(func() {
+		defer i.compacting.Store(false)
+		i.compact()
+	})
+}
+
+func (i *IPAM) compact() {
+	if err := i.store.Compact(); err != nil {
+		i.log.Warn("Cannot compact the endpoint journal", "error", err, "journal", i.store.JournalPath())
+		i.compactHealth.Degraded("cannot compact the endpoint journal; allocations stay durable, the journal grows until it works", err)
+		return
+	}
+	i.compactHealth.OK("snapshot written to " + i.store.Path())
+}
+
+// stop waits for a compaction in progress and closes the journal.
+func (i *IPAM) stop(cell.HookContext) error {
+	i.compactions.Wait()
+	return i.store.Close()
 }
 
 // Allocate returns the owner's address of the family, allocating one if it
@@ -144,11 +183,12 @@ func (i *IPAM) Allocate(ctx context.Context, req Request) (Allocation, error) {
 		return Allocation{}, err
 	}
 	ep := &tables.Endpoint{IP: ip, Owner: req.Owner, RouteTable: table, Created: time.Now().UTC().Truncate(time.Second)}
-	i.endpoints.Insert(wtxn, ep)
-	if err := i.save(wtxn); err != nil {
+	if err := i.persist(func() error { return i.store.Add(ep) }); err != nil {
 		return Allocation{}, err
 	}
+	i.endpoints.Insert(wtxn, ep)
 	wtxn.Commit()
+	i.maybeCompact()
 	i.log.Info("Allocated", "ip", ip, "owner", req.Owner, "routeTable", table)
 	return i.allocation(ep, true), nil
 }
@@ -206,24 +246,32 @@ func (i *IPAM) release(find func(statedb.ReadTxn) []*tables.Endpoint, what strin
 	if len(eps) == 0 {
 		return tables.Endpoint{}, fmt.Errorf("%w: %s", ErrNotFound, what)
 	}
+	// One record per address: if a later one fails, the table drops
+	// exactly the addresses whose release is on disk.
+	var err error
+	released := 0
 	for _, ep := range eps {
+		if err = i.persist(func() error { return i.store.Delete(ep.IP) }); err != nil {
+			break
+		}
 		i.endpoints.Delete(wtxn, ep)
-	}
-	if err := i.save(wtxn); err != nil {
-		return tables.Endpoint{}, err
-	}
-	wtxn.Commit()
-	for _, ep := range eps {
 		i.log.Info("Released", "ip", ep.IP, "owner", ep.Owner)
+		released++
+	}
+	if released > 0 {
+		wtxn.Commit()
+		i.maybeCompact()
+	}
+	if err != nil {
+		return tables.Endpoint{}, err
 	}
 	return *eps[0], nil
 }
 
-// save persists the endpoints as the transaction holds them; the caller
-// commits only when it succeeded, so the table never runs ahead of the disk.
-func (i *IPAM) save(txn statedb.ReadTxn) error {
-	eps := statedb.Collect(i.endpoints.All(txn))
-	if err := i.store.Save(eps); err != nil {
+// persist makes a change durable; the caller commits the table only when
+// it succeeded, so the table never runs ahead of the disk.
+func (i *IPAM) persist(change func() error) error {
+	if err := change(); err != nil {
 		i.health.Degraded("cannot persist endpoints; allocations and releases fail until it works", err)
 		i.saveFailed = true
 		return fmt.Errorf("persist endpoints: %w", err)

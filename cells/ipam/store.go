@@ -20,21 +20,62 @@ import (
 )
 
 const (
-	stateFile    = "endpoints.json"
-	stateVersion = 1
+	stateFile   = "endpoints.json"
+	journalFile = "endpoints.journal"
+	// stateVersion 2 adds journalSeq: a version-1 ipmasq would ignore the
+	// journal and forget the allocations in it, so it must refuse the file.
+	stateVersion = 2
 )
 
-// Store keeps the endpoints in <dir>/endpoints.json, and the previous good
-// copy in <dir>/endpoints.json.bak, so that a crash or a corrupt file never
-// loses allocations silently.
+// Store keeps the endpoints in <dir>/endpoints.json (the snapshot), the
+// previous good snapshot in <dir>/endpoints.json.bak, and every change made
+// since the snapshot in <dir>/endpoints.journal, so that a crash or a
+// corrupt file never loses allocations silently. A change costs one
+// appended line and one fdatasync; the snapshot is rewritten only when the
+// journal has grown (see Compact).
 //
-// Other names in dir: <file>.tmp is a save in progress (ignored by Load,
-// overwritten by Save); <file>.corrupt-<unix-seconds> is a bad file that
-// Load put aside for inspection (never read again, never removed).
+// Other names in dir: <name>.tmp is a write in progress (ignored by Load,
+// overwritten by the next write); <file>.corrupt-<unix-seconds> is a bad
+// snapshot that Load put aside for inspection (never read again, never
+// removed).
+//
+// The store keeps its own copy of the endpoints, as Load, Save, Add and
+// Delete left them, so that it can check changes and compact without asking
+// the caller.
 type Store struct {
-	dir, file, bak string
+	dir, file, bak, journal string
 
-	mu sync.Mutex // one Save or Load at a time: they share the .tmp names
+	// Compaction is due when the journal holds more than compactRecords
+	// records or compactBytes bytes.
+	compactRecords int
+	compactBytes   int64
+
+	// fileMu serializes the writers of the snapshot (Load, Save, Compact,
+	// and an Add or Delete that must start a new journal): they share the
+	// .tmp names. Taken before mu, never while holding it.
+	fileMu sync.Mutex
+	// mu guards the fields below; an Add or Delete holds it only for its
+	// append, not for a snapshot being written by Compact.
+	mu     sync.Mutex
+	loaded bool // Load or Save has set eps and seq
+	closed bool
+	eps    map[netip.Addr]*tables.Endpoint
+	owners map[ownerFamily]netip.Addr
+	// seq is the number of the last record written to the journal, or
+	// included in the snapshot if that is later.
+	seq uint64
+	// jf is the open journal, appended to; nil when a new one must be
+	// started (see resetLocked). jfi identifies its inode.
+	jf  *os.File
+	jfi os.FileInfo
+	// lines are the records in the journal, size its length in bytes.
+	lines []journalLine
+	size  int64
+}
+
+type ownerFamily struct {
+	owner  string
+	family tables.Family
 }
 
 // NewStore creates dir (mode 0700) if needed.
@@ -43,33 +84,55 @@ func NewStore(dir string) (*Store, error) {
 		return nil, fmt.Errorf("create IPAM state directory: %w", err)
 	}
 	file := filepath.Join(dir, stateFile)
-	return &Store{dir: dir, file: file, bak: file + ".bak"}, nil
+	return &Store{
+		dir: dir, file: file, bak: file + ".bak", journal: filepath.Join(dir, journalFile),
+		compactRecords: defaultCompactRecords, compactBytes: defaultCompactBytes,
+	}, nil
 }
 
-// Path is the state file, <dir>/endpoints.json.
+// Path is the snapshot, <dir>/endpoints.json.
 func (s *Store) Path() string { return s.file }
+
+// JournalPath is the journal, <dir>/endpoints.journal.
+func (s *Store) JournalPath() string { return s.journal }
 
 // stateHeader is the part of the file read before the endpoints are
 // trusted: the version says how to read the rest, the checksum whether
 // the endpoints array is what was written.
+//
+// Version 2 adds journalSeq, the last journal record the snapshot includes;
+// its checksum covers "<journalSeq>:<endpoints>" so that a damaged number
+// cannot make Load skip or repeat records. Version 1 has no journal: its
+// checksum covers the endpoints alone.
 type stateHeader struct {
-	Version   *int            `json:"version"`
-	Endpoints json.RawMessage `json:"endpoints"`
-	SHA256    *string         `json:"sha256"`
+	Version    *int            `json:"version"`
+	JournalSeq *uint64         `json:"journalSeq"`
+	Endpoints  json.RawMessage `json:"endpoints"`
+	SHA256     *string         `json:"sha256"`
 }
 
-// Save replaces the state file atomically and durably. The endpoints are
-// written sorted by IP; they must pass the same checks as Load makes, so
-// that a save never produces a file the next start refuses.
+func stateChecksum(version int, seq uint64, endpoints []byte) [sha256.Size]byte {
+	if version == 1 {
+		return sha256.Sum256(endpoints)
+	}
+	h := sha256.New()
+	h.Write([]byte(strconv.FormatUint(seq, 10) + ":"))
+	h.Write(endpoints)
+	return [sha256.Size]byte(h.Sum(nil))
+}
+
+// Save replaces the whole state: it writes a snapshot of eps and starts
+// an empty journal. The endpoints are written sorted by IP; they must pass
+// the same checks as Load makes, so that a save never produces a file the
+// next start refuses. Add and Delete are the cheap way to record a change;
+// Save is for setting the state wholesale.
 //
-// The steps keep a complete, fsynced file under <file> or <file>.bak at
-// every instant: write <file>.tmp and fsync it; hard-link the current file
-// to <bak>.tmp and rename that over <bak> (the backup is never missing,
-// and is the file as it was, not a copy that could be torn); rename
-// <file>.tmp over <file>; fsync the directory. The directory is synced
-// once, at the end: every name points at an fsynced inode throughout, so
-// whichever renames a crash loses, each name still holds a good file.
+// The snapshot says it includes every journal record written so far, so a
+// crash after it is in place but before the journal is emptied replays
+// nothing twice.
 func (s *Store) Save(eps []*tables.Endpoint) error {
+	s.fileMu.Lock()
+	defer s.fileMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
@@ -78,11 +141,38 @@ func (s *Store) Save(eps []*tables.Endpoint) error {
 	if err := validateEndpoints(sorted); err != nil {
 		return fmt.Errorf("refusing to save %s: %w", s.file, err)
 	}
-	data, err := encodeState(sorted)
+	seq := s.seq
+	if !s.loaded {
+		// Records a Load has not seen must still count as included.
+		seq = max(seq, lastJournalSeq(s.journal))
+	}
+	if err := s.writeSnapshot(sorted, seq); err != nil {
+		return err
+	}
+	s.setState(sorted, seq)
+	if err := s.replaceJournalLocked(nil); err != nil {
+		// The snapshot holds everything and says so: the old journal's
+		// records will be skipped. The next change starts a new journal.
+		s.closeJournal()
+	}
+	return nil
+}
+
+// writeSnapshot replaces the snapshot atomically and durably; eps are
+// sorted and valid. The caller holds fileMu.
+//
+// The steps keep a complete, fsynced file under <file> or <file>.bak at
+// every instant: write <file>.tmp and fsync it; hard-link the current file
+// to <bak>.tmp and rename that over <bak> (the backup is never missing,
+// and is the file as it was, not a copy that could be torn); rename
+// <file>.tmp over <file>; fsync the directory. The directory is synced
+// once, at the end: every name points at an fsynced inode throughout, so
+// whichever renames a crash loses, each name still holds a good file.
+func (s *Store) writeSnapshot(sorted []*tables.Endpoint, seq uint64) error {
+	data, err := encodeState(sorted, seq)
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", s.file, err)
 	}
-
 	tmp := s.file + ".tmp"
 	if err := writeFileSync(tmp, data); err != nil {
 		return err
@@ -123,7 +213,7 @@ func (s *Store) linkBackup() error {
 
 // encodeState writes one endpoint per line, so that the file reads and
 // diffs well; the checksum covers the array exactly as written.
-func encodeState(eps []*tables.Endpoint) ([]byte, error) {
+func encodeState(eps []*tables.Endpoint, seq uint64) ([]byte, error) {
 	var arr bytes.Buffer
 	arr.WriteByte('[')
 	for i, ep := range eps {
@@ -141,11 +231,11 @@ func encodeState(eps []*tables.Endpoint) ([]byte, error) {
 		arr.WriteString("\n  ")
 	}
 	arr.WriteByte(']')
-	sum := sha256.Sum256(arr.Bytes())
+	sum := stateChecksum(stateVersion, seq, arr.Bytes())
 
 	var out bytes.Buffer
-	out.Grow(arr.Len() + 128)
-	fmt.Fprintf(&out, "{\n  \"version\": %d,\n  \"endpoints\": ", stateVersion)
+	out.Grow(arr.Len() + 160)
+	fmt.Fprintf(&out, "{\n  \"version\": %d,\n  \"journalSeq\": %d,\n  \"endpoints\": ", stateVersion, seq)
 	out.Write(arr.Bytes())
 	fmt.Fprintf(&out, ",\n  \"sha256\": %q\n}\n", hex.EncodeToString(sum[:]))
 	return out.Bytes(), nil
@@ -191,15 +281,20 @@ func syncDir(dir string) error {
 
 // LoadReport says where the endpoints came from and what was wrong.
 type LoadReport struct {
-	// Source is "none" (no state yet), "file" or "backup".
+	// Source is "none" (no snapshot yet), "file" or "backup": the snapshot
+	// the journal was replayed onto.
 	Source string
+	// Replayed is the number of journal records applied to the snapshot.
+	Replayed int
 	// Problems are what an operator should hear about even though Load
 	// succeeded: a bad file and what was done with it.
 	Problems []string
 }
 
-// Load reads the state.
+// Load reads the snapshot, replays the journal onto it, and makes the
+// result the store's state; Add and Delete append to that journal.
 //
+// The snapshot:
 //   - No file and no backup: no endpoints, Source "none".
 //   - A good file: Source "file". The backup is not read.
 //   - A file that is missing, unreadable, truncated, fails its checksum or
@@ -214,43 +309,104 @@ type LoadReport struct {
 // A file of an unknown version is an error too, whatever the backup holds:
 // it is not damaged but written by another ipmasq (a downgrade), and
 // falling back to an older backup would forget allocations made since.
+//
+// The journal (see journal.go): records the snapshot already includes are
+// skipped, the others applied in order. A bad last line is a write the
+// crash interrupted before it was acknowledged: it is dropped, cut off the
+// file and reported. A bad line before the last, a gap in the record
+// numbers, or a result that fails the snapshot's checks is an error naming
+// the journal and the line, and nothing on disk changes: the records after
+// a damaged one cannot be trusted to apply to what came before it.
 func (s *Store) Load() ([]*tables.Endpoint, LoadReport, error) {
+	s.fileMu.Lock()
+	defer s.fileMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.closeJournal()
+	s.loaded, s.closed = false, false
 
-	eps, fileErr := readState(s.file)
+	base, seq, report, putAside, err := s.readSnapshot()
+	if err != nil {
+		return nil, LoadReport{}, err
+	}
+	j, err := readJournal(s.journal)
+	if err != nil {
+		return nil, LoadReport{}, err
+	}
+	eps, replayed, problems, err := j.replay(base, seq, report.Source)
+	if err != nil {
+		return nil, LoadReport{}, err
+	}
+
+	// Checked: now the disk may change.
+	if putAside != nil {
+		aside, err := s.putAside()
+		if err != nil {
+			return nil, LoadReport{}, fmt.Errorf("%v; the backup %s is good but the bad file cannot be put aside: %w", putAside, s.bak, err)
+		}
+		report.Problems = append(report.Problems,
+			putAside.Error(),
+			fmt.Sprintf("using the backup %s (allocations made since it was written and no longer in the journal, if any, are lost); the bad file is kept as %s", s.bak, aside))
+	}
+	if j.torn != "" {
+		if err := truncateSync(s.journal, j.size); err != nil {
+			return nil, LoadReport{}, fmt.Errorf("%s; cannot cut it off: %w", j.torn, err)
+		}
+		report.Problems = append(report.Problems, j.torn)
+	}
+	report.Problems = append(report.Problems, problems...)
+	report.Replayed = replayed
+
+	s.setState(eps, max(seq, j.lastSeq()))
+	s.lines, s.size = j.lines, j.size
+	if err := s.openJournalLocked(); err != nil {
+		s.loaded = false
+		return nil, LoadReport{}, err
+	}
+	return eps, report, nil
+}
+
+// readSnapshot picks the snapshot to replay the journal onto. putAside is
+// the error of a bad file that Load will put aside once it knows the
+// journal applies.
+func (s *Store) readSnapshot() (eps []*tables.Endpoint, seq uint64, report LoadReport, putAside error, err error) {
+	eps, seq, fileErr := readState(s.file)
 	if fileErr == nil {
-		return eps, LoadReport{Source: "file"}, nil
+		return eps, seq, LoadReport{Source: "file"}, nil, nil
 	}
 	var verr *versionError
 	if errors.As(fileErr, &verr) {
-		return nil, LoadReport{}, fileErr
+		return nil, 0, LoadReport{}, nil, fileErr
 	}
 	fileMissing := errors.Is(fileErr, fs.ErrNotExist)
 
-	eps, bakErr := readState(s.bak)
+	eps, seq, bakErr := readState(s.bak)
 	if bakErr != nil {
 		if fileMissing && errors.Is(bakErr, fs.ErrNotExist) {
-			return nil, LoadReport{Source: "none"}, nil
+			return []*tables.Endpoint{}, 0, LoadReport{Source: "none"}, nil, nil
 		}
-		return nil, LoadReport{}, fmt.Errorf("no usable endpoints state, refusing to guess which addresses are allocated: %v; backup %v",
+		return nil, 0, LoadReport{}, nil, fmt.Errorf("no usable endpoints state, refusing to guess which addresses are allocated: %v; backup %v",
 			describe(s.file, fileErr), describe(s.bak, bakErr))
 	}
-
-	report := LoadReport{Source: "backup"}
+	report = LoadReport{Source: "backup"}
 	if fileMissing {
 		report.Problems = append(report.Problems,
-			fmt.Sprintf("%s does not exist; using the backup %s (allocations made since it was written, if any, are lost)", s.file, s.bak))
-		return eps, report, nil
+			fmt.Sprintf("%s does not exist; using the backup %s (allocations made since it was written and no longer in the journal, if any, are lost)", s.file, s.bak))
+		return eps, seq, report, nil, nil
 	}
-	aside, err := s.putAside()
-	if err != nil {
-		return nil, LoadReport{}, fmt.Errorf("%v; the backup %s is good but the bad file cannot be put aside: %w", fileErr, s.bak, err)
+	return eps, seq, report, fileErr, nil
+}
+
+// setState makes eps (valid) the store's endpoints, as of record seq.
+func (s *Store) setState(eps []*tables.Endpoint, seq uint64) {
+	s.eps = make(map[netip.Addr]*tables.Endpoint, len(eps))
+	s.owners = make(map[ownerFamily]netip.Addr, len(eps))
+	for _, ep := range eps {
+		s.eps[ep.IP] = ep
+		s.owners[ownerFamily{ep.Owner, ep.Family()}] = ep.IP
 	}
-	report.Problems = append(report.Problems,
-		fileErr.Error(),
-		fmt.Sprintf("using the backup %s (allocations made since it was written, if any, are lost); the bad file is kept as %s", s.bak, aside))
-	return eps, report, nil
+	s.seq = seq
+	s.loaded = true
 }
 
 // describe renders a read error for the "neither is usable" message.
@@ -286,50 +442,57 @@ type versionError struct{ msg string }
 
 func (e *versionError) Error() string { return e.msg }
 
-// readState reads and checks one state file. Errors name the file; a
-// missing file is an fs.ErrNotExist.
-func readState(name string) ([]*tables.Endpoint, error) {
+// readState reads and checks one snapshot, and returns the last journal
+// record it includes (0 for version 1). Errors name the file; a missing
+// file is an fs.ErrNotExist.
+func readState(name string) ([]*tables.Endpoint, uint64, error) {
 	data, err := os.ReadFile(name)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, err
+			return nil, 0, err
 		}
-		return nil, fmt.Errorf("%s: unreadable: %w", name, err)
+		return nil, 0, fmt.Errorf("%s: unreadable: %w", name, err)
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, fmt.Errorf("%s: empty file (truncated)", name)
+		return nil, 0, fmt.Errorf("%s: empty file (truncated)", name)
 	}
 	var h stateHeader
 	if err := json.Unmarshal(data, &h); err != nil {
-		return nil, fmt.Errorf("%s: not valid JSON (file truncated or modified): %w", name, err)
+		return nil, 0, fmt.Errorf("%s: not valid JSON (file truncated or modified): %w", name, err)
 	}
 	switch {
 	case h.Version == nil:
-		return nil, fmt.Errorf("%s: no \"version\" field; not an ipmasq endpoints file", name)
-	case *h.Version != stateVersion:
-		return nil, &versionError{fmt.Sprintf("%s: unsupported version %d: this ipmasq reads version %d only; was the file written by a newer ipmasq?",
+		return nil, 0, fmt.Errorf("%s: no \"version\" field; not an ipmasq endpoints file", name)
+	case *h.Version != 1 && *h.Version != stateVersion:
+		return nil, 0, &versionError{fmt.Sprintf("%s: unsupported version %d: this ipmasq reads versions 1 and %d only; was the file written by a newer ipmasq?",
 			name, *h.Version, stateVersion)}
+	case *h.Version > 1 && h.JournalSeq == nil:
+		return nil, 0, fmt.Errorf("%s: no \"journalSeq\" field", name)
 	case h.Endpoints == nil:
-		return nil, fmt.Errorf("%s: no \"endpoints\" field", name)
+		return nil, 0, fmt.Errorf("%s: no \"endpoints\" field", name)
 	case h.SHA256 == nil:
-		return nil, fmt.Errorf("%s: no \"sha256\" field", name)
+		return nil, 0, fmt.Errorf("%s: no \"sha256\" field", name)
 	}
-	sum := sha256.Sum256(h.Endpoints)
+	var seq uint64
+	if h.JournalSeq != nil && *h.Version > 1 {
+		seq = *h.JournalSeq
+	}
+	sum := stateChecksum(*h.Version, seq, h.Endpoints)
 	if want, err := hex.DecodeString(*h.SHA256); err != nil || !bytes.Equal(want, sum[:]) {
-		return nil, fmt.Errorf("%s: checksum mismatch (file truncated or modified)", name)
+		return nil, 0, fmt.Errorf("%s: checksum mismatch (file truncated or modified)", name)
 	}
 
 	var eps []*tables.Endpoint
 	if err := json.Unmarshal(h.Endpoints, &eps); err != nil {
-		return nil, fmt.Errorf("%s: invalid endpoints: %w", name, err)
+		return nil, 0, fmt.Errorf("%s: invalid endpoints: %w", name, err)
 	}
 	if err := validateEndpoints(eps); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return nil, 0, fmt.Errorf("%s: %w", name, err)
 	}
 	if eps == nil {
 		eps = []*tables.Endpoint{}
 	}
-	return eps, nil
+	return eps, seq, nil
 }
 
 // validateEndpoints checks what the endpoints table and IPAM rely on: a
@@ -337,10 +500,6 @@ func readState(name string) ([]*tables.Endpoint, error) {
 // most one address per owner and family.
 func validateEndpoints(eps []*tables.Endpoint) error {
 	byIP := make(map[netip.Addr]string, len(eps))
-	type ownerFamily struct {
-		owner  string
-		family tables.Family
-	}
 	byOwner := make(map[ownerFamily]netip.Addr, len(eps))
 	for i, ep := range eps {
 		switch {

@@ -159,7 +159,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	if !(0 < i2 && i2 < i3 && i3 < i6) {
 		t.Errorf("endpoints not sorted by IP:\n%s", text)
 	}
-	if !strings.Contains(text, `"version": 1,`) || !strings.Contains(text, `"routeTable":100`) {
+	if !strings.Contains(text, `"version": 2,`) || !strings.Contains(text, `"journalSeq": 0,`) || !strings.Contains(text, `"routeTable":100`) {
 		t.Errorf("unexpected file format:\n%s", text)
 	}
 	t.Logf("state file:\n%s", text)
@@ -169,7 +169,7 @@ func TestStoreFileModes(t *testing.T) {
 	s := newStore(t)
 	save(t, s, sampleA())
 	save(t, s, sampleB())
-	for _, name := range []string{s.Path(), s.Path() + ".bak"} {
+	for _, name := range []string{s.Path(), s.Path() + ".bak", s.JournalPath()} {
 		fi, err := os.Stat(name)
 		if err != nil {
 			t.Fatal(err)
@@ -196,7 +196,7 @@ func TestStoreFileModes(t *testing.T) {
 	if fi, err := os.Stat(s.Path()); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("after a stale 0644 .tmp: %v, %v; want mode 0600", fi.Mode(), err)
 	}
-	if got := dirNames(t, s); !slices.Equal(got, []string{"endpoints.json", "endpoints.json.bak"}) {
+	if got := dirNames(t, s); !slices.Equal(got, []string{"endpoints.journal", "endpoints.json", "endpoints.json.bak"}) {
 		t.Errorf("after Save the directory holds %v", got)
 	}
 }
@@ -208,7 +208,7 @@ func TestStoreBackupIsPreviousSave(t *testing.T) {
 		t.Errorf("first Save made a backup (%v); there was nothing to back up", err)
 	}
 	save(t, s, sampleB())
-	eps, err := readState(s.Path() + ".bak")
+	eps, _, err := readState(s.Path() + ".bak")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestStoreCorruptFileUsesBackup(t *testing.T) {
 				t.Errorf("after Save: Source %s, want file", rep.Source)
 			}
 			sameEndpoints(t, eps, sampleB())
-			bak, err := readState(s.Path() + ".bak")
+			bak, _, err := readState(s.Path() + ".bak")
 			if err != nil {
 				t.Fatalf("backup after recovery: %v", err)
 			}
@@ -442,10 +442,10 @@ func TestStoreUnknownVersion(t *testing.T) {
 	s := newStore(t)
 	save(t, s, sampleA())
 	save(t, s, sampleB())
-	writeFile(t, s.Path(), stateWithChecksum(2, `[]`))
+	writeFile(t, s.Path(), stateWithChecksum(3, `[]`))
 	before := dirNames(t, s)
 	_, _, err := s.Load()
-	want := s.Path() + ": unsupported version 2: this ipmasq reads version 1 only"
+	want := s.Path() + ": unsupported version 3: this ipmasq reads versions 1 and 2 only"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Load: %v, want an error saying %q", err, want)
 	}
