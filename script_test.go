@@ -85,10 +85,41 @@ func (a *agentUnderTest) stop() error {
 	return a.h.Stop(hivetest.Logger(a.t), ctx)
 }
 
+// agentCommandUsage lists the agent's script commands with their usage, from
+// a hive that is built on throwaway directories and never started.
+func agentCommandUsage(t testing.TB, bpfRoot string) map[string]*script.CmdUsage {
+	dir := t.TempDir()
+	h := agent.New(cell.Provide(func() iprules.Target { return iprules.NewMemoryTarget() }))
+	flags := pflag.NewFlagSet("usage", pflag.ContinueOnError)
+	h.RegisterFlags(flags)
+	if err := flags.Parse([]string{
+		"--bpf-root=" + bpfRoot,
+		"--ip-masq-agent-config-path=" + filepath.Join(dir, "none"),
+		"--state-dir=" + filepath.Join(dir, "state"),
+		"--api-socket=" + filepath.Join(dir, "api.sock"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cmds, err := h.ScriptCommands(hivetest.Logger(t, hivetest.LogLevel(slog.LevelError)))
+	if err != nil {
+		t.Fatalf("agent hive: %v", err)
+	}
+	out := make(map[string]*script.CmdUsage, len(cmds))
+	for name, cmd := range cmds {
+		out[name] = cmd.Usage()
+	}
+	return out
+}
+
 // proxy forwards a command to the current hive's command of that name.
-func (a *agentUnderTest) proxy(name string) script.Cmd {
-	first := a.cmds[name]
-	return script.Command(*first.Usage(), func(s *script.State, args ...string) (script.WaitFunc, error) {
+// The hive is built by the first agent command of the script, as a process
+// would start: commands before it (config/write, state/seed, bpf/...) set up
+// what the agent finds when it starts.
+func (a *agentUnderTest) proxy(name string, usage *script.CmdUsage) script.Cmd {
+	return script.Command(*usage, func(s *script.State, args ...string) (script.WaitFunc, error) {
+		if a.h == nil {
+			a.build()
+		}
 		cmd, ok := a.cmds[name]
 		if !ok {
 			return nil, fmt.Errorf("%s: not available in this hive", name)
@@ -115,7 +146,6 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 		}, args...),
 		extra: []cell.Cell{cell.Provide(func() iprules.Target { return target })},
 	}
-	a.build()
 	t.Cleanup(func() {
 		if err := a.stop(); err != nil {
 			t.Errorf("stop agent: %v", err)
@@ -123,8 +153,8 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	})
 
 	cmds := scripttest.DefaultCmds()
-	for name := range a.cmds {
-		cmds[name] = a.proxy(name)
+	for name, usage := range agentCommandUsage(t, bpfRoot) {
+		cmds[name] = a.proxy(name, usage)
 	}
 	maps.Copy(cmds, configCommands(configPath))
 	maps.Copy(cmds, bpfCommands(filepath.Join(bpfRoot, "ipmasq")))
