@@ -1,0 +1,48 @@
+// Package devices is the devices cell: it keeps the egress-devices table in
+// step with the node's network devices, so that the datapath knows where to
+// masquerade and to which address.
+//
+// The flow is one way:
+//
+//	netlink (links, addresses, default routes)
+//	  ──▶ devices cell ──▶ table egress-devices ──▶ datapath reconciler ──▶ tc programs, device maps
+//
+// The cell subscribes to link, address and route notifications, but uses
+// them only as a trigger: after a short quiet period (a burst of events,
+// e.g. a device coming up with several addresses, costs one pass) it dumps
+// links, addresses and main-table default routes afresh and rewrites the
+// rows that differ. A lost notification therefore cannot leave the table
+// wrong for longer than the next event, and a subscription that fails (a
+// socket buffer overflow ends it) is re-opened and followed by a full dump.
+// The table is marked initialized after the first complete dump, so a
+// reader waiting on Initialized never sees a partial list.
+//
+// Every link except loopback has a row. Selected says whether traffic
+// leaving through the device is masqueraded:
+//
+//   - with --devices, the devices whose name is listed or starts with a
+//     listed prefix ("eth+" selects eth0, eth1, ...);
+//   - without it, the devices that carry a default route (IPv4 or IPv6) in
+//     the main table, including each hop of a multipath default route.
+//
+// A port of a bridge, bond or team is never selected, even when --devices
+// names it: its packets are routed, and masqueraded, on the master device,
+// which holds the address. A warning says so when a pattern matches one.
+//
+// The masquerade (SNAT) address of each family is the device's primary
+// address: for IPv4 the first non-secondary address of global scope in the
+// kernel's order, which is the address the kernel itself picks as source;
+// for IPv6 the first global address that is neither tentative (duplicate
+// address detection still running), DAD-failed, deprecated nor temporary
+// (a privacy address). A device without such an address has none, and the
+// datapath does not masquerade that family on it.
+//
+// The cell watches the agent's own network namespace. A test or an embedder
+// watching another namespace provides one with WithNetns.
+//
+// Try it on a running agent:
+//
+//	db/show egress-devices
+//	db/get --index=name egress-devices eth0
+//	db/list --index=selected egress-devices true
+package devices
