@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ipmasq/ipmasq/cells/agent"
+	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
@@ -44,9 +45,11 @@ func startBenchAgent(b *testing.B, args ...string) *benchAgent {
 
 func startBenchAgentWith(b *testing.B, rules iprules.Target, args ...string) *benchAgent {
 	bpfRoot := privtest.MountBPFFS(b)
+	ns, _ := privtest.NewNetns(b) // the agent must never see the host's devices
 	dir := b.TempDir()
 	a := &benchAgent{b: b, configPath: filepath.Join(dir, "config", "ip-masq-agent")}
 	h := agent.New(
+		devices.WithNetns(ns),
 		cell.Provide(func() iprules.Target { return rules }),
 		cell.Invoke(func(db *statedb.DB, st statedb.Table[*tables.ConfigStatus], m *nonmasqmaps.Handle, r *iprules.Handle) {
 			a.db, a.status, a.maps, a.rules = db, st, m, r

@@ -28,6 +28,7 @@ import (
 
 	"github.com/ipmasq/ipmasq/cells/agent"
 	"github.com/ipmasq/ipmasq/cells/api"
+	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
@@ -135,7 +136,11 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	configPath := filepath.Join(dir, "config", "ip-masq-agent")
 
 	apiSocket := filepath.Join(dir, "api.sock")
-	args, target, nlh := rulesTarget(t, args)
+	// The agent's devices (and, with --rules-target=netns, its ip rules)
+	// live in a network namespace made for this test: the datapath must
+	// never see the host's devices.
+	ns, nlh := privtest.NewNetns(t)
+	args, target := rulesTarget(t, args, nlh)
 	a := &agentUnderTest{
 		t: t,
 		args: append([]string{
@@ -144,7 +149,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 			"--state-dir=" + filepath.Join(dir, "state"),
 			"--api-socket=" + apiSocket,
 		}, args...),
-		extra: []cell.Cell{cell.Provide(func() iprules.Target { return target })},
+		extra: []cell.Cell{cell.Provide(func() iprules.Target { return target }), devices.WithNetns(ns)},
 	}
 	t.Cleanup(func() {
 		if err := a.stop(); err != nil {
@@ -160,9 +165,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	maps.Copy(cmds, bpfCommands(filepath.Join(bpfRoot, "ipmasq")))
 	maps.Copy(cmds, apiCommands(api.NewClient(apiSocket)))
 	maps.Copy(cmds, stateCommands(filepath.Join(dir, "state")))
-	if nlh != nil {
-		maps.Copy(cmds, netnsCommands(nlh))
-	}
+	maps.Copy(cmds, netnsCommands(nlh))
 	cmds["agent/restart"] = script.Command(
 		script.CmdUsage{Summary: "Stop the agent and start a new one on the same bpffs and config, like a process restart"},
 		func(s *script.State, _ ...string) (script.WaitFunc, error) {
@@ -345,7 +348,7 @@ func bpfCommands(pinDir string) map[string]script.Cmd {
 // "--rules-target=memory|netns" script argument (default memory): an
 // in-memory target, or the kernel inside a network namespace made for this
 // test only.
-func rulesTarget(t testing.TB, args []string) ([]string, iprules.Target, *netlink.Handle) {
+func rulesTarget(t testing.TB, args []string, h *netlink.Handle) ([]string, iprules.Target) {
 	kind := "memory"
 	var rest []string
 	for _, a := range args {
@@ -357,13 +360,12 @@ func rulesTarget(t testing.TB, args []string) ([]string, iprules.Target, *netlin
 	}
 	switch kind {
 	case "memory":
-		return rest, iprules.NewMemoryTarget(), nil
+		return rest, iprules.NewMemoryTarget()
 	case "netns":
-		h := privtest.NetlinkHandleInNewNetns(t)
-		return rest, iprules.NewNetlinkTarget(h), h
+		return rest, iprules.NewNetlinkTarget(h)
 	}
 	t.Fatalf("--rules-target=%s: want memory or netns", kind)
-	return nil, nil, nil
+	return nil, nil
 }
 
 // netnsCommands set up and query routing in the test's network namespace.

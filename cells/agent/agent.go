@@ -14,8 +14,10 @@ import (
 	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
+	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/egressrules"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 )
@@ -36,12 +38,16 @@ var Infrastructure = cell.Group(
 	}),
 )
 
-// Cell is every ipmasq cell: settings, config file, BPF maps, IPAM and its
-// API, and the per-endpoint ip rules.
+// Cell is every ipmasq cell: settings, config file, BPF maps, devices and
+// the eBPF datapath, IPAM and its API, and the per-endpoint ip rules. The
+// order matters only for start hooks: the datapath reads the maps the
+// nonmasq-maps cell opens.
 var Cell = cell.Group(
 	agentconfig.Cell,
 	config.Cell,
 	nonmasqmaps.Cell,
+	devices.Cell,
+	datapath.Cell,
 	ipam.Cell,
 	api.Cell,
 	egressrules.Cell,

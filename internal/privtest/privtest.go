@@ -58,6 +58,14 @@ func MountBPFFS(t testing.TB) string {
 // and returns a netlink handle bound to it. The calling thread's namespace
 // is restored at once; the namespace goes away when the test ends.
 func NetlinkHandleInNewNetns(t testing.TB) *netlink.Handle {
+	_, h := NewNetns(t)
+	return h
+}
+
+// NewNetns creates a network namespace for this test only and returns it
+// with a netlink handle bound to it. The calling thread's namespace is
+// restored at once; the namespace goes away when the test ends.
+func NewNetns(t testing.TB) (netns.NsHandle, *netlink.Handle) {
 	t.Helper()
 	Require(t)
 	runtime.LockOSThread()
@@ -85,5 +93,5 @@ func NetlinkHandleInNewNetns(t testing.TB) *netlink.Handle {
 		h.Close()
 		ns.Close()
 	})
-	return h
+	return ns, h
 }

@@ -26,8 +26,16 @@ type Maps struct {
 	V4 *bpfmap.Map[bpfmap.LPMKeyV4, uint8]
 	V6 *bpfmap.Map[bpfmap.LPMKeyV6, uint8]
 
-	closers []*ebpf.Map
+	rawV4, rawV6 *ebpf.Map
+	closers      []*ebpf.Map
 }
+
+// RawV4 is the IPv4 map itself (nil when IPv4 is disabled), for the
+// datapath programs that read it.
+func (m *Maps) RawV4() *ebpf.Map { return m.rawV4 }
+
+// RawV6 is the IPv6 map itself (nil when IPv6 is disabled).
+func (m *Maps) RawV6() *ebpf.Map { return m.rawV6 }
 
 // CheckBPFFS returns a clear error when root is not a mounted BPF filesystem.
 func CheckBPFFS(root string) error {
@@ -52,7 +60,7 @@ func OpenMaps(log *slog.Logger, cfg agentconfig.Config) (*Maps, error) {
 		if err != nil {
 			return nil, err
 		}
-		m.closers = append(m.closers, raw)
+		m.closers, m.rawV4 = append(m.closers, raw), raw
 		if m.V4, err = bpfmap.NewMap[bpfmap.LPMKeyV4, uint8](raw); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("read %s: %w", MapNameV4, err)
@@ -64,7 +72,7 @@ func OpenMaps(log *slog.Logger, cfg agentconfig.Config) (*Maps, error) {
 			m.Close()
 			return nil, err
 		}
-		m.closers = append(m.closers, raw)
+		m.closers, m.rawV6 = append(m.closers, raw), raw
 		if m.V6, err = bpfmap.NewMap[bpfmap.LPMKeyV6, uint8](raw); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("read %s: %w", MapNameV6, err)

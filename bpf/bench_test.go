@@ -1,0 +1,138 @@
+package bpf
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+)
+
+// The benchmarks report ns/pkt, the in-kernel time per program run measured
+// by BPF_PROG_TEST_RUN (ns/op also counts the syscall). A test run reuses
+// one skb for all repetitions, and the programs rewrite it, so each
+// benchmark arranges for the rewritten packet to take the same path again.
+
+// runBench runs prog over frame n times and reports the kernel's time per run.
+func runBench(b *testing.B, prog *ebpf.Program, frame []byte, n int) {
+	b.Helper()
+	ret, perRun, err := prog.Benchmark(frame, n, b.ResetTimer)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if ret != tcActUnspec {
+		b.Fatalf("verdict %d", int32(ret))
+	}
+	b.ReportMetric(float64(perRun.Nanoseconds()), "ns/pkt")
+}
+
+// pingPong makes the egress output of an established flow another
+// established flow whose output is the original packet: the SNAT address is
+// also a masquerade source with a dir-0 entry back to the pod's tuple.
+func pingPong(b *testing.B, e *testEnv, f flow) {
+	natPort := masqueradedB(b, e, f)
+	if err := e.dp.Maps.MasqSrcV4.Put(bpfmap.LPMKeyV4From(netip.PrefixFrom(snat4, 32)), uint8(1)); err != nil {
+		b.Fatal(err)
+	}
+	k := NATKeyV4{Src: Addr4(snat4), Dst: Addr4(f.dst), Sport: Port(natPort), Dport: Port(f.dport), Proto: f.proto, Dir: DirEgress}
+	v := NATValV4{Addr: Addr4(f.src), Port: Port(f.sport)}
+	if err := e.dp.Maps.NatV4.Put(k, v); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func masqueradedB(b *testing.B, e *testEnv, f flow) uint16 {
+	b.Helper()
+	ret, out := e.run(e.dp.Egress, f.packet())
+	if ret != tcActUnspec || len(out) < 14+24 {
+		b.Fatalf("first packet: verdict %d", int32(ret))
+	}
+	return uint16(out[14+20])<<8 | uint16(out[14+21])
+}
+
+func BenchmarkEgressEstablished(b *testing.B) {
+	e := newEnv(b, envOptions{})
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK, payload: make([]byte, 1400)}
+	pingPong(b, e, f)
+	runBench(b, e.dp.Egress, f.packet(), b.N)
+}
+
+func BenchmarkEgressNotSource(b *testing.B) {
+	e := newEnv(b, envOptions{})
+	f := flow{src: host, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK, payload: make([]byte, 1400)}
+	runBench(b, e.dp.Egress, f.packet(), b.N)
+}
+
+func BenchmarkEgressNonMasqDestination(b *testing.B) {
+	e := newEnv(b, envOptions{})
+	f := flow{src: pod1, dst: netip.MustParseAddr("192.168.1.1"), proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK, payload: make([]byte, 1400)}
+	runBench(b, e.dp.Egress, f.packet(), b.N)
+}
+
+// BenchmarkEgressNewFlow: with the SNAT address a masquerade source, every
+// run sees a new tuple (the previous run's output) and creates a NAT pair.
+// The NAT map is emptied every chunk so that port probing stays short, as in
+// a table that the collector keeps from filling up.
+func BenchmarkEgressNewFlow(b *testing.B) {
+	const chunk = 4096
+	e := newEnv(b, envOptions{natMax: 4 * chunk, portMin: 1024, portMax: 65535})
+	if err := e.dp.Maps.MasqSrcV4.Put(bpfmap.LPMKeyV4From(netip.PrefixFrom(snat4, 32)), uint8(1)); err != nil {
+		b.Fatal(err)
+	}
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	frame := f.packet()
+	before := e.counters()
+	var total float64
+	b.ResetTimer()
+	for done := 0; done < b.N; done += chunk {
+		n := min(chunk, b.N-done)
+		ret, perRun, err := e.dp.Egress.Benchmark(frame, n, nil)
+		if err != nil || ret != tcActUnspec {
+			b.Fatalf("verdict %d, %v", int32(ret), err)
+		}
+		total += float64(perRun.Nanoseconds()) * float64(n)
+		b.StopTimer()
+		clearMap(b, e.dp.Maps.NatV4)
+		b.StartTimer()
+	}
+	b.ReportMetric(total/float64(b.N), "ns/pkt")
+	if got := e.counters()[CounterNATNew] - before[CounterNATNew]; got < uint64(b.N) {
+		b.Fatalf("%d new NAT pairs for %d runs", got, b.N)
+	}
+}
+
+func clearMap(b *testing.B, m *ebpf.Map) {
+	var keys []NATKeyV4
+	var k NATKeyV4
+	var v NATValV4
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		b.Fatal(err)
+	}
+	if len(keys) == 0 {
+		return
+	}
+	if _, err := m.BatchDelete(keys, nil); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkIngressReply: the translated reply is itself a reply of another
+// flow that translates it back.
+func BenchmarkIngressReply(b *testing.B) {
+	e := newEnv(b, envOptions{})
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK}
+	natPort := masqueradedB(b, e, f)
+	k := NATKeyV4{Src: Addr4(remote4), Dst: Addr4(pod1), Sport: Port(443), Dport: Port(40000), Proto: protoTCP, Dir: DirIngress}
+	v := NATValV4{Addr: Addr4(snat4), Port: Port(natPort)}
+	if err := e.dp.Maps.NatV4.Put(k, v); err != nil {
+		b.Fatal(err)
+	}
+	r := reply(f, snat4, natPort)
+	r.payload = make([]byte, 1400)
+	runBench(b, e.dp.Ingress, r.packet(), b.N)
+}

@@ -1,0 +1,108 @@
+package bpf
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// Counter indexes the per-CPU "counters" map. The values mirror enum counter
+// in masq.c.
+type Counter uint32
+
+// Counters, in map order.
+const (
+	CounterMasqueraded      = Counter(masqCounterCOUNTER_MASQUERADED)
+	CounterNATNew           = Counter(masqCounterCOUNTER_NAT_NEW)
+	CounterSkipNonMasqDst   = Counter(masqCounterCOUNTER_SKIP_NONMASQ_DST)
+	CounterSkipNodeDst      = Counter(masqCounterCOUNTER_SKIP_NODE_DST)
+	CounterSkipNotSource    = Counter(masqCounterCOUNTER_SKIP_NOT_SOURCE)
+	CounterSkipNoSNATAddr   = Counter(masqCounterCOUNTER_SKIP_NO_SNAT_ADDR)
+	CounterSkipUnsupported  = Counter(masqCounterCOUNTER_SKIP_UNSUPPORTED)
+	CounterReverse          = Counter(masqCounterCOUNTER_REVERSE)
+	CounterICMPErrorReverse = Counter(masqCounterCOUNTER_ICMP_ERR_REVERSE)
+	CounterNATFull          = Counter(masqCounterCOUNTER_NAT_FULL)
+	CounterNoPort           = Counter(masqCounterCOUNTER_NO_PORT)
+	CounterFragments        = Counter(masqCounterCOUNTER_FRAGMENTS)
+	CounterFragUnknown      = Counter(masqCounterCOUNTER_FRAG_UNKNOWN)
+	CounterError            = Counter(masqCounterCOUNTER_ERROR)
+
+	// NumCounters is the number of counters (the map's max_entries).
+	NumCounters = Counter(masqCounterCOUNTER_MAX)
+)
+
+var counterNames = [NumCounters]string{
+	CounterMasqueraded:      "masqueraded",
+	CounterNATNew:           "nat-new",
+	CounterSkipNonMasqDst:   "skip-nonmasq-destination",
+	CounterSkipNodeDst:      "skip-node-destination",
+	CounterSkipNotSource:    "skip-not-masq-source",
+	CounterSkipNoSNATAddr:   "skip-no-snat-address",
+	CounterSkipUnsupported:  "skip-unsupported",
+	CounterReverse:          "reverse-translated",
+	CounterICMPErrorReverse: "icmp-error-reverse-translated",
+	CounterNATFull:          "drop-nat-table-full",
+	CounterNoPort:           "drop-no-free-port",
+	CounterFragments:        "fragments-translated",
+	CounterFragUnknown:      "drop-fragment-unknown",
+	CounterError:            "error",
+}
+
+// String returns the counter's name as shown to operators.
+func (c Counter) String() string {
+	if c < NumCounters {
+		return counterNames[c]
+	}
+	return fmt.Sprintf("counter-%d", uint32(c))
+}
+
+// Description says what a counter counts.
+func (c Counter) Description() string {
+	switch c {
+	case CounterMasqueraded:
+		return "packets source-translated on egress"
+	case CounterNATNew:
+		return "new NAT pairs (flows) created"
+	case CounterSkipNonMasqDst:
+		return "not masqueraded: destination in a non-masquerade CIDR"
+	case CounterSkipNodeDst:
+		return "not masqueraded: destination is a node address"
+	case CounterSkipNotSource:
+		return "not masqueraded: source is not a masquerade source"
+	case CounterSkipNoSNATAddr:
+		return "not masqueraded: egress device has no address of the family"
+	case CounterSkipUnsupported:
+		return "not masqueraded: protocol or IPv6 extension header not handled"
+	case CounterReverse:
+		return "replies translated back to the pod on ingress"
+	case CounterICMPErrorReverse:
+		return "ICMP errors translated back to the pod on ingress"
+	case CounterNATFull:
+		return "dropped: NAT table full"
+	case CounterNoPort:
+		return "dropped: no free NAT port"
+	case CounterFragments:
+		return "non-first fragments translated"
+	case CounterFragUnknown:
+		return "dropped: egress non-first fragment without its first fragment"
+	case CounterError:
+		return "malformed packets and helper failures"
+	}
+	return ""
+}
+
+// ReadCounters sums the per-CPU values of a counters map (Datapath.Maps.Counters
+// or the pinned map opened with ebpf.LoadPinnedMap), indexed by Counter.
+func ReadCounters(m *ebpf.Map) ([]uint64, error) {
+	out := make([]uint64, NumCounters)
+	var perCPU []uint64
+	for c := Counter(0); c < NumCounters && c < Counter(m.MaxEntries()); c++ {
+		if err := m.Lookup(uint32(c), &perCPU); err != nil {
+			return nil, fmt.Errorf("read counter %s: %w", c, err)
+		}
+		for _, v := range perCPU {
+			out[c] += v
+		}
+	}
+	return out, nil
+}

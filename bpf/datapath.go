@@ -1,0 +1,152 @@
+// Package bpf is the masquerade datapath: the tc programs ipmasq_egress and
+// ipmasq_ingress (masq.c, compiled by bpf2go into the committed
+// masq_bpfel.go/.o) and the maps they share with the agent.
+//
+// The agent loads the datapath with [Load], attaches [Datapath.Egress] and
+// [Datapath.Ingress] with tcx on each selected egress device, and fills the
+// maps: masquerade sources (masq_src_*), node addresses (node_addrs_*), the
+// SNAT address per device (egress_devs) and the NAT port range (config).
+// The nonmasq_* tries are owned by their own reconciler and passed in.
+//
+// NAT state (nat_v4, nat_v6) holds both directions of each translated flow:
+// dir 0 maps the pod's tuple to {SNAT address, NAT port}, dir 1 maps the
+// reply tuple back to {pod address, pod port}. The programs create and
+// refresh entries (last_seen_ns, TCP FIN/RST flags); removing idle pairs is
+// the job of a collector in the agent, which must keep closed TCP pairs for
+// a TIME_WAIT period so that a NAT port is not handed to a new flow to the
+// same server too soon.
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+)
+
+// DefaultNATMaxEntries is the default size of nat_v4 and nat_v6: entries,
+// so half as many flows (each flow takes one entry per direction).
+const DefaultNATMaxEntries = 131072
+
+// Map names: the pins under the agent's pin directory.
+const (
+	MapNonMasqV4   = "nonmasq_v4"
+	MapNonMasqV6   = "nonmasq_v6"
+	MapMasqSrcV4   = "masq_src_v4"
+	MapMasqSrcV6   = "masq_src_v6"
+	MapNodeAddrsV4 = "node_addrs_v4"
+	MapNodeAddrsV6 = "node_addrs_v6"
+	MapEgressDevs  = "egress_devs"
+	MapConfig      = "config"
+	MapNATV4       = "nat_v4"
+	MapNATV6       = "nat_v6"
+	MapFragV4      = "frag_v4"
+	MapFragV6      = "frag_v6"
+	MapCounters    = "counters"
+)
+
+// Maps are the datapath's maps, named like their pins.
+type Maps = masqMaps
+
+// Datapath is the loaded masquerade datapath.
+type Datapath struct {
+	// Egress is ipmasq_egress, for tcx egress of each egress device.
+	Egress *ebpf.Program
+	// Ingress is ipmasq_ingress, for tcx ingress of the same devices.
+	Ingress *ebpf.Program
+	// Maps are the maps the programs use.
+	Maps Maps
+
+	objs masqObjects
+}
+
+// LoadOptions configure [Load].
+type LoadOptions struct {
+	// PinDir is the directory (on a BPF filesystem) where every map except
+	// the nonmasq tries is pinned by name and reused across restarts; a
+	// pinned map with an incompatible layout is replaced. Empty: nothing
+	// is pinned (tests).
+	PinDir string
+	// NonMasqV4 and NonMasqV6 are the nonmasq tries (pinned by their own
+	// reconciler), used whatever their max_entries. Nil: an empty private
+	// trie, so every destination of the family is masqueraded.
+	NonMasqV4, NonMasqV6 *ebpf.Map
+	// NATMaxEntries sizes nat_v4 and nat_v6; 0 means DefaultNATMaxEntries.
+	NATMaxEntries uint32
+	// Logger receives map replacement warnings; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Load loads the programs and their maps into the kernel. The programs are
+// not attached.
+func Load(opts LoadOptions) (*Datapath, error) {
+	spec, err := loadMasq()
+	if err != nil {
+		return nil, fmt.Errorf("load ipmasq datapath spec: %w", err)
+	}
+	if opts.NATMaxEntries == 0 {
+		opts.NATMaxEntries = DefaultNATMaxEntries
+	}
+	spec.Maps[MapNATV4].MaxEntries = opts.NATMaxEntries
+	spec.Maps[MapNATV6].MaxEntries = opts.NATMaxEntries
+
+	if !csumIPv6FlagSupported() {
+		if err := spec.Variables["csum_ipv6_flag"].Set(uint64(0)); err != nil {
+			return nil, fmt.Errorf("clear csum_ipv6_flag: %w", err)
+		}
+	}
+
+	replacements := map[string]*ebpf.Map{}
+	defer func() {
+		// The collection holds clones.
+		for _, m := range replacements {
+			m.Close()
+		}
+	}()
+	for name, m := range map[string]*ebpf.Map{MapNonMasqV4: opts.NonMasqV4, MapNonMasqV6: opts.NonMasqV6} {
+		if m == nil {
+			continue
+		}
+		// The trie's owner chose its size; the layout must still match.
+		spec.Maps[name].MaxEntries = m.MaxEntries()
+		c, err := m.Clone()
+		if err != nil {
+			return nil, fmt.Errorf("use %s: %w", name, err)
+		}
+		replacements[name] = c
+	}
+	if opts.PinDir != "" {
+		for _, name := range []string{
+			MapMasqSrcV4, MapMasqSrcV6, MapNodeAddrsV4, MapNodeAddrsV6, MapEgressDevs,
+			MapConfig, MapNATV4, MapNATV6, MapFragV4, MapFragV6, MapCounters,
+		} {
+			m, err := bpfmap.OpenPinned(opts.Logger, opts.PinDir, spec.Maps[name])
+			if err != nil {
+				return nil, err
+			}
+			replacements[name] = m
+		}
+	}
+
+	d := &Datapath{}
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{MapReplacements: replacements})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load ipmasq datapath: %+v", ve)
+		}
+		return nil, fmt.Errorf("load ipmasq datapath: %w", err)
+	}
+	d.Egress = d.objs.IpmasqEgress
+	d.Ingress = d.objs.IpmasqIngress
+	d.Maps = d.objs.masqMaps
+	return d, nil
+}
+
+// Close releases the programs and maps; pins and attachments stay.
+func (d *Datapath) Close() error {
+	return d.objs.Close()
+}

@@ -1,0 +1,7 @@
+package bpf
+
+// The generated files (masq_bpfel.go, masq_bpfel.o) are committed, so that
+// building the agent needs no clang. Regenerate with `go generate ./bpf/`
+// (clang and libbpf-dev's headers needed).
+//
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -target bpfel -cflags "-O2 -g -Wall -Werror" masq masq.c -- -I./include

@@ -1,0 +1,1 @@
+/* No arch-specific byte swapping for BPF: linux/swab.h falls back to the generic code. */

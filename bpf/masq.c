@@ -1,0 +1,1414 @@
+//go:build ignore
+
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * ipmasq datapath: source NAT (masquerade) on the node's egress devices.
+ *
+ * Two tc programs run on every selected egress device (attached with tcx):
+ *
+ *   ipmasq_egress   decides per new flow whether to masquerade (source in
+ *                   masq_src_*, destination neither a node address nor "do
+ *                   not masquerade" in nonmasq_*, device has an SNAT address
+ *                   of the family), allocates a NAT port and rewrites the
+ *                   source; established flows take one NAT lookup.
+ *   ipmasq_ingress  reverse-translates replies and the ICMP errors that
+ *                   belong to translated flows.
+ *
+ * NAT state lives in nat_v4/nat_v6, one entry per direction of each flow:
+ *
+ *   dir 0 (egress):  {pod, remote, pod port, remote port}   -> {SNAT addr, NAT port}
+ *   dir 1 (ingress): {remote, SNAT addr, remote port, NAT port} -> {pod, pod port}
+ *
+ * For ICMP echo the identifier is the port: sport on the request (dport 0),
+ * dport on the reply (sport 0). Entries are never removed here (except to
+ * undo a lost race): a garbage collector in the agent expires idle pairs
+ * using last_seen_ns, created_ns and the TCP flags recorded in each entry.
+ *
+ * Both programs return TC_ACT_UNSPEC so that other tcx programs still run,
+ * and TC_ACT_SHOT only when a packet of a flow that must be masqueraded
+ * cannot be: the pod address is never sent out.
+ *
+ * Packets are assumed to start with an Ethernet header (the egress devices
+ * are uplinks); L3-only devices (tun, wireguard) are not supported yet.
+ */
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <linux/icmpv6.h>
+#include <linux/pkt_cls.h>
+#include <asm-generic/errno-base.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* linux/icmp.h pulls in libc headers, so the few ICMPv4 constants live here. */
+#define ICMP_ECHOREPLY		0
+#define ICMP_DEST_UNREACH	3
+#define ICMP_ECHO		8
+#define ICMP_TIME_EXCEEDED	11
+#define ICMP_PARAMETERPROB	12
+
+#define IP_MF		0x2000
+#define IP_OFFSET	0x1fff
+#define IP6_MF		0x0001
+#define IP6_OFFSET	0xfff8
+
+/* Linear probes for a free NAT port before giving up on a new flow. */
+#define PORT_PROBES	32
+/* Extension headers skipped before giving up on an IPv6 packet. */
+#define IPV6_MAX_EXT	4
+/* last_seen_ns is written at most this often per entry: the collector's
+ * timeouts are tens of seconds, and a write per packet would bounce the
+ * entry's cache line between CPUs. */
+#define NAT_REFRESH_NS	1000000000ULL
+
+/* Counters, indexed into the per-CPU array "counters". */
+enum counter {
+	COUNTER_MASQUERADED,		/* packets source-translated on egress */
+	COUNTER_NAT_NEW,		/* new NAT pairs created */
+	COUNTER_SKIP_NONMASQ_DST,	/* not masqueraded: destination is a non-masquerade CIDR */
+	COUNTER_SKIP_NODE_DST,		/* not masqueraded: destination is a node address */
+	COUNTER_SKIP_NOT_SOURCE,	/* not masqueraded: source is not a masquerade source */
+	COUNTER_SKIP_NO_SNAT_ADDR,	/* not masqueraded: device has no address of the family */
+	COUNTER_SKIP_UNSUPPORTED,	/* not masqueraded: protocol or IPv6 extension header not handled */
+	COUNTER_REVERSE,		/* replies destination-translated on ingress */
+	COUNTER_ICMP_ERR_REVERSE,	/* ICMP errors translated back to the pod on ingress */
+	COUNTER_NAT_FULL,		/* dropped: NAT table full */
+	COUNTER_NO_PORT,		/* dropped: no free NAT port */
+	COUNTER_FRAGMENTS,		/* non-first fragments translated (either direction) */
+	COUNTER_FRAG_UNKNOWN,		/* dropped: egress non-first fragment of a masqueraded flow without its first fragment */
+	COUNTER_ERROR,			/* malformed packets and helper failures */
+	COUNTER_MAX,
+};
+
+/* Exported so that bpf2go emits the enum for Go (-type counter). */
+const volatile enum counter counter_max = COUNTER_MAX;
+
+/* BPF_F_IPV6 for bpf_l4_csum_replace on IPv6 pseudo-header changes: without
+ * it, kernels before 6.16 corrupt skb->csum of CHECKSUM_COMPLETE packets.
+ * The loader clears it on kernels that reject the flag. */
+const volatile __u64 csum_ipv6_flag = BPF_F_IPV6;
+
+struct lpm_v4_key {
+	__u32 prefixlen;
+	__u8 addr[4];
+};
+
+struct lpm_v6_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+/* The SNAT address per family of an egress device. */
+struct egress_dev {
+	__be32 snat_v4;
+	__u8 snat_v6[16];
+	__u8 has_v4;
+	__u8 has_v6;
+	__u8 pad[2];
+};
+
+/* Host byte order. */
+struct masq_config {
+	__u16 port_min;
+	__u16 port_max;
+};
+
+struct nat_v4_key {
+	__be32 src;
+	__be32 dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+struct nat_v6_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+/* nat_*_val.flags: what each direction has seen, for the collector. */
+#define NAT_F_FIN	0x01
+#define NAT_F_RST	0x02
+
+struct nat_v4_val {
+	__be32 addr;
+	__be16 port;
+	__u8 flags;
+	__u8 pad;
+	__u64 last_seen_ns;
+	__u64 created_ns;
+};
+
+struct nat_v6_val {
+	__u8 addr[16];
+	__be16 port;
+	__u8 flags;
+	__u8 pad[5];
+	__u64 last_seen_ns;
+	__u64 created_ns;
+};
+
+/* A fragmented datagram in flight: (src, dst, id, proto, dir) -> the address
+ * its non-first fragments are translated to. */
+struct frag_v4_key {
+	__be32 src;
+	__be32 dst;
+	__be32 id;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+struct frag_v6_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__be32 id;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+struct frag_v4_val {
+	__be32 addr;
+};
+
+struct frag_v6_val {
+	__u8 addr[16];
+};
+
+enum {
+	DIR_EGRESS = 0,
+	DIR_INGRESS = 1,
+};
+
+/* Maps. Sizes are defaults: the loader overrides them (and the nonmasq
+ * tries are always replaced by the pinned ones). */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lpm_v4_key);
+	__type(value, __u8);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} nonmasq_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lpm_v6_key);
+	__type(value, __u8);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} nonmasq_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lpm_v4_key);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} masq_src_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lpm_v6_key);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} masq_src_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __be32);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+} node_addrs_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u8[16]);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+} node_addrs_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct egress_dev);
+	__uint(max_entries, 256);
+} egress_devs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct masq_config);
+	__uint(max_entries, 1);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nat_v4_key);
+	__type(value, struct nat_v4_val);
+	__uint(max_entries, 131072);
+} nat_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nat_v6_key);
+	__type(value, struct nat_v6_val);
+	__uint(max_entries, 131072);
+} nat_v6 SEC(".maps");
+
+/* LRU: fragment state needs no collector, a datagram is reassembled (or
+ * lost) within seconds. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_v4_key);
+	__type(value, struct frag_v4_val);
+	__uint(max_entries, 8192);
+} frag_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_v6_key);
+	__type(value, struct frag_v6_val);
+	__uint(max_entries, 8192);
+} frag_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, COUNTER_MAX);
+} counters SEC(".maps");
+
+static __always_inline void count(enum counter c)
+{
+	__u32 key = c;
+	__u64 *v = bpf_map_lookup_elem(&counters, &key);
+
+	if (v)
+		*v += 1;
+}
+
+/* ---- Parsing ------------------------------------------------------------ */
+
+enum frag_kind {
+	FRAG_NONE,
+	FRAG_FIRST,	/* offset 0, more fragments follow: carries the L4 header */
+	FRAG_LATER,	/* no L4 header */
+};
+
+enum pkt_kind {
+	PKT_OTHER,	/* nothing to translate */
+	PKT_PORTS,	/* TCP, UDP, ICMP echo request (egress) or reply (ingress) */
+	PKT_ICMP_ERR,	/* ICMP error (ingress) */
+};
+
+/* A parsed packet; addresses in network byte order. */
+struct pkt {
+	union {
+		struct {
+			__be32 saddr;
+			__be32 daddr;
+		} v4;
+		struct {
+			__u8 saddr[16];
+			__u8 daddr[16];
+		} v6;
+	};
+	__u32 l4_off;
+	__be32 frag_id;
+	__be16 sport;		/* ICMP echo request: the identifier */
+	__be16 dport;		/* ICMP echo reply: the identifier */
+	__u8 proto;
+	__u8 kind;
+	__u8 frag;
+	__u8 tcp_flags;		/* NAT_F_* */
+};
+
+static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
+{
+	struct iphdr ip;
+	__u16 frag_off;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+		return -1;
+	if (ip.version != 4 || ip.ihl < 5)
+		return -1;
+	p->v4.saddr = ip.saddr;
+	p->v4.daddr = ip.daddr;
+	p->proto = ip.protocol;
+	p->l4_off = ETH_HLEN + ip.ihl * 4;
+	p->frag_id = ip.id;
+	frag_off = bpf_ntohs(ip.frag_off);
+	if (frag_off & IP_OFFSET)
+		p->frag = FRAG_LATER;
+	else if (frag_off & IP_MF)
+		p->frag = FRAG_FIRST;
+	else
+		p->frag = FRAG_NONE;
+	return 0;
+}
+
+/* parse_l3_v6 walks up to IPV6_MAX_EXT extension headers. It returns 1 for a
+ * header chain it does not handle (AH, ESP, too many headers). */
+static __always_inline int parse_l3_v6(struct __sk_buff *skb, struct pkt *p)
+{
+	struct ipv6hdr ip;
+	__u32 off = ETH_HLEN + sizeof(ip);
+	__u8 nexthdr;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+		return -1;
+	if (ip.version != 6)
+		return -1;
+	__builtin_memcpy(p->v6.saddr, &ip.saddr, 16);
+	__builtin_memcpy(p->v6.daddr, &ip.daddr, 16);
+	p->frag = FRAG_NONE;
+	p->frag_id = 0;
+	nexthdr = ip.nexthdr;
+
+#pragma unroll
+	for (int i = 0; i < IPV6_MAX_EXT; i++) {
+		struct {
+			__u8 nexthdr;
+			__u8 len;
+			__be16 frag_off;
+			__be32 id;
+		} ext;
+
+		switch (nexthdr) {
+		case IPPROTO_HOPOPTS:
+		case IPPROTO_ROUTING:
+		case IPPROTO_DSTOPTS:
+			if (bpf_skb_load_bytes(skb, off, &ext, 2) < 0)
+				return -1;
+			nexthdr = ext.nexthdr;
+			off += (ext.len + 1) * 8;
+			break;
+		case IPPROTO_FRAGMENT:
+			if (bpf_skb_load_bytes(skb, off, &ext, sizeof(ext)) < 0)
+				return -1;
+			nexthdr = ext.nexthdr;
+			off += 8;
+			p->frag_id = ext.id;
+			if (bpf_ntohs(ext.frag_off) & IP6_OFFSET)
+				p->frag = FRAG_LATER;
+			else if (bpf_ntohs(ext.frag_off) & IP6_MF)
+				p->frag = FRAG_FIRST;
+			break;
+		default:
+			goto done;
+		}
+	}
+	switch (nexthdr) {
+	case IPPROTO_HOPOPTS:
+	case IPPROTO_ROUTING:
+	case IPPROTO_DSTOPTS:
+	case IPPROTO_FRAGMENT:
+		return 1;
+	}
+done:
+	p->proto = nexthdr;
+	p->l4_off = off;
+	return 0;
+}
+
+static __always_inline int is_icmp_error_v4(__u8 type)
+{
+	return type == ICMP_DEST_UNREACH || type == ICMP_TIME_EXCEEDED ||
+	       type == ICMP_PARAMETERPROB;
+}
+
+static __always_inline int is_icmp_error_v6(__u8 type)
+{
+	return type == ICMPV6_DEST_UNREACH || type == ICMPV6_PKT_TOOBIG ||
+	       type == ICMPV6_TIME_EXCEED || type == ICMPV6_PARAMPROB;
+}
+
+/* parse_l4 fills ports, TCP flags and the packet kind. It must not be called
+ * for non-first fragments. */
+static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int dir)
+{
+	struct {
+		__be16 sport;
+		__be16 dport;
+		__u32 seq;
+		__u32 ack;
+		__u8 off;
+		__u8 flags;
+	} l4;
+	__u8 echo_req = p->proto == IPPROTO_ICMP ? ICMP_ECHO : ICMPV6_ECHO_REQUEST;
+	__u8 echo_rep = p->proto == IPPROTO_ICMP ? ICMP_ECHOREPLY : ICMPV6_ECHO_REPLY;
+	struct {
+		__u8 type;
+		__u8 code;
+		__be16 csum;
+		__be16 id;
+		__be16 seq;
+	} *icmp = (void *)&l4;
+
+	p->kind = PKT_OTHER;
+	p->tcp_flags = 0;
+	p->sport = 0;
+	p->dport = 0;
+	switch (p->proto) {
+	case IPPROTO_TCP:
+		if (bpf_skb_load_bytes(skb, p->l4_off, &l4, sizeof(l4)) < 0)
+			return -1;
+		p->sport = l4.sport;
+		p->dport = l4.dport;
+		/* FIN 0x01, RST 0x04 */
+		p->tcp_flags = (l4.flags & 0x01 ? NAT_F_FIN : 0) |
+			       (l4.flags & 0x04 ? NAT_F_RST : 0);
+		p->kind = PKT_PORTS;
+		break;
+	case IPPROTO_UDP:
+		if (bpf_skb_load_bytes(skb, p->l4_off, &l4, 8) < 0)
+			return -1;
+		p->sport = l4.sport;
+		p->dport = l4.dport;
+		p->kind = PKT_PORTS;
+		break;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		if (bpf_skb_load_bytes(skb, p->l4_off, icmp, 8) < 0)
+			return -1;
+		if (dir == DIR_EGRESS && icmp->type == echo_req) {
+			p->sport = icmp->id;
+			p->dport = 0;
+			p->kind = PKT_PORTS;
+		} else if (dir == DIR_INGRESS && icmp->type == echo_rep) {
+			p->sport = 0;
+			p->dport = icmp->id;
+			p->kind = PKT_PORTS;
+		} else if (dir == DIR_INGRESS &&
+			   (p->proto == IPPROTO_ICMP ? is_icmp_error_v4(icmp->type)
+						     : is_icmp_error_v6(icmp->type))) {
+			p->kind = PKT_ICMP_ERR;
+		}
+		break;
+	}
+	return 0;
+}
+
+/* Offset of the L4 checksum from the start of the L4 header. */
+static __always_inline __u32 l4_csum_off(__u8 proto)
+{
+	switch (proto) {
+	case IPPROTO_TCP:
+		return offsetof(struct tcphdr, check);
+	case IPPROTO_UDP:
+		return offsetof(struct udphdr, check);
+	default: /* ICMP, ICMPv6 */
+		return 2;
+	}
+}
+
+/* Offset of the translated port from the start of the L4 header: the source
+ * port on egress, the destination port on ingress, the echo identifier. */
+static __always_inline __u32 l4_port_off(__u8 proto, int dir)
+{
+	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6)
+		return 4;
+	return dir == DIR_EGRESS ? 0 : 2;
+}
+
+static __always_inline int addr6_equal(const __u8 *a, const __u8 *b)
+{
+	__u64 a0, a1, b0, b1;
+
+	__builtin_memcpy(&a0, a, 8);
+	__builtin_memcpy(&a1, a + 8, 8);
+	__builtin_memcpy(&b0, b, 8);
+	__builtin_memcpy(&b1, b + 8, 8);
+	return a0 == b0 && a1 == b1;
+}
+
+/* ---- Decision ----------------------------------------------------------- */
+
+static __always_inline int is_masq_source_v4(__be32 src)
+{
+	struct lpm_v4_key k = { .prefixlen = 32 };
+	__u8 *v;
+
+	__builtin_memcpy(k.addr, &src, 4);
+	v = bpf_map_lookup_elem(&masq_src_v4, &k);
+	return v && *v == 1;
+}
+
+static __always_inline int is_masq_source_v6(const __u8 *src)
+{
+	struct lpm_v6_key k = { .prefixlen = 128 };
+	__u8 *v;
+
+	__builtin_memcpy(k.addr, src, 16);
+	v = bpf_map_lookup_elem(&masq_src_v6, &k);
+	return v && *v == 1;
+}
+
+/* decide_v4 returns COUNTER_MASQUERADED with the SNAT address, or the counter
+ * that says why the packet is left alone. The source was checked already. */
+static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 dst, __be32 *snat)
+{
+	struct lpm_v4_key k = { .prefixlen = 32 };
+	struct egress_dev *dev;
+	__u32 ifindex = skb->ifindex;
+	__u8 *action;
+
+	if (bpf_map_lookup_elem(&node_addrs_v4, &dst))
+		return COUNTER_SKIP_NODE_DST;
+	__builtin_memcpy(k.addr, &dst, 4);
+	/* Longest prefix wins: a masqueradeCIDRs entry (action 1) inside a
+	 * non-masquerade range is masqueraded. */
+	action = bpf_map_lookup_elem(&nonmasq_v4, &k);
+	if (action && *action == 0)
+		return COUNTER_SKIP_NONMASQ_DST;
+	dev = bpf_map_lookup_elem(&egress_devs, &ifindex);
+	if (!dev || !dev->has_v4)
+		return COUNTER_SKIP_NO_SNAT_ADDR;
+	*snat = dev->snat_v4;
+	return COUNTER_MASQUERADED;
+}
+
+static __always_inline enum counter decide_v6(struct __sk_buff *skb, const __u8 *dst, __u8 *snat)
+{
+	struct lpm_v6_key k = { .prefixlen = 128 };
+	struct egress_dev *dev;
+	__u32 ifindex = skb->ifindex;
+	__u8 *action;
+
+	__builtin_memcpy(k.addr, dst, 16);
+	if (bpf_map_lookup_elem(&node_addrs_v6, k.addr))
+		return COUNTER_SKIP_NODE_DST;
+	action = bpf_map_lookup_elem(&nonmasq_v6, &k);
+	if (action && *action == 0)
+		return COUNTER_SKIP_NONMASQ_DST;
+	dev = bpf_map_lookup_elem(&egress_devs, &ifindex);
+	if (!dev || !dev->has_v6)
+		return COUNTER_SKIP_NO_SNAT_ADDR;
+	__builtin_memcpy(snat, dev->snat_v6, 16);
+	return COUNTER_MASQUERADED;
+}
+
+/* ---- NAT state and port allocation -------------------------------------- */
+
+static __always_inline __u32 mix32(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* The first NAT port tried for a flow is a hash of the pod's tuple, not a
+ * random number: a pod that reuses a tuple (same source port to the same
+ * server) gets the same NAT port back, so the server sees one peer whose TCP
+ * timestamps keep increasing (no PAWS drop against its TIME_WAIT socket). */
+static __always_inline __u32 tuple_hash(__u32 src, __u32 dst, __be16 sport, __be16 dport, __u8 proto)
+{
+	return mix32(src ^ mix32(dst ^ mix32(((__u32)sport << 16 | dport) ^ proto)));
+}
+
+static __always_inline void nat_touch_v4(struct nat_v4_val *v, __u8 flags)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (flags & ~v->flags)
+		v->flags |= flags;
+	if (now - v->last_seen_ns > NAT_REFRESH_NS)
+		v->last_seen_ns = now;
+}
+
+static __always_inline void nat_touch_v6(struct nat_v6_val *v, __u8 flags)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	if (flags & ~v->flags)
+		v->flags |= flags;
+	if (now - v->last_seen_ns > NAT_REFRESH_NS)
+		v->last_seen_ns = now;
+}
+
+/* nat_create_v4 allocates a NAT port for the egress tuple out and inserts
+ * both entries. The reply (dir 1) entry goes in first with BPF_NOEXIST: its
+ * key holds the remote address and port, so a port is taken only for that
+ * destination and is not handed to another flow to the same destination
+ * while the old pair exists (the collector keeps closed TCP pairs for a
+ * TIME_WAIT period). On success *res holds the mapping and the result is
+ * COUNTER_NAT_NEW (or COUNTER_MASQUERADED when another CPU created the same
+ * flow concurrently); otherwise the counter of the drop reason. */
+static __always_inline enum counter nat_create_v4(const struct nat_v4_key *out, __be32 snat,
+						  __u8 flags, struct nat_v4_val *res)
+{
+	__u32 zero = 0, start, range;
+	struct nat_v4_key in = {};
+	struct nat_v4_val rev = {};
+	struct nat_v4_val *cur;
+	struct masq_config *cfg;
+	__u64 now;
+	long ret;
+
+	cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
+		return COUNTER_NO_PORT;
+	range = (__u32)cfg->port_max - cfg->port_min + 1;
+
+	now = bpf_ktime_get_ns();
+	in.src = out->dst;
+	in.dst = snat;
+	in.sport = out->dport;
+	in.proto = out->proto;
+	in.dir = DIR_INGRESS;
+	rev.addr = out->src;
+	rev.port = out->sport;
+	rev.last_seen_ns = now;
+	rev.created_ns = now;
+
+	start = tuple_hash(out->src, out->dst, out->sport, out->dport, out->proto) % range;
+	for (__u32 i = 0; i < PORT_PROBES; i++) {
+		in.dport = bpf_htons(cfg->port_min + (start + i) % range);
+		ret = bpf_map_update_elem(&nat_v4, &in, &rev, BPF_NOEXIST);
+		if (ret == 0)
+			goto allocated;
+		if (ret != -EEXIST)
+			return COUNTER_NAT_FULL;
+	}
+	return COUNTER_NO_PORT;
+
+allocated:
+	res->addr = snat;
+	res->port = in.dport;
+	res->flags = flags;
+	res->last_seen_ns = now;
+	res->created_ns = now;
+	ret = bpf_map_update_elem(&nat_v4, out, res, BPF_NOEXIST);
+	if (ret == 0)
+		return COUNTER_NAT_NEW;
+	bpf_map_delete_elem(&nat_v4, &in);
+	if (ret != -EEXIST)
+		return COUNTER_NAT_FULL;
+	/* Lost a race with another CPU translating the same flow: use its pair. */
+	cur = bpf_map_lookup_elem(&nat_v4, out);
+	if (!cur)
+		return COUNTER_ERROR;
+	*res = *cur;
+	return COUNTER_MASQUERADED;
+}
+
+static __always_inline enum counter nat_create_v6(const struct nat_v6_key *out, const __u8 *snat,
+						  __u8 flags, struct nat_v6_val *res)
+{
+	__u32 zero = 0, start, range, s, d, s_hi, d_hi;
+	struct nat_v6_key in = {};
+	struct nat_v6_val rev = {};
+	struct nat_v6_val *cur;
+	struct masq_config *cfg;
+	__u64 now;
+	long ret;
+
+	cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
+		return COUNTER_NO_PORT;
+	range = (__u32)cfg->port_max - cfg->port_min + 1;
+
+	now = bpf_ktime_get_ns();
+	__builtin_memcpy(in.src, out->dst, 16);
+	__builtin_memcpy(in.dst, snat, 16);
+	in.sport = out->dport;
+	in.proto = out->proto;
+	in.dir = DIR_INGRESS;
+	__builtin_memcpy(rev.addr, out->src, 16);
+	rev.port = out->sport;
+	rev.last_seen_ns = now;
+	rev.created_ns = now;
+
+	/* The low 64 bits carry the interface identifier: fold them in. */
+	__builtin_memcpy(&s, &out->src[12], 4);
+	__builtin_memcpy(&d, &out->dst[12], 4);
+	__builtin_memcpy(&s_hi, &out->src[8], 4);
+	__builtin_memcpy(&d_hi, &out->dst[8], 4);
+	s ^= mix32(s_hi);
+	d ^= mix32(d_hi);
+	start = tuple_hash(s, d, out->sport, out->dport, out->proto) % range;
+	for (__u32 i = 0; i < PORT_PROBES; i++) {
+		in.dport = bpf_htons(cfg->port_min + (start + i) % range);
+		ret = bpf_map_update_elem(&nat_v6, &in, &rev, BPF_NOEXIST);
+		if (ret == 0)
+			goto allocated;
+		if (ret != -EEXIST)
+			return COUNTER_NAT_FULL;
+	}
+	return COUNTER_NO_PORT;
+
+allocated:
+	__builtin_memcpy(res->addr, snat, 16);
+	res->port = in.dport;
+	res->flags = flags;
+	res->last_seen_ns = now;
+	res->created_ns = now;
+	ret = bpf_map_update_elem(&nat_v6, out, res, BPF_NOEXIST);
+	if (ret == 0)
+		return COUNTER_NAT_NEW;
+	bpf_map_delete_elem(&nat_v6, &in);
+	if (ret != -EEXIST)
+		return COUNTER_NAT_FULL;
+	cur = bpf_map_lookup_elem(&nat_v6, out);
+	if (!cur)
+		return COUNTER_ERROR;
+	*res = *cur;
+	return COUNTER_MASQUERADED;
+}
+
+/* ---- Rewriting ---------------------------------------------------------- */
+
+/*
+ * The checksum helpers are used so that they stay right for every
+ * skb->ip_summed: a changed address goes through bpf_l4_csum_replace with
+ * BPF_F_PSEUDO_HDR (for CHECKSUM_PARTIAL only the pseudo-header sum in the
+ * checksum field is updated), a changed port without it (ignored for
+ * CHECKSUM_PARTIAL, the device sums the payload later). UDP uses
+ * BPF_F_MARK_MANGLED_0 so that a zero "no checksum" stays zero and a computed
+ * zero becomes 0xffff.
+ */
+
+/* rewrite_v4 replaces the address at addr_off (source or destination) and,
+ * when port_off is non-zero, the port or echo identifier at port_off, fixing
+ * the IPv4 header checksum and the L4 checksum at csum_off (0: this packet
+ * carries no L4 header, a non-first fragment). */
+static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 addr_off, __be32 from, __be32 to,
+				      __u8 proto, __u32 csum_off, __u32 port_off,
+				      __be16 pfrom, __be16 pto)
+{
+	__u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+
+	if (csum_off) {
+		/* ICMPv4 has no pseudo header. */
+		if (proto != IPPROTO_ICMP &&
+		    bpf_l4_csum_replace(skb, csum_off, from, to, BPF_F_PSEUDO_HDR | mangled | 4) < 0)
+			return -1;
+		if (pfrom != pto) {
+			if (bpf_l4_csum_replace(skb, csum_off, pfrom, pto, mangled | 2) < 0)
+				return -1;
+			if (bpf_skb_store_bytes(skb, port_off, &pto, 2, 0) < 0)
+				return -1;
+		}
+	}
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, to, 4) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, addr_off, &to, 4, 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* rewrite_v6 is rewrite_v4 for IPv6: no header checksum, and ICMPv6 does
+ * have a pseudo header. from and to point to 16-byte stack copies. */
+static __always_inline int rewrite_v6(struct __sk_buff *skb, __u32 addr_off, __u8 *from, __u8 *to,
+				      __u8 proto, __u32 csum_off, __u32 port_off,
+				      __be16 pfrom, __be16 pto)
+{
+	__u64 mangled = proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+
+	if (csum_off) {
+		__s64 diff = bpf_csum_diff((__be32 *)from, 16, (__be32 *)to, 16, 0);
+
+		if (bpf_l4_csum_replace(skb, csum_off, 0, (__u32)diff,
+					BPF_F_PSEUDO_HDR | csum_ipv6_flag | mangled) < 0)
+			return -1;
+		if (pfrom != pto) {
+			if (bpf_l4_csum_replace(skb, csum_off, pfrom, pto, mangled | 2) < 0)
+				return -1;
+			if (bpf_skb_store_bytes(skb, port_off, &pto, 2, 0) < 0)
+				return -1;
+		}
+	}
+	if (bpf_skb_store_bytes(skb, addr_off, to, 16, 0) < 0)
+		return -1;
+	return 0;
+}
+
+/* ---- Fragments ---------------------------------------------------------- */
+
+/*
+ * Fragments (IPv4 MF/offset, IPv6 fragment header): the first fragment holds
+ * the L4 header and is translated like any packet of its flow, ports and L4
+ * checksum included (the checksum covers the whole datagram, and the update
+ * is a delta). It also records (src, dst, id, proto, dir) -> translated
+ * address in frag_v4/frag_v6, and the later fragments get the L3 rewrite
+ * only. A later fragment with no record (reordered before its first, or the
+ * record evicted) is dropped on egress when its flow would be masqueraded,
+ * so the pod address never leaves, and passed untouched on ingress.
+ */
+
+static __always_inline void frag_remember_v4(const struct pkt *p, int dir, __be32 to)
+{
+	struct frag_v4_key k = {
+		.src = p->v4.saddr, .dst = p->v4.daddr, .id = p->frag_id,
+		.proto = p->proto, .dir = dir,
+	};
+	struct frag_v4_val v = { .addr = to };
+
+	bpf_map_update_elem(&frag_v4, &k, &v, BPF_ANY);
+}
+
+static __always_inline void frag_remember_v6(const struct pkt *p, int dir, const __u8 *to)
+{
+	struct frag_v6_key k = { .id = p->frag_id, .proto = p->proto, .dir = dir };
+	struct frag_v6_val v;
+
+	__builtin_memcpy(k.src, p->v6.saddr, 16);
+	__builtin_memcpy(k.dst, p->v6.daddr, 16);
+	__builtin_memcpy(v.addr, to, 16);
+	bpf_map_update_elem(&frag_v6, &k, &v, BPF_ANY);
+}
+
+static __always_inline struct frag_v4_val *frag_lookup_v4(const struct pkt *p, int dir)
+{
+	struct frag_v4_key k = {
+		.src = p->v4.saddr, .dst = p->v4.daddr, .id = p->frag_id,
+		.proto = p->proto, .dir = dir,
+	};
+
+	return bpf_map_lookup_elem(&frag_v4, &k);
+}
+
+static __always_inline struct frag_v6_val *frag_lookup_v6(const struct pkt *p, int dir)
+{
+	struct frag_v6_key k = { .id = p->frag_id, .proto = p->proto, .dir = dir };
+
+	__builtin_memcpy(k.src, p->v6.saddr, 16);
+	__builtin_memcpy(k.dst, p->v6.daddr, 16);
+	return bpf_map_lookup_elem(&frag_v6, &k);
+}
+
+/* ---- ICMP errors -------------------------------------------------------- */
+
+/*
+ * An ICMP error about a translated flow quotes the packet as we sent it
+ * (src = SNAT address, sport = NAT port). The reply entry of that flow has
+ * the quoted tuple reversed. Rewritten: the outer destination, the quoted
+ * source address and port, the quoted IPv4 header checksum, the quoted L4
+ * checksum when the quote includes it, and the ICMP checksum for every
+ * changed payload field. The quoted address and quoted IPv4 checksum change
+ * by opposite amounts, so they leave the ICMP checksum alone; the quoted L4
+ * checksum does not (it also covers the unquoted rest of the segment), so
+ * its change is applied to the ICMP checksum explicitly. Quoted checksums
+ * are patched with bpf_l3_csum_replace, which edits a checksum field
+ * regardless of skb->ip_summed.
+ */
+
+/* Inner L4 lookup shared by both families: the quoted ports (or echo id) as
+ * the dir-1 key wants them. Returns -1 if the quote cannot be translated. */
+static __always_inline int icmp_inner_ports(struct __sk_buff *skb, __u8 proto, __u32 off,
+					    __be16 *sport, __be16 *dport, __u32 *port_off)
+{
+	struct {
+		__be16 a;
+		__be16 b;
+		__be16 c;
+	} h;
+
+	if (bpf_skb_load_bytes(skb, off, &h, sizeof(h)) < 0)
+		return -1;
+	switch (proto) {
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+		/* quoted sport is our NAT port: reversed it is the reply's dport */
+		*sport = h.b;
+		*dport = h.a;
+		*port_off = off;
+		return 0;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		/* only quoted echo requests have an identifier we allocated */
+		if ((__u8)h.a != (proto == IPPROTO_ICMP ? ICMP_ECHO : ICMPV6_ECHO_REQUEST))
+			return -1;
+		*sport = 0;
+		*dport = h.c;
+		*port_off = off + 4;
+		return 0;
+	}
+	return -1;
+}
+
+/* icmp_inner_l4_csum returns the offset of the quoted L4 checksum, or 0 when
+ * the quote is too short to hold it or it is a zero (absent) UDP checksum. */
+static __always_inline __u32 icmp_inner_l4_csum(struct __sk_buff *skb, __u8 proto, __u32 off)
+{
+	__u32 csum_off = off + l4_csum_off(proto);
+	__be16 csum;
+
+	if (csum_off + 2 > skb->len)
+		return 0;
+	if (bpf_skb_load_bytes(skb, csum_off, &csum, 2) < 0)
+		return 0;
+	if (proto == IPPROTO_UDP && csum == 0)
+		return 0;
+	return csum_off;
+}
+
+/* icmp_quote_port rewrites the quoted port (or echo id) and the quoted L4
+ * checksum, and carries both changes into the outer ICMP checksum. addr_diff
+ * is the change of the quoted source address for the quoted pseudo header
+ * (0 for ICMP quotes, which have none). */
+static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csum, __u8 proto,
+					   __u32 l4_off, __u32 port_off, __be16 pfrom, __be16 pto,
+					   __u32 addr_diff)
+{
+	__u32 csum_off = icmp_inner_l4_csum(skb, proto, l4_off);
+	__be16 old_csum, new_csum;
+
+	if (csum_off) {
+		if (bpf_skb_load_bytes(skb, csum_off, &old_csum, 2) < 0)
+			return -1;
+		if (addr_diff &&
+		    bpf_l3_csum_replace(skb, csum_off, 0, addr_diff, 0) < 0)
+			return -1;
+		if (bpf_l3_csum_replace(skb, csum_off, pfrom, pto, 2) < 0)
+			return -1;
+		if (bpf_skb_load_bytes(skb, csum_off, &new_csum, 2) < 0)
+			return -1;
+		if (proto == IPPROTO_UDP && new_csum == 0) {
+			/* zero means "no checksum" for UDP */
+			new_csum = 0xffff;
+			if (bpf_skb_store_bytes(skb, csum_off, &new_csum, 2, 0) < 0)
+				return -1;
+		}
+		if (bpf_l4_csum_replace(skb, icmp_csum, old_csum, new_csum, 2) < 0)
+			return -1;
+	}
+	if (bpf_l4_csum_replace(skb, icmp_csum, pfrom, pto, 2) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, port_off, &pto, 2, 0) < 0)
+		return -1;
+	return 0;
+}
+
+static __always_inline int icmp_error_v4(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 inner_off = p->l4_off + 8, inner_l4, port_off, addr_diff = 0;
+	__u32 icmp_csum = p->l4_off + 2;
+	struct nat_v4_key k = { .dir = DIR_INGRESS };
+	struct nat_v4_val *v;
+	struct iphdr ip;
+	__be32 from, to;
+	__be16 pfrom;
+
+	if (bpf_skb_load_bytes(skb, inner_off, &ip, sizeof(ip)) < 0)
+		return TC_ACT_UNSPEC;
+	if (ip.version != 4 || ip.ihl < 5 || ip.saddr != p->v4.daddr ||
+	    (bpf_ntohs(ip.frag_off) & IP_OFFSET))
+		return TC_ACT_UNSPEC;
+	inner_l4 = inner_off + ip.ihl * 4;
+	k.src = ip.daddr;
+	k.dst = ip.saddr;
+	k.proto = ip.protocol;
+	if (icmp_inner_ports(skb, ip.protocol, inner_l4, &k.sport, &k.dport, &port_off) < 0)
+		return TC_ACT_UNSPEC;
+	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (!v)
+		return TC_ACT_UNSPEC;
+	from = ip.saddr;
+	to = v->addr;
+	pfrom = k.dport;
+
+	/* outer destination: the IPv4 header checksum only */
+	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, to, 4) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, daddr), &to, 4, 0) < 0)
+		goto err;
+	/* quoted source and quoted header checksum: net zero for the ICMP sum */
+	if (bpf_l3_csum_replace(skb, inner_off + offsetof(struct iphdr, check), from, to, 4) < 0 ||
+	    bpf_skb_store_bytes(skb, inner_off + offsetof(struct iphdr, saddr), &to, 4, 0) < 0)
+		goto err;
+	if (ip.protocol != IPPROTO_ICMP)
+		addr_diff = bpf_csum_diff(&from, 4, &to, 4, 0);
+	if (icmp_quote_port(skb, icmp_csum, ip.protocol, inner_l4, port_off, pfrom, v->port,
+			    addr_diff) < 0)
+		goto err;
+	count(COUNTER_ICMP_ERR_REVERSE);
+	return TC_ACT_UNSPEC;
+err:
+	count(COUNTER_ERROR);
+	return TC_ACT_SHOT;
+}
+
+static __always_inline int icmp_error_v6(struct __sk_buff *skb, const struct pkt *p)
+{
+	__u32 inner_off = p->l4_off + 8, inner_l4 = inner_off + sizeof(struct ipv6hdr), port_off;
+	__u32 icmp_csum = p->l4_off + 2, diff;
+	struct nat_v6_key k = { .dir = DIR_INGRESS };
+	struct nat_v6_val *v;
+	struct ipv6hdr ip;
+	__u8 from[16], to[16];
+	__be16 pfrom;
+
+	if (bpf_skb_load_bytes(skb, inner_off, &ip, sizeof(ip)) < 0)
+		return TC_ACT_UNSPEC;
+	if (ip.version != 6 || !addr6_equal((const __u8 *)&ip.saddr, p->v6.daddr))
+		return TC_ACT_UNSPEC;
+	/* Quotes with extension headers are not translated. */
+	__builtin_memcpy(k.src, &ip.daddr, 16);
+	__builtin_memcpy(k.dst, &ip.saddr, 16);
+	k.proto = ip.nexthdr;
+	if (icmp_inner_ports(skb, ip.nexthdr, inner_l4, &k.sport, &k.dport, &port_off) < 0)
+		return TC_ACT_UNSPEC;
+	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (!v)
+		return TC_ACT_UNSPEC;
+	__builtin_memcpy(from, &ip.saddr, 16);
+	__builtin_memcpy(to, v->addr, 16);
+	pfrom = k.dport;
+	diff = bpf_csum_diff((__be32 *)from, 16, (__be32 *)to, 16, 0);
+
+	/* outer destination: in the ICMPv6 pseudo header */
+	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, BPF_F_PSEUDO_HDR | csum_ipv6_flag) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), to, 16, 0) < 0)
+		goto err;
+	/* quoted source: ICMPv6 payload */
+	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, inner_off + offsetof(struct ipv6hdr, saddr), to, 16, 0) < 0)
+		goto err;
+	/* ICMPv6 quotes have a pseudo header too */
+	if (icmp_quote_port(skb, icmp_csum, ip.nexthdr, inner_l4, port_off, pfrom, v->port,
+			    diff) < 0)
+		goto err;
+	count(COUNTER_ICMP_ERR_REVERSE);
+	return TC_ACT_UNSPEC;
+err:
+	count(COUNTER_ERROR);
+	return TC_ACT_SHOT;
+}
+
+/* ---- Egress ------------------------------------------------------------- */
+
+/* A non-first fragment: L3 rewrite from the first fragment's record. */
+static __always_inline int egress_frag_v4(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct frag_v4_val *f = frag_lookup_v4(p, DIR_EGRESS);
+	enum counter c;
+	__be32 snat;
+
+	if (!f) {
+		c = decide_v4(skb, p->v4.daddr, &snat);
+		if (c != COUNTER_MASQUERADED) {
+			count(c);
+			return TC_ACT_UNSPEC;
+		}
+		count(COUNTER_FRAG_UNKNOWN);
+		return TC_ACT_SHOT;
+	}
+	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, saddr), p->v4.saddr, f->addr,
+		       p->proto, 0, 0, 0, 0) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	count(COUNTER_FRAGMENTS);
+	return TC_ACT_UNSPEC;
+}
+
+static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct frag_v6_val *f = frag_lookup_v6(p, DIR_EGRESS);
+	__u8 from[16], to[16];
+	enum counter c;
+
+	if (!f) {
+		c = decide_v6(skb, p->v6.daddr, to);
+		if (c != COUNTER_MASQUERADED) {
+			count(c);
+			return TC_ACT_UNSPEC;
+		}
+		count(COUNTER_FRAG_UNKNOWN);
+		return TC_ACT_SHOT;
+	}
+	__builtin_memcpy(from, p->v6.saddr, 16);
+	__builtin_memcpy(to, f->addr, 16);
+	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), from, to,
+		       p->proto, 0, 0, 0, 0) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	count(COUNTER_FRAGMENTS);
+	return TC_ACT_UNSPEC;
+}
+
+static __always_inline int egress_v4(struct __sk_buff *skb)
+{
+	struct nat_v4_key k = { .dir = DIR_EGRESS };
+	struct nat_v4_val *v, nv;
+	struct pkt p;
+	enum counter c;
+	__be32 snat;
+
+	if (parse_l3_v4(skb, &p) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_UNSPEC;
+	}
+	if (!is_masq_source_v4(p.v4.saddr)) {
+		count(COUNTER_SKIP_NOT_SOURCE);
+		return TC_ACT_UNSPEC;
+	}
+	if (p.frag == FRAG_LATER)
+		return egress_frag_v4(skb, &p);
+	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
+		/* truncated L4 header from a masquerade source: cannot translate */
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	if (p.kind != PKT_PORTS) {
+		count(COUNTER_SKIP_UNSUPPORTED);
+		return TC_ACT_UNSPEC;
+	}
+
+	k.src = p.v4.saddr;
+	k.dst = p.v4.daddr;
+	k.sport = p.sport;
+	k.dport = p.dport;
+	k.proto = p.proto;
+	/* Established flows: the decision was taken when the pair was made. */
+	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (v) {
+		nat_touch_v4(v, p.tcp_flags);
+		nv.addr = v->addr;
+		nv.port = v->port;
+	} else {
+		c = decide_v4(skb, p.v4.daddr, &snat);
+		if (c != COUNTER_MASQUERADED) {
+			count(c);
+			return TC_ACT_UNSPEC;
+		}
+		c = nat_create_v4(&k, snat, p.tcp_flags, &nv);
+		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
+			count(c);
+			return TC_ACT_SHOT;
+		}
+		if (c == COUNTER_NAT_NEW)
+			count(COUNTER_NAT_NEW);
+	}
+	if (p.frag == FRAG_FIRST)
+		frag_remember_v4(&p, DIR_EGRESS, nv.addr);
+	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, saddr), p.v4.saddr, nv.addr,
+		       p.proto, p.l4_off + l4_csum_off(p.proto),
+		       p.l4_off + l4_port_off(p.proto, DIR_EGRESS), p.sport, nv.port) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	count(COUNTER_MASQUERADED);
+	return TC_ACT_UNSPEC;
+}
+
+static __always_inline int egress_v6(struct __sk_buff *skb)
+{
+	struct nat_v6_key k = { .dir = DIR_EGRESS };
+	struct nat_v6_val *v, nv;
+	__u8 snat[16], from[16];
+	struct pkt p;
+	enum counter c;
+	int ret;
+
+	ret = parse_l3_v6(skb, &p);
+	if (ret < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_UNSPEC;
+	}
+	if (!is_masq_source_v6(p.v6.saddr)) {
+		count(COUNTER_SKIP_NOT_SOURCE);
+		return TC_ACT_UNSPEC;
+	}
+	if (ret > 0) {
+		count(COUNTER_SKIP_UNSUPPORTED);
+		return TC_ACT_UNSPEC;
+	}
+	if (p.frag == FRAG_LATER)
+		return egress_frag_v6(skb, &p);
+	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	if (p.kind != PKT_PORTS) {
+		count(COUNTER_SKIP_UNSUPPORTED);
+		return TC_ACT_UNSPEC;
+	}
+
+	__builtin_memcpy(k.src, p.v6.saddr, 16);
+	__builtin_memcpy(k.dst, p.v6.daddr, 16);
+	k.sport = p.sport;
+	k.dport = p.dport;
+	k.proto = p.proto;
+	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (v) {
+		nat_touch_v6(v, p.tcp_flags);
+		__builtin_memcpy(nv.addr, v->addr, 16);
+		nv.port = v->port;
+	} else {
+		c = decide_v6(skb, p.v6.daddr, snat);
+		if (c != COUNTER_MASQUERADED) {
+			count(c);
+			return TC_ACT_UNSPEC;
+		}
+		c = nat_create_v6(&k, snat, p.tcp_flags, &nv);
+		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
+			count(c);
+			return TC_ACT_SHOT;
+		}
+		if (c == COUNTER_NAT_NEW)
+			count(COUNTER_NAT_NEW);
+	}
+	if (p.frag == FRAG_FIRST)
+		frag_remember_v6(&p, DIR_EGRESS, nv.addr);
+	__builtin_memcpy(from, p.v6.saddr, 16);
+	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), from, nv.addr,
+		       p.proto, p.l4_off + l4_csum_off(p.proto),
+		       p.l4_off + l4_port_off(p.proto, DIR_EGRESS), p.sport, nv.port) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	count(COUNTER_MASQUERADED);
+	return TC_ACT_UNSPEC;
+}
+
+SEC("tc")
+int ipmasq_egress(struct __sk_buff *skb)
+{
+	switch (skb->protocol) {
+	case bpf_htons(ETH_P_IP):
+		return egress_v4(skb);
+	case bpf_htons(ETH_P_IPV6):
+		return egress_v6(skb);
+	}
+	return TC_ACT_UNSPEC;
+}
+
+/* ---- Ingress ------------------------------------------------------------ */
+
+/* Misses are not counted on ingress: most packets are the host's own. */
+
+static __always_inline int ingress_v4(struct __sk_buff *skb)
+{
+	struct nat_v4_key k = { .dir = DIR_INGRESS };
+	struct frag_v4_val *f;
+	struct nat_v4_val *v;
+	__be32 to;
+	struct pkt p;
+
+	if (parse_l3_v4(skb, &p) < 0)
+		return TC_ACT_UNSPEC;
+	if (p.frag == FRAG_LATER) {
+		f = frag_lookup_v4(&p, DIR_INGRESS);
+		if (!f)
+			return TC_ACT_UNSPEC;
+		if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, daddr), p.v4.daddr, f->addr,
+			       p.proto, 0, 0, 0, 0) < 0)
+			goto err;
+		count(COUNTER_FRAGMENTS);
+		return TC_ACT_UNSPEC;
+	}
+	if (parse_l4(skb, &p, DIR_INGRESS) < 0)
+		return TC_ACT_UNSPEC;
+	if (p.kind == PKT_ICMP_ERR)
+		return icmp_error_v4(skb, &p);
+	if (p.kind != PKT_PORTS)
+		return TC_ACT_UNSPEC;
+
+	k.src = p.v4.saddr;
+	k.dst = p.v4.daddr;
+	k.sport = p.sport;
+	k.dport = p.dport;
+	k.proto = p.proto;
+	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (!v)
+		return TC_ACT_UNSPEC;
+	nat_touch_v4(v, p.tcp_flags);
+	to = v->addr;
+	if (p.frag == FRAG_FIRST)
+		frag_remember_v4(&p, DIR_INGRESS, to);
+	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, daddr), p.v4.daddr, to,
+		       p.proto, p.l4_off + l4_csum_off(p.proto),
+		       p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, v->port) < 0)
+		goto err;
+	count(COUNTER_REVERSE);
+	return TC_ACT_UNSPEC;
+err:
+	count(COUNTER_ERROR);
+	return TC_ACT_SHOT;
+}
+
+static __always_inline int ingress_v6(struct __sk_buff *skb)
+{
+	struct nat_v6_key k = { .dir = DIR_INGRESS };
+	struct frag_v6_val *f;
+	struct nat_v6_val *v;
+	__u8 from[16], to[16];
+	struct pkt p;
+
+	if (parse_l3_v6(skb, &p) != 0)
+		return TC_ACT_UNSPEC;
+	__builtin_memcpy(from, p.v6.daddr, 16);
+	if (p.frag == FRAG_LATER) {
+		f = frag_lookup_v6(&p, DIR_INGRESS);
+		if (!f)
+			return TC_ACT_UNSPEC;
+		__builtin_memcpy(to, f->addr, 16);
+		if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), from, to,
+			       p.proto, 0, 0, 0, 0) < 0)
+			goto err;
+		count(COUNTER_FRAGMENTS);
+		return TC_ACT_UNSPEC;
+	}
+	if (parse_l4(skb, &p, DIR_INGRESS) < 0)
+		return TC_ACT_UNSPEC;
+	if (p.kind == PKT_ICMP_ERR)
+		return icmp_error_v6(skb, &p);
+	if (p.kind != PKT_PORTS)
+		return TC_ACT_UNSPEC;
+
+	__builtin_memcpy(k.src, p.v6.saddr, 16);
+	__builtin_memcpy(k.dst, p.v6.daddr, 16);
+	k.sport = p.sport;
+	k.dport = p.dport;
+	k.proto = p.proto;
+	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (!v)
+		return TC_ACT_UNSPEC;
+	nat_touch_v6(v, p.tcp_flags);
+	__builtin_memcpy(to, v->addr, 16);
+	if (p.frag == FRAG_FIRST)
+		frag_remember_v6(&p, DIR_INGRESS, to);
+	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), from, to,
+		       p.proto, p.l4_off + l4_csum_off(p.proto),
+		       p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, v->port) < 0)
+		goto err;
+	count(COUNTER_REVERSE);
+	return TC_ACT_UNSPEC;
+err:
+	count(COUNTER_ERROR);
+	return TC_ACT_SHOT;
+}
+
+SEC("tc")
+int ipmasq_ingress(struct __sk_buff *skb)
+{
+	switch (skb->protocol) {
+	case bpf_htons(ETH_P_IP):
+		return ingress_v4(skb);
+	case bpf_htons(ETH_P_IPV6):
+		return ingress_v6(skb);
+	}
+	return TC_ACT_UNSPEC;
+}

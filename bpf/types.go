@@ -1,0 +1,117 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+)
+
+// Map value and key types, as laid out in masq.c. Addresses and ports are in
+// network byte order: use [Addr4], [Port] and [HostPort] to convert.
+type (
+	// EgressDev is a value of egress_devs (key: ifindex).
+	EgressDev = masqEgressDev
+	// Config is the single value of config, in host byte order.
+	Config = masqMasqConfig
+	// NATKeyV4 is a key of nat_v4.
+	NATKeyV4 = masqNatV4Key
+	// NATValV4 is a value of nat_v4.
+	NATValV4 = masqNatV4Val
+	// NATKeyV6 is a key of nat_v6.
+	NATKeyV6 = masqNatV6Key
+	// NATValV6 is a value of nat_v6.
+	NATValV6 = masqNatV6Val
+)
+
+// NAT directions (NATKey*.Dir).
+const (
+	DirEgress  = 0 // the pod's tuple → SNAT address and NAT port
+	DirIngress = 1 // the reply tuple → pod address and port
+)
+
+// NAT entry flags (NATVal*.Flags), set by the direction that saw them.
+const (
+	NATFlagFIN = 0x01
+	NATFlagRST = 0x02
+)
+
+// Addr4 returns an IPv4 address as the uint32 the maps hold (network byte
+// order bytes in memory).
+func Addr4(a netip.Addr) uint32 {
+	b := a.Unmap().As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+// AddrFrom4 is the inverse of Addr4.
+func AddrFrom4(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+// Port returns a port as the uint16 the maps hold (network byte order).
+func Port(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+// HostPort is the inverse of Port.
+func HostPort(v uint16) uint16 { return Port(v) }
+
+// SetPortRange sets the NAT port range (ICMP echo identifiers use it too).
+func (d *Datapath) SetPortRange(min, max uint16) error {
+	if min == 0 || max < min {
+		return fmt.Errorf("NAT port range %d-%d: want 1 <= min <= max", min, max)
+	}
+	if err := d.Maps.Config.Put(uint32(0), Config{PortMin: min, PortMax: max}); err != nil {
+		return fmt.Errorf("set NAT port range: %w", err)
+	}
+	return nil
+}
+
+// SetEgressDevice sets the SNAT addresses of a device; an invalid address
+// leaves its family untranslated on that device.
+func (d *Datapath) SetEgressDevice(ifindex int, v4, v6 netip.Addr) error {
+	var dev EgressDev
+	if v4.IsValid() {
+		dev.SnatV4, dev.HasV4 = Addr4(v4), 1
+	}
+	if v6.IsValid() {
+		dev.SnatV6, dev.HasV6 = v6.As16(), 1
+	}
+	if err := d.Maps.EgressDevs.Put(uint32(ifindex), dev); err != nil {
+		return fmt.Errorf("set egress device %d: %w", ifindex, err)
+	}
+	return nil
+}
+
+// csumIPv6FlagSupported reports whether bpf_l4_csum_replace accepts
+// BPF_F_IPV6 (Linux 6.16+), by running a tiny program that uses it.
+func csumIPv6FlagSupported() bool {
+	const (
+		fPseudoHdr = 1 << 4
+		fIPv6      = 1 << 7
+	)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: ebpf.SchedCLS,
+		Instructions: asm.Instructions{
+			asm.Mov.Imm(asm.R2, 0),
+			asm.Mov.Imm(asm.R3, 0),
+			asm.Mov.Imm(asm.R4, 0),
+			asm.Mov.Imm(asm.R5, fPseudoHdr|fIPv6),
+			asm.FnL4CsumReplace.Call(),
+			asm.Return(),
+		},
+		License: "GPL",
+	})
+	if err != nil {
+		return false
+	}
+	defer prog.Close()
+	ret, err := prog.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
+	return err == nil && ret == 0
+}

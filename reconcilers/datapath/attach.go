@@ -1,0 +1,179 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"iter"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/cells/devices"
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// hook is one tc attach point of a device.
+type hook struct {
+	name   string
+	attach ebpf.AttachType
+	prog   func(*bpf.Datapath) *ebpf.Program
+}
+
+var hooks = []hook{
+	{"egress", ebpf.AttachTCXEgress, func(d *bpf.Datapath) *ebpf.Program { return d.Egress }},
+	{"ingress", ebpf.AttachTCXIngress, func(d *bpf.Datapath) *ebpf.Program { return d.Ingress }},
+}
+
+// attachOps reconciles datapath-devices into pinned tcx links and
+// egress_devs entries.
+type attachOps struct {
+	linkDir string
+	dp      *loaded
+	netns   *devices.Netns
+}
+
+var _ reconciler.Operations[*tables.DatapathDevice] = (*attachOps)(nil)
+
+func (o *attachOps) pinPath(ifindex int, h hook) string {
+	return filepath.Join(o.linkDir, fmt.Sprintf("%d-%s", ifindex, h.name))
+}
+
+// Update attaches both programs to the device, or swaps the program inside
+// links left by a previous agent (atomic: no packet goes untranslated), and
+// sets the device's SNAT addresses.
+func (o *attachOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, d *tables.DatapathDevice) error {
+	dp := o.dp.get()
+	if dp == nil {
+		return errors.New("datapath not loaded")
+	}
+	// The SNAT address first: a program must never see the device without it.
+	if err := dp.SetEgressDevice(d.Index, d.SNATv4, d.SNATv6); err != nil {
+		return err
+	}
+	for _, h := range hooks {
+		if err := o.attach(d, h, h.prog(dp)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (o *attachOps) attach(d *tables.DatapathDevice, h hook, prog *ebpf.Program) error {
+	path := o.pinPath(d.Index, h)
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		info, ierr := l.Info()
+		if tcx := info.TCX(); ierr == nil && tcx != nil && int(tcx.Ifindex) == d.Index {
+			err := l.Update(prog)
+			l.Close()
+			if err == nil {
+				return nil
+			}
+			return fmt.Errorf("%s %s: replace program in pinned link %s: %w", d.Name, h.name, path, err)
+		}
+		// The device the link was made for is gone (its index reused).
+		l.Unpin()
+		l.Close()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		os.Remove(path)
+	}
+	var l link.Link
+	err := o.netns.Do(func() (err error) {
+		// The index is resolved in the caller's namespace.
+		l, err = link.AttachTCX(link.TCXOptions{Interface: d.Index, Program: prog, Attach: h.attach})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s %s: attach tcx program: %w", d.Name, h.name, err)
+	}
+	defer l.Close()
+	if err := os.MkdirAll(o.linkDir, 0o700); err != nil {
+		return err
+	}
+	if err := l.Pin(path); err != nil {
+		return fmt.Errorf("%s %s: pin link %s: %w", d.Name, h.name, path, err)
+	}
+	return nil
+}
+
+// Delete detaches the programs from the device and forgets its SNAT
+// addresses.
+func (o *attachOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, d *tables.DatapathDevice) error {
+	var errs []error
+	for _, h := range hooks {
+		errs = append(errs, detach(o.pinPath(d.Index, h)))
+	}
+	if dp := o.dp.get(); dp != nil {
+		if err := dp.Maps.EgressDevs.Delete(uint32(d.Index)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("%s: delete egress_devs entry: %w", d.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Prune detaches links and forgets SNAT addresses of devices that are no
+// longer in the table (deselected while the agent was down, or gone).
+func (o *attachOps) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*tables.DatapathDevice, statedb.Revision]) error {
+	want := map[int]bool{}
+	for d := range objs {
+		want[d.Index] = true
+	}
+	var errs []error
+	entries, err := os.ReadDir(o.linkDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for _, e := range entries {
+		idx, _, ok := strings.Cut(e.Name(), "-")
+		n, err := strconv.Atoi(idx)
+		if !ok || err != nil || !want[n] {
+			errs = append(errs, detach(filepath.Join(o.linkDir, e.Name())))
+		}
+	}
+	if dp := o.dp.get(); dp != nil {
+		var stale []uint32
+		var k uint32
+		var v bpf.EgressDev
+		it := dp.Maps.EgressDevs.Iterate()
+		for it.Next(&k, &v) {
+			if !want[int(k)] {
+				stale = append(stale, k)
+			}
+		}
+		errs = append(errs, it.Err())
+		for _, k := range stale {
+			if err := dp.Maps.EgressDevs.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// detach removes a pinned link; closing its last reference detaches it.
+func detach(path string) error {
+	l, err := link.LoadPinnedLink(path, nil)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		// Not a link (or unreadable): remove the pin so it cannot confuse us.
+		if rmErr := os.Remove(path); rmErr != nil && !errors.Is(rmErr, fs.ErrNotExist) {
+			return fmt.Errorf("remove %s: %w", path, rmErr)
+		}
+		return nil
+	}
+	defer l.Close()
+	if err := l.Unpin(); err != nil {
+		return fmt.Errorf("unpin %s: %w", path, err)
+	}
+	return nil
+}

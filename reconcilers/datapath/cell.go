@@ -1,0 +1,335 @@
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+	"golang.org/x/time/rate"
+
+	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/cells/devices"
+	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// Cell runs the masquerade datapath. It needs the nonmasq-maps cell (whose
+// maps the programs read), the devices cell and the IPAM config (the pod
+// CIDRs are the masquerade sources).
+var Cell = cell.Module(
+	"datapath",
+	"eBPF masquerade datapath",
+
+	cell.Config(DefaultConfig),
+	cell.Provide(
+		newLoaded,
+		newDatapathDeviceTable,
+		statedb.RWTable[*tables.DatapathDevice].ToTable,
+		scriptCommands,
+	),
+	cell.Invoke(register),
+)
+
+// loaded holds the datapath once the hive has started it.
+type loaded struct{ dp atomic.Pointer[bpf.Datapath] }
+
+func newLoaded() *loaded { return &loaded{} }
+
+func (l *loaded) get() *bpf.Datapath { return l.dp.Load() }
+
+func newDatapathDeviceTable(db *statedb.DB) (statedb.RWTable[*tables.DatapathDevice], error) {
+	return tables.NewDatapathDeviceTable(db)
+}
+
+type params struct {
+	cell.In
+
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Jobs      job.Registry
+	Health    cell.Health
+	ModuleID  cell.FullModuleID
+	Lifecycle cell.Lifecycle
+	Agent     agentconfig.Config
+	IPAM      ipam.Config
+	Config    Config
+	NonMasq   *nonmasqmaps.Handle
+	Devices   statedb.Table[*tables.EgressDevice]
+	DPDevices statedb.RWTable[*tables.DatapathDevice]
+	Loaded    *loaded
+	// Netns is the namespace of the devices (tests); nil: the agent's own.
+	Netns *devices.Netns `optional:"true"`
+}
+
+func register(p params) error {
+	ports, err := ParsePortRange("--nat-port-range", p.Config.NATPortRange)
+	if err != nil {
+		return err
+	}
+	sources, err := podCIDRs(p.IPAM.PodCIDR, p.Agent)
+	if err != nil {
+		return err
+	}
+	pinDir := p.Agent.PinDir()
+	p.Lifecycle.Append(cell.Hook{
+		OnStart: func(cell.HookContext) error {
+			var note string
+			if err := p.Netns.Do(func() (err error) { note, err = reserveNATPorts(ports); return err }); err != nil {
+				return err
+			}
+			if note != "" {
+				p.Log.Info(note)
+			}
+			maps := p.NonMasq.Maps()
+			dp, err := bpf.Load(bpf.LoadOptions{
+				PinDir:        pinDir,
+				NonMasqV4:     maps.RawV4(),
+				NonMasqV6:     maps.RawV6(),
+				NATMaxEntries: p.Config.NATMaxEntries,
+				Logger:        p.Log,
+			})
+			if err != nil {
+				return err
+			}
+			if err := dp.SetPortRange(ports.Min, ports.Max); err != nil {
+				dp.Close()
+				return err
+			}
+			if err := syncSources(dp, sources); err != nil {
+				dp.Close()
+				return err
+			}
+			p.Loaded.dp.Store(dp)
+			return nil
+		},
+		OnStop: func(cell.HookContext) error {
+			// Programs stay attached and maps pinned: closing only drops
+			// the agent's references.
+			if dp := p.Loaded.dp.Swap(nil); dp != nil {
+				return dp.Close()
+			}
+			return nil
+		},
+	})
+
+	wtxn := p.DB.WriteTxn(p.DPDevices)
+	markInit := p.DPDevices.RegisterInitializer(wtxn, "datapath-devices")
+	wtxn.Commit()
+
+	g := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
+	_, err = reconciler.Register(
+		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: g, ModuleID: p.ModuleID},
+		p.DPDevices,
+		(*tables.DatapathDevice).Clone,
+		(*tables.DatapathDevice).SetStatus,
+		(*tables.DatapathDevice).GetStatus,
+		&attachOps{linkDir: filepath.Join(pinDir, "links"), dp: p.Loaded, netns: p.Netns},
+		nil,
+		reconciler.WithName("tc-attach"),
+		reconciler.WithPruning(time.Hour),
+		reconciler.WithRefreshing(0, nil),
+		reconciler.WithRoundLimits(1000, rate.NewLimiter(rate.Inf, 1)),
+	)
+	if err != nil {
+		return err
+	}
+	d := &deriver{params: p, markInitialized: markInit}
+	g.Add(job.OneShot("derive-devices", d.run))
+	gc := &collector{log: p.Log, dp: p.Loaded}
+	g.Add(job.Timer("nat-gc", gc.collect, p.Config.NATGCInterval))
+	return nil
+}
+
+// podCIDRs are the masquerade sources of the enabled families.
+func podCIDRs(cidrs []string, agent agentconfig.Config) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range cidrs {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("--pod-cidr %q is not a CIDR", s)
+		}
+		if (p.Addr().Is4() && agent.EnableIPv4) || (p.Addr().Is6() && agent.EnableIPv6) {
+			out = append(out, p.Masked())
+		}
+	}
+	return out, nil
+}
+
+// syncSources makes masq_src_v4/v6 hold exactly the sources.
+func syncSources(dp *bpf.Datapath, sources []netip.Prefix) error {
+	v4, err := bpfmap.NewMap[bpfmap.LPMKeyV4, uint8](dp.Maps.MasqSrcV4)
+	if err != nil {
+		return err
+	}
+	v6, err := bpfmap.NewMap[bpfmap.LPMKeyV6, uint8](dp.Maps.MasqSrcV6)
+	if err != nil {
+		return err
+	}
+	want4, want6 := map[bpfmap.LPMKeyV4]uint8{}, map[bpfmap.LPMKeyV6]uint8{}
+	for _, p := range sources {
+		if p.Addr().Is4() {
+			want4[bpfmap.LPMKeyV4From(p)] = 1
+		} else {
+			want6[bpfmap.LPMKeyV6From(p)] = 1
+		}
+	}
+	if err := syncMap(v4, want4); err != nil {
+		return fmt.Errorf("%s: %w", bpf.MapMasqSrcV4, err)
+	}
+	if err := syncMap(v6, want6); err != nil {
+		return fmt.Errorf("%s: %w", bpf.MapMasqSrcV6, err)
+	}
+	return nil
+}
+
+// syncMap makes m hold exactly want, writing only the difference.
+func syncMap[K comparable](m *bpfmap.Map[K, uint8], want map[K]uint8) error {
+	have, err := m.Dump()
+	if err != nil {
+		return err
+	}
+	var stale []K
+	for k := range have {
+		if _, ok := want[k]; !ok {
+			stale = append(stale, k)
+		}
+	}
+	var kvs []bpfmap.KV[K, uint8]
+	for k, v := range want {
+		kvs = append(kvs, bpfmap.KV[K, uint8]{Key: k, Value: v})
+	}
+	var errs []error
+	for _, err := range m.Delete(stale) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, err := range m.Put(kvs) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errs[0]
+	}
+	return nil
+}
+
+// deriver keeps datapath-devices and the node address maps in step with
+// egress-devices.
+type deriver struct {
+	params          params
+	markInitialized func(statedb.WriteTxn)
+	nodeV4          *bpfmap.Map[uint32, uint8]
+	nodeV6          *bpfmap.Map[[16]byte, uint8]
+}
+
+func (d *deriver) run(ctx context.Context, health cell.Health) error {
+	p := d.params
+	for {
+		txn := p.DB.ReadTxn()
+		rows, changed := p.Devices.AllWatch(txn)
+		devs := statedb.Collect(rows)
+		if init, _ := p.Devices.Initialized(txn); init {
+			d.syncDevices(devs)
+			if err := d.syncNodeAddrs(devs); err != nil {
+				health.Degraded("node addresses not written", err)
+			} else {
+				health.OK(fmt.Sprintf("%d device(s)", len(devs)))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
+
+// syncDevices derives one datapath-devices row per selected Ethernet device
+// with a SNAT address of an enabled family.
+func (d *deriver) syncDevices(devs []*tables.EgressDevice) {
+	p := d.params
+	want := map[int]*tables.DatapathDevice{}
+	for _, dev := range devs {
+		if !dev.Selected {
+			continue
+		}
+		if !dev.Ethernet {
+			p.Log.Warn("Selected device has no Ethernet header; the datapath does not attach to it yet", "device", dev.Name)
+			continue
+		}
+		row := &tables.DatapathDevice{Index: dev.Index, Name: dev.Name}
+		if p.Agent.EnableIPv4 {
+			row.SNATv4 = dev.SNATv4
+		}
+		if p.Agent.EnableIPv6 {
+			row.SNATv6 = dev.SNATv6
+		}
+		if !row.SNATv4.IsValid() && !row.SNATv6.IsValid() {
+			continue
+		}
+		want[dev.Index] = row
+	}
+	wtxn := p.DB.WriteTxn(p.DPDevices)
+	for row := range p.DPDevices.All(wtxn) {
+		if w, ok := want[row.Index]; ok && w.SameAs(row) {
+			delete(want, row.Index)
+			continue
+		} else if !ok {
+			p.DPDevices.Delete(wtxn, row)
+		}
+	}
+	for _, row := range want {
+		row.Status = reconciler.StatusPending()
+		p.DPDevices.Insert(wtxn, row)
+	}
+	if d.markInitialized != nil {
+		d.markInitialized(wtxn)
+		d.markInitialized = nil
+	}
+	wtxn.Commit()
+}
+
+// syncNodeAddrs writes every address of every device into node_addrs: such
+// destinations are the node itself and are never masqueraded.
+func (d *deriver) syncNodeAddrs(devs []*tables.EgressDevice) error {
+	dp := d.params.Loaded.get()
+	if dp == nil {
+		return fmt.Errorf("datapath not loaded")
+	}
+	if d.nodeV4 == nil {
+		var err error
+		if d.nodeV4, err = bpfmap.NewMap[uint32, uint8](dp.Maps.NodeAddrsV4); err != nil {
+			return err
+		}
+		if d.nodeV6, err = bpfmap.NewMap[[16]byte, uint8](dp.Maps.NodeAddrsV6); err != nil {
+			return err
+		}
+	}
+	want4, want6 := map[uint32]uint8{}, map[[16]byte]uint8{}
+	for _, dev := range devs {
+		for _, a := range dev.Addresses {
+			if a.Is4() {
+				want4[bpf.Addr4(a)] = 1
+			} else {
+				want6[a.As16()] = 1
+			}
+		}
+	}
+	if err := syncMap(d.nodeV4, want4); err != nil {
+		return err
+	}
+	return syncMap(d.nodeV6, want6)
+}

@@ -1,0 +1,119 @@
+package datapath
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ipmasq/ipmasq/bpf"
+)
+
+// Config is the datapath's command-line configuration.
+type Config struct {
+	// NATPortRange is the range of source ports (and ICMP echo ids)
+	// masqueraded flows get, "min-max".
+	NATPortRange string `mapstructure:"nat-port-range"`
+	// NATMaxEntries sizes each NAT map; a flow takes two entries.
+	NATMaxEntries uint32 `mapstructure:"nat-max-entries"`
+	// NATGCInterval is how often idle NAT entries are expired.
+	NATGCInterval time.Duration `mapstructure:"nat-gc-interval"`
+}
+
+// DefaultConfig is the configuration used when no flag is given. The port
+// range sits above Linux's default ip_local_port_range (32768-60999), so
+// masqueraded flows and the node's own connections never compete for a port.
+var DefaultConfig = Config{
+	NATPortRange:  "61000-65535",
+	NATMaxEntries: bpf.DefaultNATMaxEntries,
+	NATGCInterval: 10 * time.Second,
+}
+
+// Flags implements cell.Flagger.
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("nat-port-range", def.NATPortRange,
+		"Source ports (and ICMP echo ids) of masqueraded flows, min-max; reserved from the node's own connections if ip_local_port_range overlaps")
+	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries")
+	flags.Duration("nat-gc-interval", def.NATGCInterval, "How often idle NAT entries are expired")
+}
+
+// PortRange is an inclusive port range.
+type PortRange struct{ Min, Max uint16 }
+
+func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Min, r.Max) }
+
+// Overlaps reports whether two ranges share a port.
+func (r PortRange) Overlaps(o PortRange) bool { return r.Min <= o.Max && o.Min <= r.Max }
+
+// ParsePortRange parses "min-max" (1 <= min <= max <= 65535).
+func ParsePortRange(flag, s string) (PortRange, error) {
+	lo, hi, ok := strings.Cut(strings.TrimSpace(s), "-")
+	min, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+	max, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+	if !ok || err1 != nil || err2 != nil || min == 0 || max < min {
+		return PortRange{}, fmt.Errorf("%s=%q: want min-max with 1 <= min <= max <= 65535, e.g. 61000-65535", flag, s)
+	}
+	return PortRange{uint16(min), uint16(max)}, nil
+}
+
+const (
+	localPortRangePath     = "/proc/sys/net/ipv4/ip_local_port_range"
+	localReservedPortsPath = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+)
+
+// reserveNATPorts makes sure the node's own connections never take a NAT
+// port: when ip_local_port_range overlaps the NAT range, the NAT range is
+// added to ip_local_reserved_ports (keeping what is already reserved). It
+// returns what it did, for the log.
+func reserveNATPorts(nat PortRange) (string, error) {
+	data, err := os.ReadFile(localPortRangePath)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", localPortRangePath, err)
+	}
+	// The kernel writes "32768\t60999".
+	local, err := ParsePortRange(localPortRangePath, strings.Join(strings.Fields(string(data)), "-"))
+	if err != nil {
+		return "", err
+	}
+	if !nat.Overlaps(local) {
+		return "", nil
+	}
+	reserved, err := os.ReadFile(localReservedPortsPath)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", localReservedPortsPath, err)
+	}
+	cur := strings.TrimSpace(string(reserved))
+	if containsRange(cur, nat) {
+		return "", nil
+	}
+	next := nat.String()
+	if cur != "" {
+		next = cur + "," + next
+	}
+	if err := os.WriteFile(localReservedPortsPath, []byte(next), 0o644); err != nil {
+		return "", fmt.Errorf("--nat-port-range=%s overlaps ip_local_port_range %s and reserving it in %s failed: %w "+
+			"(pick a --nat-port-range outside %s)", nat, local, localReservedPortsPath, err, local)
+	}
+	return fmt.Sprintf("--nat-port-range=%s overlaps ip_local_port_range %s: reserved it in %s", nat, local, localReservedPortsPath), nil
+}
+
+// containsRange reports whether a reserved-ports list ("1,5-9") already
+// covers r.
+func containsRange(list string, r PortRange) bool {
+	for _, part := range strings.Split(list, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		if !strings.Contains(part, "-") {
+			part += "-" + part
+		}
+		if pr, err := ParsePortRange("", part); err == nil && pr.Min <= r.Min && r.Max <= pr.Max {
+			return true
+		}
+	}
+	return false
+}
