@@ -1,0 +1,196 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+)
+
+// agentBin is the ipmasq-agent built once for all tests.
+var agentBin string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() == 0 {
+		dir, err := os.MkdirTemp("", "ipmasq-e2e-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		agentBin = filepath.Join(dir, "ipmasq-agent")
+		build := exec.Command("go", "build", "-o", agentBin, "github.com/ipmasq/ipmasq/cmd/ipmasq-agent")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build ipmasq-agent:", err)
+			os.Exit(1)
+		}
+		code := m.Run()
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+// agent is ipmasq-agent running as a process in the node namespace, with
+// a private bpffs, config and state.
+type agent struct {
+	t       *testing.T
+	node    *topology.Netns
+	dir     string
+	bpfRoot string
+	config  string
+	log     string
+	cmd     *exec.Cmd
+}
+
+func newAgent(t *testing.T, node *topology.Netns, config string) *agent {
+	privtest.Require(t)
+	dir := t.TempDir()
+	a := &agent{
+		t: t, node: node, dir: dir,
+		bpfRoot: privtest.MountBPFFS(t),
+		config:  filepath.Join(dir, "config", "ip-masq-agent"),
+		log:     filepath.Join(dir, "agent.log"),
+	}
+	a.writeConfig(config)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("datapath counters:\n%s", a.counters())
+		}
+		a.stop(syscall.SIGKILL)
+		if t.Failed() {
+			if data, err := os.ReadFile(a.log); err == nil {
+				t.Logf("agent log:\n%s", tail(string(data), 60))
+			}
+		}
+	})
+	return a
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (a *agent) writeConfig(content string) {
+	a.t.Helper()
+	if err := os.MkdirAll(filepath.Dir(a.config), 0o755); err != nil {
+		a.t.Fatal(err)
+	}
+	if err := os.WriteFile(a.config+".tmp", []byte(content), 0o644); err != nil {
+		a.t.Fatal(err)
+	}
+	if err := os.Rename(a.config+".tmp", a.config); err != nil {
+		a.t.Fatal(err)
+	}
+}
+
+// start runs the agent and waits until its programs are attached to the
+// node's uplink.
+func (a *agent) start() {
+	a.t.Helper()
+	logFile, err := os.OpenFile(a.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer logFile.Close()
+	a.cmd = exec.Command(agentBin,
+		"--bpf-root="+a.bpfRoot,
+		"--ip-masq-agent-config-path="+a.config,
+		"--state-dir="+filepath.Join(a.dir, "state"),
+		"--api-socket="+filepath.Join(a.dir, "api.sock"),
+		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6,
+		"--log-level=debug")
+	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
+	if err := a.node.Start(a.cmd); err != nil {
+		a.t.Fatalf("start agent: %v", err)
+	}
+	eth0, err := a.node.NL.LinkByName("eth0")
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	links := filepath.Join(a.bpfRoot, "ipmasq", "links")
+	a.waitFor("programs attached to eth0", func() bool {
+		for _, hook := range []string{"egress", "ingress"} {
+			if _, err := os.Stat(filepath.Join(links, fmt.Sprintf("%d-%s", eth0.Attrs().Index, hook))); err != nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// stop ends the agent with sig (SIGTERM: clean stop; SIGKILL: crash).
+func (a *agent) stop(sig syscall.Signal) {
+	if a.cmd == nil || a.cmd.Process == nil {
+		return
+	}
+	a.cmd.Process.Signal(sig)
+	a.cmd.Wait()
+	a.cmd = nil
+}
+
+// waitMapHas waits until nonmasq_v4/v6 hold exactly the lines given
+// (as printed by "ipmasq-agent maps").
+func (a *agent) waitMaps(want string) {
+	a.t.Helper()
+	var last string
+	a.waitFor("maps to hold the config", func() bool {
+		m, err := nonmasqmaps.LoadPinnedMaps(filepath.Join(a.bpfRoot, "ipmasq"))
+		if err != nil {
+			return false
+		}
+		defer m.Close()
+		last, _ = m.Format()
+		return last == want
+	})
+}
+
+func (a *agent) waitFor(what string, cond func() bool) {
+	a.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		if a.cmd != nil && a.cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	a.t.Fatalf("timed out waiting for %s", what)
+}
+
+// counters reads the datapath counters from the pinned map.
+func (a *agent) counters() string {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", bpf.MapCounters), nil)
+	if err != nil {
+		return err.Error()
+	}
+	defer m.Close()
+	vals, err := bpf.ReadCounters(m)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for i, v := range vals {
+		if v != 0 {
+			fmt.Fprintf(&b, "  %s %d\n", bpf.Counter(i), v)
+		}
+	}
+	return b.String()
+}

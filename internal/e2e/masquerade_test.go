@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/ipmasq/ipmasq/internal/topology"
+)
+
+// setup builds the topology, starts the servers in ext and far and the
+// agent in the node with config.
+func setup(t *testing.T, config string) (*topology.Masquerade, *agent, *servers) {
+	t.Helper()
+	topo, err := topology.NewMasquerade()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { topo.Close() })
+	ext := startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
+	startServers(t, topo.Far, topology.FarIP4, topology.FarIP6)
+	a := newAgent(t, topo.Node, config)
+	a.start()
+	return topo, a, ext
+}
+
+const masqueradeAll = "nonMasqueradeCIDRs: []\nmasqLinkLocal: false\nmasqLinkLocalIPv6: false\n"
+
+// checkSource opens flows of every protocol from the pod to dst and checks
+// the source address the far end saw.
+func checkSource(t *testing.T, topo *topology.Masquerade, ext *servers, dst, want netip.Addr, flows int) {
+	t.Helper()
+	for i := range flows {
+		if seen, err := tcpSource(topo.Pod, dst); err != nil || seen != want.String() {
+			t.Fatalf("TCP flow %d to %s: server saw %q (%v), want %s", i, dst, seen, err, want)
+		}
+		if seen, err := udpSource(topo.Pod, dst); err != nil || seen != want.String() {
+			t.Fatalf("UDP flow %d to %s: server saw %q (%v), want %s", i, dst, seen, err, want)
+		}
+	}
+	ext.resetEcho()
+	for i := range flows {
+		if err := ping(topo.Pod, dst, 0x4242, uint16(i)); err != nil {
+			t.Fatalf("ping %d to %s: %v", i, dst, err)
+		}
+	}
+	if dst == topology.ExtIP4 || dst == topology.ExtIP6 || dst == topology.RemoteIP4 || dst == topology.RemoteIP6 {
+		// The observer reads the requests asynchronously.
+		var srcs []netip.Addr
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if srcs = ext.echoSources(); len(srcs) >= flows {
+				break
+			}
+		}
+		if len(srcs) < flows {
+			t.Fatalf("ext saw %d echo requests, want %d", len(srcs), flows)
+		}
+		for _, s := range srcs {
+			if s != want {
+				t.Fatalf("ext saw an echo request from %s, want %s", s, want)
+			}
+		}
+	}
+}
+
+func TestMasqueradeIPv4(t *testing.T) {
+	topo, _, ext := setup(t, masqueradeAll)
+	// ext has no route to the pod CIDR: only masqueraded traffic works.
+	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 20)
+	checkSource(t, topo, ext, topology.ExtIP4, topology.NodeIP4, 5)
+}
+
+func TestMasqueradeIPv6(t *testing.T) {
+	topo, _, ext := setup(t, masqueradeAll)
+	checkSource(t, topo, ext, topology.RemoteIP6, topology.NodeIP6, 20)
+	checkSource(t, topo, ext, topology.ExtIP6, topology.NodeIP6, 5)
+}
+
+// TestNonMasqueradeDestination: a destination inside nonMasqueradeCIDRs sees
+// the pod address; a config change flips that for new flows while the agent
+// runs, and back.
+func TestNonMasqueradeDestination(t *testing.T) {
+	topo, a, ext := setup(t, "nonMasqueradeCIDRs: [10.0.0.0/24, 2001:db8::/64]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true\n")
+	if err := topo.RouteBack(); err != nil {
+		t.Fatal(err)
+	}
+	a.waitMaps("nonmasq_v4 10.0.0.0/24 no-masquerade\nnonmasq_v6 2001:db8::/64 no-masquerade\n")
+	checkSource(t, topo, ext, topology.ExtIP4, topology.PodIP4, 5)
+	checkSource(t, topo, ext, topology.ExtIP6, topology.PodIP6, 5)
+	// Outside the non-masquerade ranges: masqueraded.
+	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 5)
+	checkSource(t, topo, ext, topology.RemoteIP6, topology.NodeIP6, 5)
+
+	// masqueradeCIDRs: an exception inside the range is masqueraded.
+	a.writeConfig("nonMasqueradeCIDRs: [10.0.0.0/24, 2001:db8::/64]\nmasqueradeCIDRs: [10.0.0.2/32, 2001:db8::2/128]\nmasqLinkLocal: true\nmasqLinkLocalIPv6: true\n")
+	a.waitMaps("nonmasq_v4 10.0.0.0/24 no-masquerade\nnonmasq_v4 10.0.0.2/32 masquerade\nnonmasq_v6 2001:db8::/64 no-masquerade\nnonmasq_v6 2001:db8::2/128 masquerade\n")
+	checkSource(t, topo, ext, topology.ExtIP4, topology.NodeIP4, 5)
+	checkSource(t, topo, ext, topology.ExtIP6, topology.NodeIP6, 5)
+
+	// The config changes: everything is masqueraded for new flows.
+	a.writeConfig(masqueradeAll)
+	a.waitMaps("nonmasq_v4 169.254.0.0/16 no-masquerade\nnonmasq_v6 fe80::/10 no-masquerade\n")
+	checkSource(t, topo, ext, topology.ExtIP4, topology.NodeIP4, 5)
+	checkSource(t, topo, ext, topology.ExtIP6, topology.NodeIP6, 5)
+}

@@ -1,0 +1,241 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ipmasq/ipmasq/internal/topology"
+)
+
+const (
+	tcpPort = 7000
+	udpPort = 7001
+)
+
+// servers answer every TCP connection and UDP datagram with the source
+// address they saw, and record the sources of ICMP echo requests.
+type servers struct {
+	mu        sync.Mutex
+	echoSrcs  map[uint16][]netip.Addr // ICMP echo id → sources seen
+	listeners []io.Closer
+}
+
+// startServers runs the servers in a namespace until the test ends. UDP
+// sockets are bound to each address so a reply leaves from the address the
+// request was sent to, as real servers do.
+func startServers(t *testing.T, n *topology.Netns, addrs ...netip.Addr) *servers {
+	s := &servers{echoSrcs: map[uint16][]netip.Addr{}}
+	err := n.Do(func() error {
+		tl, err := net.Listen("tcp", fmt.Sprintf("[::]:%d", tcpPort))
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			ul, err := net.ListenPacket("udp", netip.AddrPortFrom(a, udpPort).String())
+			if err != nil {
+				return err
+			}
+			s.listeners = append(s.listeners, ul)
+			go s.serveUDP(ul)
+		}
+		i4, err := net.ListenPacket("ip4:icmp", "0.0.0.0")
+		if err != nil {
+			return err
+		}
+		i6, err := net.ListenPacket("ip6:ipv6-icmp", "::")
+		if err != nil {
+			return err
+		}
+		s.listeners = append(s.listeners, tl, i4, i6)
+		go s.serveTCP(tl)
+		go s.watchICMP(i4, 8)
+		go s.watchICMP(i6, 128)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("servers in %s: %v", n.Name, err)
+	}
+	t.Cleanup(func() {
+		for _, l := range s.listeners {
+			l.Close()
+		}
+	})
+	return s
+}
+
+// serveTCP writes "<source address>\n", then echoes everything back.
+func (s *servers) serveTCP(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			ap := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+			fmt.Fprintf(c, "%s\n", ap.Addr().Unmap())
+			io.Copy(c, c)
+		}()
+	}
+}
+
+func (s *servers) serveUDP(c net.PacketConn) {
+	buf := make([]byte, 65536)
+	for {
+		_, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		ap := from.(*net.UDPAddr).AddrPort()
+		c.WriteTo([]byte(ap.Addr().Unmap().String()), from)
+	}
+}
+
+func (s *servers) watchICMP(c net.PacketConn, echoType byte) {
+	buf := make([]byte, 65536)
+	for {
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		if n < 8 || buf[0] != echoType {
+			continue
+		}
+		id := binary.BigEndian.Uint16(buf[4:6])
+		src, _ := netip.ParseAddr(from.String())
+		s.mu.Lock()
+		s.echoSrcs[id] = append(s.echoSrcs[id], src.Unmap())
+		s.mu.Unlock()
+	}
+}
+
+// echoSources returns the sources seen for an echo id the NAT may have
+// changed: all sources of all ids.
+func (s *servers) echoSources() []netip.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []netip.Addr
+	for _, srcs := range s.echoSrcs {
+		out = append(out, srcs...)
+	}
+	return out
+}
+
+func (s *servers) resetEcho() {
+	s.mu.Lock()
+	s.echoSrcs = map[uint16][]netip.Addr{}
+	s.mu.Unlock()
+}
+
+// dialTCP connects from the pod and returns the connection and the source
+// address the server saw.
+func dialTCP(pod *topology.Netns, dst netip.Addr) (net.Conn, string, error) {
+	var c net.Conn
+	err := pod.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(dst, tcpPort).String(), 3*time.Second)
+		return err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		c.Close()
+		return nil, "", fmt.Errorf("read greeting: %w", err)
+	}
+	c.SetDeadline(time.Time{})
+	return c, strings.TrimSpace(line), nil
+}
+
+// tcpSource opens one TCP flow from the pod and returns what the server saw.
+func tcpSource(pod *topology.Netns, dst netip.Addr) (string, error) {
+	c, seen, err := dialTCP(pod, dst)
+	if err != nil {
+		return "", err
+	}
+	c.Close()
+	return seen, nil
+}
+
+// udpSource sends one datagram from a new pod socket (a new flow) and
+// returns what the server saw.
+func udpSource(pod *topology.Netns, dst netip.Addr) (string, error) {
+	var c net.Conn
+	err := pod.Do(func() (err error) {
+		c, err = net.Dial("udp", netip.AddrPortFrom(dst, udpPort).String())
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	buf := make([]byte, 128)
+	for try := 0; try < 3; try++ {
+		c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write([]byte("who am i")); err != nil {
+			return "", err
+		}
+		n, err := c.Read(buf)
+		if err == nil {
+			return string(buf[:n]), nil
+		}
+	}
+	return "", fmt.Errorf("no UDP answer from %s", dst)
+}
+
+// ping sends one ICMP echo request from the pod and waits for its reply.
+func ping(pod *topology.Netns, dst netip.Addr, id, seq uint16) error {
+	network, laddr, typ := "ip4:icmp", "0.0.0.0", byte(8)
+	if dst.Is6() {
+		network, laddr, typ = "ip6:ipv6-icmp", "::", 128
+	}
+	var c net.PacketConn
+	if err := pod.Do(func() (err error) { c, err = net.ListenPacket(network, laddr); return err }); err != nil {
+		return err
+	}
+	defer c.Close()
+	msg := []byte{typ, 0, 0, 0, byte(id >> 8), byte(id), byte(seq >> 8), byte(seq), 'i', 'p', 'm', 'a', 's', 'q'}
+	if dst.Is4() {
+		binary.BigEndian.PutUint16(msg[2:], icmpChecksum(msg))
+	} // the kernel fills in the ICMPv6 checksum
+	if _, err := c.WriteTo(msg, &net.IPAddr{IP: dst.AsSlice()}); err != nil {
+		return err
+	}
+	buf := make([]byte, 1500)
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		c.SetReadDeadline(deadline)
+		n, _, err := c.ReadFrom(buf)
+		if err != nil {
+			return fmt.Errorf("no echo reply from %s: %w", dst, err)
+		}
+		if n >= 8 && (buf[0] == 0 || buf[0] == 129) &&
+			binary.BigEndian.Uint16(buf[4:]) == id && binary.BigEndian.Uint16(buf[6:]) == seq {
+			return nil
+		}
+	}
+	return fmt.Errorf("no echo reply from %s", dst)
+}
+
+func icmpChecksum(b []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		sum += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		sum += uint32(b[len(b)-1]) << 8
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return ^uint16(sum)
+}
