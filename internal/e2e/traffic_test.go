@@ -16,8 +16,9 @@ import (
 )
 
 const (
-	tcpPort = 7000
-	udpPort = 7001
+	tcpPort  = 7000
+	udpPort  = 7001
+	sinkPort = 7002
 )
 
 // servers answer every TCP connection and UDP datagram with the source
@@ -54,8 +55,13 @@ func startServers(t *testing.T, n *topology.Netns, addrs ...netip.Addr) *servers
 		if err != nil {
 			return err
 		}
-		s.listeners = append(s.listeners, tl, i4, i6)
+		sl, err := net.Listen("tcp", fmt.Sprintf("[::]:%d", sinkPort))
+		if err != nil {
+			return err
+		}
+		s.listeners = append(s.listeners, tl, sl, i4, i6)
 		go s.serveTCP(tl)
+		go s.serveSink(sl)
 		go s.watchICMP(i4, 8)
 		go s.watchICMP(i6, 128)
 		return nil
@@ -83,6 +89,22 @@ func (s *servers) serveTCP(l net.Listener) {
 			ap := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 			fmt.Fprintf(c, "%s\n", ap.Addr().Unmap())
 			io.Copy(c, c)
+		}()
+	}
+}
+
+// serveSink reads until the client closes its side, then answers with the
+// number of bytes read: large transfers in one direction only.
+func (s *servers) serveSink(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			n, _ := io.Copy(io.Discard, c)
+			fmt.Fprintf(c, "%d\n", n)
 		}()
 	}
 }

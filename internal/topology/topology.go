@@ -98,19 +98,24 @@ func (n *Netns) setUp(name string) error {
 }
 
 // Veth connects two namespaces with a veth pair named aName in a and bName
-// in b, both up.
-func Veth(a *Netns, aName string, b *Netns, bName string, mtu int) error {
+// in b, both up. aMTU sets the MTU of a's end only (0: the default); b's end
+// keeps 1500.
+func Veth(a *Netns, aName string, b *Netns, bName string, aMTU int) error {
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: aName, MTU: mtu},
+		LinkAttrs:     netlink.LinkAttrs{Name: aName},
 		PeerName:      bName,
 		PeerNamespace: netlink.NsFd(int(b.Handle)),
 	}
 	if err := a.NL.LinkAdd(veth); err != nil {
 		return fmt.Errorf("veth %s/%s - %s/%s: %w", a.Name, aName, b.Name, bName, err)
 	}
-	if mtu != 0 {
-		if l, err := b.NL.LinkByName(bName); err == nil {
-			b.NL.LinkSetMTU(l, mtu)
+	if aMTU != 0 {
+		l, err := a.NL.LinkByName(aName)
+		if err != nil {
+			return fmt.Errorf("%s: link %s: %w", a.Name, aName, err)
+		}
+		if err := a.NL.LinkSetMTU(l, aMTU); err != nil {
+			return fmt.Errorf("%s: set MTU of %s: %w", a.Name, aName, err)
 		}
 	}
 	if err := a.setUp(aName); err != nil {
@@ -187,8 +192,9 @@ var (
 	RemoteIP4, RemoteIP6 = netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("2001:db8:ff::10")
 	FarIP4, FarIP6       = netip.MustParseAddr("198.51.100.20"), netip.MustParseAddr("2001:db8:20::20")
 	PodCIDR4, PodCIDR6   = "10.244.1.0/24", "fd00:244::/64"
-	// FarMTU is the MTU of the link to far: smaller than the others so
-	// ext must send "fragmentation needed" / "packet too big".
+	// FarMTU is the MTU of ext's link to far: smaller than the others so
+	// ext must send "fragmentation needed" / "packet too big" for full-size
+	// packets towards far (far itself has MTU 1500 and advertises a full MSS).
 	FarMTU = 1280
 )
 
