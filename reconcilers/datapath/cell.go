@@ -146,7 +146,9 @@ func register(p params) error {
 	}
 	d := &deriver{params: p, markInitialized: markInit}
 	g.Add(job.OneShot("derive-devices", d.run))
-	gc := &collector{log: p.Log, dp: p.Loaded}
+	gc := &collector{log: p.Log, dp: p.Loaded, snat: func() (map[netip.Addr]bool, bool) {
+		return currentSNAT(p.DB, p.DPDevices)
+	}}
 	g.Add(job.Timer("nat-gc", gc.collect, p.Config.NATGCInterval))
 	return nil
 }
@@ -332,4 +334,23 @@ func (d *deriver) syncNodeAddrs(devs []*tables.EgressDevice) error {
 		return err
 	}
 	return syncMap(d.nodeV6, want6)
+}
+
+// currentSNAT lists the SNAT addresses of the datapath devices, once the
+// table has been derived.
+func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice]) (map[netip.Addr]bool, bool) {
+	txn := db.ReadTxn()
+	if init, _ := tbl.Initialized(txn); !init {
+		return nil, false
+	}
+	out := map[netip.Addr]bool{}
+	for d := range tbl.All(txn) {
+		if d.SNATv4.IsValid() {
+			out[d.SNATv4] = true
+		}
+		if d.SNATv6.IsValid() {
+			out[d.SNATv6] = true
+		}
+	}
+	return out, true
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -53,10 +54,16 @@ func monotonicNow() uint64 {
 
 // collector expires idle NAT pairs. Both directions of a pair are judged
 // together: a pair is idle when neither direction has seen a packet for the
-// timeout of its protocol and state.
+// timeout of its protocol and state. Pairs translated to an address that is
+// no longer the SNAT address of any device are removed at once: the
+// programs decide once per flow, so such a flow would keep sending from an
+// address the node no longer has.
 type collector struct {
 	log *slog.Logger
 	dp  *loaded
+	// snat returns the current SNAT addresses, or ok=false while they are
+	// not known yet (then nothing is removed for that reason).
+	snat func() (addrs map[netip.Addr]bool, ok bool)
 }
 
 // GCStats says what one collection did.
@@ -71,16 +78,23 @@ func (c *collector) collectNow() error {
 	if dp == nil {
 		return nil
 	}
-	s4, err4 := collectV4(dp.Maps.NatV4, monotonicNow())
-	s6, err6 := collectV6(dp.Maps.NatV6, monotonicNow())
+	var snat map[netip.Addr]bool
+	if c.snat != nil {
+		if addrs, ok := c.snat(); ok {
+			snat = addrs
+		}
+	}
+	s4, err4 := collectV4(dp.Maps.NatV4, monotonicNow(), snat)
+	s6, err6 := collectV6(dp.Maps.NatV6, monotonicNow(), snat)
 	if c.log != nil && s4.Expired+s6.Expired > 0 {
 		c.log.Debug("NAT entries expired", "ipv4", s4.Expired, "ipv6", s6.Expired)
 	}
 	return errors.Join(err4, err6)
 }
 
-// collectV4 expires idle IPv4 pairs as of now (monotonic ns).
-func collectV4(m *ebpf.Map, now uint64) (GCStats, error) {
+// collectV4 expires idle IPv4 pairs as of now (monotonic ns), and pairs
+// whose SNAT address is not in snat (when snat is not nil).
+func collectV4(m *ebpf.Map, now uint64, snat map[netip.Addr]bool) (GCStats, error) {
 	all := map[bpf.NATKeyV4]bpf.NATValV4{}
 	var k bpf.NATKeyV4
 	var v bpf.NATValV4
@@ -98,19 +112,32 @@ func collectV4(m *ebpf.Map, now uint64) (GCStats, error) {
 		if pv, ok := all[peer]; ok {
 			last, flags = max(last, pv.LastSeenNs), flags|pv.Flags
 		}
-		if now > last && time.Duration(now-last) > timeout(k.Proto, flags) {
+		if idle(now, last, k.Proto, flags) || staleSNAT(snat, k.Dir, bpf.AddrFrom4(v.Addr), bpf.AddrFrom4(k.Dst)) {
 			expired = append(expired, k)
 		}
 	}
 	return GCStats{Entries: len(all), Expired: len(expired)}, deleteAll(m, expired)
 }
 
-// pairV4 is the key of the other direction of a pair.
+// pairV4 is the key of the other direction of a pair. Egress: pod → remote
+// translated to SNAT:port, so the reply key is remote → SNAT:port. Ingress:
+// remote → SNAT:port back to pod:port, so the egress key is pod → remote.
 func pairV4(k bpf.NATKeyV4, v bpf.NATValV4) bpf.NATKeyV4 {
-	return bpf.NATKeyV4{Src: k.Dst, Dst: v.Addr, Sport: k.Dport, Dport: v.Port, Proto: k.Proto, Dir: 1 - k.Dir}
+	if k.Dir == bpf.DirEgress {
+		return bpf.NATKeyV4{Src: k.Dst, Dst: v.Addr, Sport: k.Dport, Dport: v.Port, Proto: k.Proto, Dir: bpf.DirIngress}
+	}
+	return bpf.NATKeyV4{Src: v.Addr, Dst: k.Src, Sport: v.Port, Dport: k.Sport, Proto: k.Proto, Dir: bpf.DirEgress}
 }
 
-func collectV6(m *ebpf.Map, now uint64) (GCStats, error) {
+// pairV6 is pairV4 for IPv6.
+func pairV6(k bpf.NATKeyV6, v bpf.NATValV6) bpf.NATKeyV6 {
+	if k.Dir == bpf.DirEgress {
+		return bpf.NATKeyV6{Src: k.Dst, Dst: v.Addr, Sport: k.Dport, Dport: v.Port, Proto: k.Proto, Dir: bpf.DirIngress}
+	}
+	return bpf.NATKeyV6{Src: v.Addr, Dst: k.Src, Sport: v.Port, Dport: k.Sport, Proto: k.Proto, Dir: bpf.DirEgress}
+}
+
+func collectV6(m *ebpf.Map, now uint64, snat map[netip.Addr]bool) (GCStats, error) {
 	all := map[bpf.NATKeyV6]bpf.NATValV6{}
 	var k bpf.NATKeyV6
 	var v bpf.NATValV6
@@ -124,15 +151,32 @@ func collectV6(m *ebpf.Map, now uint64) (GCStats, error) {
 	var expired []bpf.NATKeyV6
 	for k, v := range all {
 		last, flags := v.LastSeenNs, v.Flags
-		peer := bpf.NATKeyV6{Src: k.Dst, Dst: v.Addr, Sport: k.Dport, Dport: v.Port, Proto: k.Proto, Dir: 1 - k.Dir}
+		peer := pairV6(k, v)
 		if pv, ok := all[peer]; ok {
 			last, flags = max(last, pv.LastSeenNs), flags|pv.Flags
 		}
-		if now > last && time.Duration(now-last) > timeout(k.Proto, flags) {
+		if idle(now, last, k.Proto, flags) || staleSNAT(snat, k.Dir, netip.AddrFrom16(v.Addr), netip.AddrFrom16(k.Dst)) {
 			expired = append(expired, k)
 		}
 	}
 	return GCStats{Entries: len(all), Expired: len(expired)}, deleteAll(m, expired)
+}
+
+func idle(now, last uint64, proto, flags uint8) bool {
+	return now > last && time.Duration(now-last) > timeout(proto, flags)
+}
+
+// staleSNAT reports whether an entry belongs to a pair translated to an
+// address that is no longer a SNAT address: for dir 0 the value is the
+// SNAT address, for dir 1 the key's destination is.
+func staleSNAT(snat map[netip.Addr]bool, dir uint8, val, keyDst netip.Addr) bool {
+	if snat == nil {
+		return false
+	}
+	if dir == bpf.DirEgress {
+		return !snat[val]
+	}
+	return !snat[keyDst]
 }
 
 func deleteAll[K any](m *ebpf.Map, keys []K) error {

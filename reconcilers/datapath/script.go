@@ -9,7 +9,10 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
 
+	"github.com/cilium/statedb"
+
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/tables"
 )
 
 // scriptCommands are the shell and script-test commands of the datapath:
@@ -17,7 +20,7 @@ import (
 //	datapath/counters  the datapath's counters, summed over CPUs
 //	datapath/nat       the NAT pairs, one line per direction
 //	datapath/gc        expire idle NAT pairs now
-func scriptCommands(l *loaded) hive.ScriptCmdsOut {
+func scriptCommands(l *loaded, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"datapath/counters": script.Command(
 			script.CmdUsage{Summary: "Show the datapath counters (summed over CPUs)"},
@@ -42,7 +45,8 @@ func scriptCommands(l *loaded) hive.ScriptCmdsOut {
 		"datapath/gc": script.Command(
 			script.CmdUsage{Summary: "Expire idle NAT entries now"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				return nil, (&collector{dp: l}).collectNow()
+				c := &collector{dp: l, snat: func() (map[netip.Addr]bool, bool) { return currentSNAT(db, devs) }}
+				return nil, c.collectNow()
 			}),
 	})
 }

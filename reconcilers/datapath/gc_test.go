@@ -1,0 +1,118 @@
+package datapath
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/internal/privtest"
+)
+
+// pairV4Entries returns both entries of a NAT pair pod:sport → dst:dport
+// translated to snat:natPort.
+func pairEntries(proto uint8, pod, dst, snat string, sport, dport, natPort uint16, lastSeen uint64, flags uint8) map[bpf.NATKeyV4]bpf.NATValV4 {
+	p, d, s := netip.MustParseAddr(pod), netip.MustParseAddr(dst), netip.MustParseAddr(snat)
+	return map[bpf.NATKeyV4]bpf.NATValV4{
+		{Src: bpf.Addr4(p), Dst: bpf.Addr4(d), Sport: bpf.Port(sport), Dport: bpf.Port(dport), Proto: proto, Dir: bpf.DirEgress}: {
+			Addr: bpf.Addr4(s), Port: bpf.Port(natPort), LastSeenNs: lastSeen, Flags: flags},
+		{Src: bpf.Addr4(d), Dst: bpf.Addr4(s), Sport: bpf.Port(dport), Dport: bpf.Port(natPort), Proto: proto, Dir: bpf.DirIngress}: {
+			Addr: bpf.Addr4(p), Port: bpf.Port(sport), LastSeenNs: lastSeen},
+	}
+}
+
+func TestCollectExpiresIdlePairs(t *testing.T) {
+	privtest.Require(t)
+	dp, err := bpf.Load(bpf.LoadOptions{NATMaxEntries: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	now := uint64(10 * time.Hour)
+	ago := func(d time.Duration) uint64 { return now - uint64(d) }
+	const node = "10.0.0.5"
+	keep := map[string]map[bpf.NATKeyV4]bpf.NATValV4{
+		"tcp open, idle 1h":    pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1000, 80, 61000, ago(time.Hour), 0),
+		"tcp closed, idle 30s": pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1001, 80, 61001, ago(30*time.Second), bpf.NATFlagFIN),
+		"udp, idle 10s":        pairEntries(protoUDP, "10.244.1.2", "203.0.113.10", node, 1002, 53, 61002, ago(10*time.Second), 0),
+		"icmp, idle 5s":        pairEntries(protoICMP, "10.244.1.2", "203.0.113.10", node, 7, 0, 61003, ago(5*time.Second), 0),
+	}
+	drop := map[string]map[bpf.NATKeyV4]bpf.NATValV4{
+		"tcp open, idle 7h":           pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1000, 80, 62000, ago(7*time.Hour), 0),
+		"tcp closed, idle 3m":         pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1001, 80, 62001, ago(3*time.Minute), bpf.NATFlagRST),
+		"udp, idle 2m":                pairEntries(protoUDP, "10.244.1.3", "203.0.113.10", node, 1002, 53, 62002, ago(2*time.Minute), 0),
+		"icmp, idle 1m":               pairEntries(protoICMP, "10.244.1.3", "203.0.113.10", node, 7, 0, 62003, ago(time.Minute), 0),
+		"fresh, but an old SNAT addr": pairEntries(protoTCP, "10.244.1.4", "203.0.113.10", "10.0.0.99", 1000, 80, 63000, ago(time.Second), 0),
+	}
+	for _, set := range []map[string]map[bpf.NATKeyV4]bpf.NATValV4{keep, drop} {
+		for _, pair := range set {
+			for k, v := range pair {
+				if err := dp.Maps.NatV4.Put(k, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	// One direction closed recently keeps the pair: both are judged together.
+	pair := pairEntries(protoTCP, "10.244.1.5", "203.0.113.10", node, 1000, 80, 64000, ago(7*time.Hour), 0)
+	for k, v := range pair {
+		if k.Dir == bpf.DirIngress {
+			v.LastSeenNs = ago(time.Minute)
+		}
+		dp.Maps.NatV4.Put(k, v)
+	}
+	keep["one direction recent"] = pair
+
+	stats, err := collectV4(dp.Maps.NatV4, now, map[netip.Addr]bool{netip.MustParseAddr(node): true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Expired != 2*len(drop) {
+		t.Errorf("expired %d entries, want %d", stats.Expired, 2*len(drop))
+	}
+	var v bpf.NATValV4
+	for name, pair := range keep {
+		for k := range pair {
+			if err := dp.Maps.NatV4.Lookup(k, &v); err != nil {
+				t.Errorf("%s: entry removed: %v", name, err)
+			}
+		}
+	}
+	for name, pair := range drop {
+		for k := range pair {
+			if err := dp.Maps.NatV4.Lookup(k, &v); err == nil {
+				t.Errorf("%s: entry kept", name)
+			}
+		}
+	}
+}
+
+func TestPortRanges(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want PortRange
+		err  bool
+	}{
+		{"61000-65535", PortRange{61000, 65535}, false},
+		{" 1024-2048 ", PortRange{1024, 2048}, false},
+		{"5-5", PortRange{5, 5}, false},
+		{"0-10", PortRange{}, true},
+		{"10-5", PortRange{}, true},
+		{"61000", PortRange{}, true},
+		{"a-b", PortRange{}, true},
+		{"1-65536", PortRange{}, true},
+	} {
+		got, err := ParsePortRange("--nat-port-range", tc.in)
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("ParsePortRange(%q) = %v, %v", tc.in, got, err)
+		}
+	}
+	if !(PortRange{32768, 60999}).Overlaps(PortRange{60000, 61000}) || (PortRange{32768, 60999}).Overlaps(PortRange{61000, 65535}) {
+		t.Error("Overlaps")
+	}
+	for list, want := range map[string]bool{"": false, "40000-40100": true, "1,39000-41000": true, "40000": false, "40050-40200": false} {
+		if got := containsRange(list, PortRange{40000, 40100}); got != want {
+			t.Errorf("containsRange(%q) = %v, want %v", list, got, want)
+		}
+	}
+}
