@@ -51,6 +51,7 @@ type agent struct {
 	bpfRoot string
 	config  string
 	log     string
+	args    []string // extra agent flags
 	cmd     *exec.Cmd
 }
 
@@ -115,6 +116,7 @@ func (a *agent) start() {
 		"--api-socket="+filepath.Join(a.dir, "api.sock"),
 		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6,
 		"--log-level=debug")
+	a.cmd.Args = append(a.cmd.Args, a.args...)
 	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
 	if err := a.node.Start(a.cmd); err != nil {
 		a.t.Fatalf("start agent: %v", err)
@@ -191,6 +193,24 @@ func (a *agent) counters() string {
 		if v != 0 {
 			fmt.Fprintf(&b, "  %s %d\n", bpf.Counter(i), v)
 		}
+	}
+	return b.String()
+}
+
+// natEntries lists the IPv4 NAT entries as "src -> dst => addr:port" lines.
+func (a *agent) natEntries() string {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", bpf.MapNATV4), nil)
+	if err != nil {
+		return err.Error()
+	}
+	defer m.Close()
+	var b strings.Builder
+	var k bpf.NATKeyV4
+	var v bpf.NATValV4
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		fmt.Fprintf(&b, "dir %d %s:%d -> %s:%d => %s:%d\n", k.Dir, bpf.AddrFrom4(k.Src), bpf.HostPort(k.Sport),
+			bpf.AddrFrom4(k.Dst), bpf.HostPort(k.Dport), bpf.AddrFrom4(v.Addr), bpf.HostPort(v.Port))
 	}
 	return b.String()
 }

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -161,4 +163,36 @@ func pathMTU(t *testing.T, c net.Conn, dst netip.Addr) int {
 		t.Fatal(serr)
 	}
 	return mtu
+}
+
+// TestNATPortRangeOverlap: a --nat-port-range inside the node's
+// ip_local_port_range is reserved from the node's own connections, and the
+// masqueraded flows use ports from it.
+func TestNATPortRangeOverlap(t *testing.T) {
+	topo, err := topology.NewMasquerade()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { topo.Close() })
+	startServers(t, topo.Ext, topology.RemoteIP4)
+	a := newAgent(t, topo.Node, masqueradeAll)
+	a.args = []string{"--nat-port-range=40000-40100"}
+	a.start()
+	var reserved []byte
+	topo.Node.Do(func() (err error) {
+		reserved, err = os.ReadFile("/proc/sys/net/ipv4/ip_local_reserved_ports")
+		return err
+	})
+	if got := strings.TrimSpace(string(reserved)); got != "40000-40100" {
+		t.Fatalf("node's ip_local_reserved_ports = %q, want 40000-40100", got)
+	}
+	c, seen, err := dialTCP(topo.Pod, topology.RemoteIP4)
+	if err != nil || seen != topology.NodeIP4.String() {
+		t.Fatalf("flow: %q %v", seen, err)
+	}
+	defer c.Close()
+	out := a.natEntries()
+	if !strings.Contains(out, "10.0.0.5:400") && !strings.Contains(out, "10.0.0.5:40100") {
+		t.Fatalf("NAT entries do not use the configured range:\n%s", out)
+	}
 }

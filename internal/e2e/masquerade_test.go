@@ -103,3 +103,36 @@ func TestNonMasqueradeDestination(t *testing.T) {
 	checkSource(t, topo, ext, topology.ExtIP4, topology.NodeIP4, 5)
 	checkSource(t, topo, ext, topology.ExtIP6, topology.NodeIP6, 5)
 }
+
+// TestHostTrafficUntouched: the node's own connections, outgoing and
+// incoming, pass the programs unchanged while pods are masqueraded.
+func TestHostTrafficUntouched(t *testing.T) {
+	topo, _, ext := setup(t, masqueradeAll)
+	for _, dst := range []netip.Addr{topology.RemoteIP4, topology.RemoteIP6} {
+		want := topology.NodeIP4
+		if dst.Is6() {
+			want = topology.NodeIP6
+		}
+		for i := range 10 {
+			if seen, err := tcpSource(topo.Node, dst); err != nil || seen != want.String() {
+				t.Fatalf("node's own TCP flow %d to %s: %q %v", i, dst, seen, err)
+			}
+			if seen, err := udpSource(topo.Node, dst); err != nil || seen != want.String() {
+				t.Fatalf("node's own UDP flow %d to %s: %q %v", i, dst, seen, err)
+			}
+		}
+	}
+	// Incoming: ext connects to a server on the node.
+	startServers(t, topo.Node, topology.NodeIP4, topology.NodeIP6)
+	for _, dst := range []netip.Addr{topology.NodeIP4, topology.NodeIP6} {
+		want := topology.ExtIP4
+		if dst.Is6() {
+			want = topology.ExtIP6
+		}
+		if seen, err := tcpSource(topo.Ext, dst); err != nil || seen != want.String() {
+			t.Fatalf("incoming connection to the node %s: %q %v", dst, seen, err)
+		}
+	}
+	// And pods are still masqueraded.
+	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 2)
+}
