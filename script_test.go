@@ -325,6 +325,19 @@ func bpfCommands(pinDir string) map[string]script.Cmd {
 				_, err := os.Stat(filepath.Join(pinDir, args[0]))
 				return nil, err
 			}),
+		"bpf/links": script.Command(
+			script.CmdUsage{Summary: "List the pinned tc links (ifindex-hook), like ls <bpf-root>/ipmasq/links"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				entries, err := os.ReadDir(filepath.Join(pinDir, "links"))
+				if err != nil && !os.IsNotExist(err) {
+					return nil, err
+				}
+				var b strings.Builder
+				for _, e := range entries {
+					b.WriteString(e.Name() + "\n")
+				}
+				return func(*script.State) (string, string, error) { return b.String(), "", nil }, nil
+			}),
 		"bpf/pin-incompatible": script.Command(
 			script.CmdUsage{Summary: "Pin a map with the wrong layout (a hash map) at a nonmasq map's path", Args: "map"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
@@ -390,6 +403,37 @@ func netnsCommands(h *netlink.Handle) map[string]script.Cmd {
 				}
 				return nil, setupEndpointRouting(h, ip, table)
 			}),
+		"netns/uplink": script.Command(
+			script.CmdUsage{Summary: "Give the test netns an uplink: veth <name> (peer <name>-peer) with the address and a default route via gw", Args: "name cidr gw"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 3 {
+					return nil, script.ErrUsage
+				}
+				return nil, setupUplink(h, args[0], args[1], args[2])
+			}),
+		"netns/del-default-route": script.Command(
+			script.CmdUsage{Summary: "Delete the IPv4 default route of a device in the test netns", Args: "device"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				l, err := h.LinkByName(args[0])
+				if err != nil {
+					return nil, err
+				}
+				routes, err := h.RouteList(l, netlink.FAMILY_V4)
+				if err != nil {
+					return nil, err
+				}
+				for _, r := range routes {
+					if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+						if err := h.RouteDel(&r); err != nil {
+							return nil, err
+						}
+					}
+				}
+				return nil, nil
+			}),
 		"route/get": script.Command(
 			script.CmdUsage{Summary: "Look up the route the kernel picks for dst from src (like ip route get dst from src)", Args: "dst src"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
@@ -422,6 +466,35 @@ func iprulesTableName(t int) string {
 		return "main"
 	}
 	return strconv.Itoa(t)
+}
+
+func setupUplink(h *netlink.Handle, name, cidr, gw string) error {
+	prefix, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return err
+	}
+	gwAddr, err := netip.ParseAddr(gw)
+	if err != nil {
+		return err
+	}
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "-peer"}); err != nil {
+		return fmt.Errorf("add veth %s: %w", name, err)
+	}
+	for _, n := range []string{name, name + "-peer"} {
+		l, err := h.LinkByName(n)
+		if err != nil {
+			return err
+		}
+		if err := h.LinkSetUp(l); err != nil {
+			return err
+		}
+	}
+	l, _ := h.LinkByName(name)
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())}}
+	if err := h.AddrAdd(l, addr); err != nil {
+		return err
+	}
+	return h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gwAddr.AsSlice()})
 }
 
 func setupEndpointRouting(h *netlink.Handle, ip netip.Addr, table int) error {
