@@ -1,13 +1,18 @@
-// Command ipmasq-demo shows the agent at work on a private BPF filesystem
-// and in a network namespace of its own: it starts ipmasq-agent on a
-// built-in config, prints the maps it wrote, changes the config, allocates
-// a pod address over the API and shows the pod's ip rules following the
-// config, feeds it a bad file, and restarts it. It needs root (bpffs mount,
-// BPF maps, a network namespace) and touches nothing of the host but a
-// temporary directory.
+// Command ipmasq-demo shows ipmasq masquerading real traffic. It builds a
+// small network of namespaces — a pod (10.244.1.2), a node (uplink
+// 10.0.0.5) running ipmasq-agent, and an external host (10.0.0.2 and
+// 203.0.113.10) that has no route to the pod CIDR — sends traffic from the
+// pod, and prints the source address the external host saw while the
+// config changes. It also allocates a pod address over the agent's API and
+// shows the pod's ip rules following the config, feeds the agent a bad
+// file, and restarts it under a running TCP stream.
 //
-//	go build -o bin/ipmasq-agent ./cmd/ipmasq-agent
-//	go run ./cmd/ipmasq-demo --agent bin/ipmasq-agent
+// It needs root (namespaces, a private bpffs, BPF programs) and touches
+// nothing of the host's network: everything lives in namespaces and a
+// temporary directory that it removes.
+//
+//	go build -o bin/ ./cmd/...
+//	bin/ipmasq-demo --agent bin/ipmasq-agent
 package main
 
 import (
@@ -16,37 +21,29 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/cells/api"
+	"github.com/ipmasq/ipmasq/internal/topology"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-const firstConfig = `# The example from the Kubernetes ip-masq-agent documentation, plus an
-# exception: the service range inside 10.0.0.0/8 is masqueraded.
-nonMasqueradeCIDRs:
-  - 10.0.0.0/8
-  - 172.16.0.0/12
-  - 100.64.0.0/10
-  - 192.168.0.0/16
-masqueradeCIDRs:
-  - 10.96.0.0/12
-masqLinkLocal: false
-resyncInterval: 60s
-`
+const port = 8080
 
 func main() {
 	agentBin := flag.String("agent", "bin/ipmasq-agent", "path of the ipmasq-agent binary")
@@ -58,8 +55,7 @@ func main() {
 }
 
 type demo struct {
-	netns      netns.NsHandle
-	nl         *netlink.Handle
+	topo       *topology.Masquerade
 	agentBin   string
 	dir        string
 	bpfRoot    string
@@ -70,7 +66,7 @@ type demo struct {
 
 func run(agentBin string) error {
 	if os.Geteuid() != 0 {
-		return errors.New("needs root: it mounts a private bpffs and creates BPF maps (try: sudo make demo)")
+		return errors.New("needs root: it creates network namespaces, mounts a private bpffs and loads BPF programs (try: sudo make demo)")
 	}
 	dir, err := os.MkdirTemp("", "ipmasq-demo-")
 	if err != nil {
@@ -90,63 +86,65 @@ func run(agentBin string) error {
 	if err := unix.Mount("bpf", d.bpfRoot, "bpf", 0, "mode=0700"); err != nil {
 		return fmt.Errorf("mount private bpffs: %w", err)
 	}
-	// The agent runs in a network namespace of its own, so the ip rules it
-	// writes never reach the host's.
-	if d.netns, err = newNetns(); err != nil {
+	if d.topo, err = topology.NewMasquerade(); err != nil {
 		return err
 	}
-	if d.nl, err = netlink.NewHandleAt(d.netns); err != nil {
+	if _, err := topology.ServeSource(d.topo.Ext, port); err != nil {
 		return err
 	}
 
-	step("1. Config file (what an operator's ConfigMap holds)")
-	if err := d.writeConfig(firstConfig); err != nil {
+	step("1. The network (namespaces): pod 10.244.1.2 ─ node (eth0 10.0.0.5, runs ipmasq-agent) ─ ext (10.0.0.2, 203.0.113.10)")
+	fmt.Println("   ext has no route to the pod CIDR 10.244.1.0/24: a pod's packets get answers only when masqueraded.")
+	first := "nonMasqueradeCIDRs: [172.16.0.0/12, 192.168.0.0/16]\nmasqLinkLocal: false\nresyncInterval: 60s\n"
+	if err := d.writeConfig(first); err != nil {
 		return err
 	}
-	fmt.Print(indent(firstConfig))
-
-	step("2. Start ipmasq-agent; the maps it pinned under " + filepath.Join(d.bpfRoot, "ipmasq"))
+	fmt.Print(indent("$ cat ip-masq-agent\n" + first))
 	if err := d.startAgent(); err != nil {
 		return err
 	}
-	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "10.96.0.0/12 masquerade") }); err != nil {
+	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "172.16.0.0/12") }); err != nil {
+		return err
+	}
+	if err := d.showSources(topology.ExtIP4, topology.RemoteIP4, topology.RemoteIP6); err != nil {
 		return err
 	}
 
-	step("3. Add 198.18.0.0/15 (editor-style save); the agent applies it within milliseconds")
-	changed := strings.Replace(firstConfig, "  - 192.168.0.0/16\n", "  - 192.168.0.0/16\n  - 198.18.0.0/15\n", 1)
+	step("2. Config change: 10.0.0.0/24 is a non-masquerade destination (and ext now routes the pod CIDR back)")
+	if err := d.topo.RouteBack(); err != nil {
+		return err
+	}
+	second := "nonMasqueradeCIDRs: [172.16.0.0/12, 192.168.0.0/16, 10.0.0.0/24]\nmasqLinkLocal: false\n"
 	start := time.Now()
-	if err := d.writeConfig(changed); err != nil {
+	if err := d.writeConfig(second); err != nil {
 		return err
 	}
-	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "198.18.0.0/15") }); err != nil {
+	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "10.0.0.0/24") }); err != nil {
 		return err
 	}
-	fmt.Printf("   (file written → maps updated in %s, measured by polling the map)\n", time.Since(start).Round(time.Millisecond))
-
-	step("4. A pod gets an address over the API; its ip rules follow the config")
-	client := api.NewClient(filepath.Join(d.dir, "api.sock"))
-	rt := uint32(11)
-	var alloc api.AllocationResponse
-	if err := retry(func() (err error) {
-		alloc, err = client.Allocate(context.Background(), api.AllocationRequest{Owner: "demo-pod/eth0", Family: "ipv4", RouteTable: &rt})
-		return err
-	}); err != nil {
-		return err
-	}
-	fmt.Printf("   POST /v1/ipam/allocations → %s, route table %d, nonMasqueradeCIDRs %v\n", alloc.IP, alloc.RouteTable, alloc.NonMasqueradeCIDRs)
-	if err := d.waitRules(7); err != nil {
-		return err
-	}
-	fmt.Println("   Remove 198.18.0.0/15 again: the pod's rule for it goes, the others stay.")
-	if err := d.writeConfig(firstConfig); err != nil {
-		return err
-	}
-	if err := d.waitRules(6); err != nil {
+	fmt.Printf("   (file written → maps updated in %s)\n", time.Since(start).Round(time.Millisecond))
+	if err := d.showSources(topology.ExtIP4, topology.RemoteIP4); err != nil {
 		return err
 	}
 
-	step("5. A bad file (host bits set) is rejected; the maps keep the last good config")
+	step("3. An exception: masqueradeCIDRs: [10.0.0.2/32] inside the non-masquerade range")
+	third := second + "masqueradeCIDRs: [10.0.0.2/32]\n"
+	if err := d.writeConfig(third); err != nil {
+		return err
+	}
+	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "10.0.0.2/32 masquerade") }); err != nil {
+		return err
+	}
+	if err := d.showSources(topology.ExtIP4); err != nil {
+		return err
+	}
+
+	step("4. A pod address from the agent's IPAM API; its ip rules follow the config")
+	if err := d.ipamAndRules(); err != nil {
+		return err
+	}
+
+	step("5. A bad file is rejected; the last good config stays in force")
 	if err := d.writeConfig("nonMasqueradeCIDRs: [10.0.0.1/8]\n"); err != nil {
 		return err
 	}
@@ -155,37 +153,23 @@ func run(agentBin string) error {
 		return err
 	}
 	fmt.Println("   agent log: " + line)
-	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "10.96.0.0/12") }); err != nil {
+	if err := d.showSources(topology.ExtIP4); err != nil {
 		return err
 	}
 
-	step("6. Stop the agent (SIGTERM): the maps stay pinned for the datapath")
-	if err := d.stopAgent(); err != nil {
-		return err
-	}
-	if err := d.waitMaps(func(s string) bool { return strings.Contains(s, "10.96.0.0/12") }); err != nil {
+	step("6. The agent is killed (SIGKILL) and restarted under a running TCP stream")
+	if err := d.restartUnderStream(); err != nil {
 		return err
 	}
 
-	step("7. Delete the file and restart: the reserved-range defaults apply, and the pod's rules follow")
-	if err := os.Remove(d.configPath); err != nil {
+	step("7. Datapath counters")
+	if err := d.showCounters(); err != nil {
 		return err
 	}
-	if err := d.startAgent(); err != nil {
+	if err := d.stopAgent(syscall.SIGTERM); err != nil {
 		return err
 	}
-	if err := d.waitMaps(func(s string) bool {
-		return strings.Contains(s, "240.0.0.0/4") && !strings.Contains(s, "10.96.0.0/12")
-	}); err != nil {
-		return err
-	}
-	if err := d.waitRules(12); err != nil {
-		return err
-	}
-	if err := d.stopAgent(); err != nil {
-		return err
-	}
-	fmt.Println("\nDemo done. The agent's log was", d.logPath, "(removed with the demo directory).")
+	fmt.Println("\nDemo done; namespaces, bpffs and files removed.")
 	return nil
 }
 
@@ -193,6 +177,23 @@ func step(title string) { fmt.Printf("\n== %s\n", title) }
 
 func indent(s string) string {
 	return "   " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n   ") + "\n"
+}
+
+// showSources connects from the pod to each destination and prints the
+// source address the server there saw.
+func (d *demo) showSources(dsts ...netip.Addr) error {
+	for _, dst := range dsts {
+		seen, err := topology.SeenSource(d.topo.Pod, netip.AddrPortFrom(dst, port))
+		if err != nil {
+			return fmt.Errorf("pod → %s: %w", dst, err)
+		}
+		what := "masqueraded to the node's address"
+		if seen == topology.PodIP4.String() || seen == topology.PodIP6.String() {
+			what = "the pod's own address"
+		}
+		fmt.Printf("   pod → %-15s TCP: the server saw %-12s (%s)\n", dst, seen, what)
+	}
+	return nil
 }
 
 // writeConfig replaces the config file atomically, as editors and the
@@ -208,149 +209,210 @@ func (d *demo) writeConfig(content string) error {
 	return os.Rename(tmp, d.configPath)
 }
 
+// startAgent runs the agent in the node namespace and waits until its
+// programs are attached to the uplink.
 func (d *demo) startAgent() error {
 	logFile, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
-	// Everything the agent keeps lives in the demo directory.
+	defer logFile.Close()
 	d.agent = exec.Command(d.agentBin,
 		"--bpf-root="+d.bpfRoot,
 		"--ip-masq-agent-config-path="+d.configPath,
 		"--state-dir="+filepath.Join(d.dir, "state"),
 		"--api-socket="+filepath.Join(d.dir, "api.sock"),
-		"--pod-cidr=10.244.1.0/24")
+		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6)
 	d.agent.Stdout, d.agent.Stderr = logFile, logFile
-	if err := startIn(d.netns, d.agent); err != nil {
-		logFile.Close()
+	if err := d.topo.Node.Start(d.agent); err != nil {
 		return fmt.Errorf("start %s: %w", d.agentBin, err)
 	}
-	logFile.Close()
-	fmt.Printf("   $ %s\n", strings.Join(d.agent.Args, " "))
-	return nil
+	fmt.Printf("   $ ipmasq-agent --pod-cidr=%s --pod-cidr=%s ...   (in the node namespace)\n", topology.PodCIDR4, topology.PodCIDR6)
+	eth0, err := d.topo.Node.NL.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	links := filepath.Join(d.bpfRoot, "ipmasq", "links")
+	return waitFor("the datapath attached to eth0", func() bool {
+		_, e1 := os.Stat(filepath.Join(links, fmt.Sprintf("%d-egress", eth0.Attrs().Index)))
+		_, e2 := os.Stat(filepath.Join(links, fmt.Sprintf("%d-ingress", eth0.Attrs().Index)))
+		return e1 == nil && e2 == nil
+	}, d.logPath)
 }
 
-func (d *demo) stopAgent() error {
+func (d *demo) stopAgent(sig syscall.Signal) error {
 	if d.agent == nil {
 		return nil
 	}
-	_ = d.agent.Process.Signal(syscall.SIGTERM)
+	_ = d.agent.Process.Signal(sig)
 	err := d.agent.Wait()
 	d.agent = nil
-	if err != nil {
+	if sig == syscall.SIGTERM && err != nil {
 		return fmt.Errorf("agent exited with %v; log: %s", err, d.logPath)
 	}
-	fmt.Println("   agent stopped cleanly")
 	return nil
 }
 
-// waitMaps polls the pinned maps until ok accepts their contents, then
-// prints them.
-func (d *demo) waitMaps(ok func(string) bool) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+func (d *demo) pinDir() string {
 	cfg := agentconfig.Default
 	cfg.BPFRoot = d.bpfRoot
-	last := ""
-	for ctx.Err() == nil {
-		if m, err := nonmasqmaps.LoadPinnedMaps(cfg.PinDir()); err == nil {
-			out, err := m.Format()
-			m.Close()
-			if err == nil && ok(out) {
-				fmt.Print(indent("$ ipmasq-agent maps --bpf-root=" + d.bpfRoot + "\n" + out))
-				return nil
-			}
-			last = out
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return fmt.Errorf("maps did not reach the expected state; last seen:\n%s\nagent log: %s", last, d.logPath)
+	return cfg.PinDir()
 }
 
-// waitLog waits for a log line containing s and returns it.
-func (d *demo) waitLog(s string) (string, error) {
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if f, err := os.Open(d.logPath); err == nil {
-			sc := bufio.NewScanner(f)
-			sc.Buffer(make([]byte, 1<<20), 1<<20)
-			for sc.Scan() {
-				if strings.Contains(sc.Text(), s) {
-					f.Close()
-					return sc.Text(), nil
-				}
-			}
-			f.Close()
+// waitMaps waits until the pinned maps satisfy ok, then prints them.
+func (d *demo) waitMaps(ok func(string) bool) error {
+	var out string
+	err := waitFor("the maps to hold the config", func() bool {
+		m, err := nonmasqmaps.LoadPinnedMaps(d.pinDir())
+		if err != nil {
+			return false
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return "", fmt.Errorf("no %q in the agent log %s", s, d.logPath)
-}
-
-// waitRules waits until the agent's network namespace holds n rules of
-// ipmasq's protocol, then prints them.
-func (d *demo) waitRules(n int) error {
-	deadline := time.Now().Add(10 * time.Second)
-	var keys []tables.IPRuleKey
-	for time.Now().Before(deadline) {
-		keys, _ = iprules.NewNetlinkTarget(d.nl).List()
-		if len(keys) == n {
-			fmt.Print(indent("$ ip rule   # in the agent's network namespace, ipmasq's rules only\n" + iprules.Format(keys)))
-			return nil
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return fmt.Errorf("want %d ip rules, have %d:\n%s", n, len(keys), iprules.Format(keys))
-}
-
-func retry(f func() error) error {
-	var err error
-	for range 100 {
-		if err = f(); err == nil {
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
+		defer m.Close()
+		out, err = m.Format()
+		return err == nil && ok(out)
+	}, d.logPath)
+	if err == nil {
+		fmt.Print(indent("$ ipmasq-agent maps\n" + out))
 	}
 	return err
 }
 
-// newNetns creates an unnamed network namespace without moving the caller.
-func newNetns() (netns.NsHandle, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
+func (d *demo) ipamAndRules() error {
+	client := api.NewClient(filepath.Join(d.dir, "api.sock"))
+	rt := uint32(11)
+	a, err := client.Allocate(context.Background(), api.AllocationRequest{Owner: "demo-pod/eth0", Family: "ipv4", RouteTable: &rt})
 	if err != nil {
-		return 0, err
+		return err
 	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		return 0, fmt.Errorf("create network namespace: %w", err)
+	fmt.Printf("   POST /v1/ipam/allocations → %s, route table %d, nonMasqueradeCIDRs %v\n", a.IP, a.RouteTable, a.NonMasqueradeCIDRs)
+	// 172.16/12, 192.168/16, 10.0.0.0/24, 169.254/16 → table 11; the
+	// 10.0.0.2/32 exception → main, more preferred.
+	if err := d.waitRules(5); err != nil {
+		return err
 	}
-	if err := netns.Set(orig); err != nil {
-		panic(err)
+	fmt.Println("   Drop 192.168.0.0/16 from the config: exactly that rule goes.")
+	if err := d.writeConfig("nonMasqueradeCIDRs: [172.16.0.0/12, 10.0.0.0/24]\nmasqueradeCIDRs: [10.0.0.2/32]\nmasqLinkLocal: false\n"); err != nil {
+		return err
 	}
-	return ns, nil
+	return d.waitRules(4)
 }
 
-// startIn starts cmd inside ns: the child inherits the namespace of the
-// thread that forks it.
-func startIn(ns netns.NsHandle, cmd *exec.Cmd) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
+// waitRules waits until the node namespace holds n rules of ipmasq's
+// protocol, then prints them.
+func (d *demo) waitRules(n int) error {
+	var keys []tables.IPRuleKey
+	err := waitFor(fmt.Sprintf("%d ip rules", n), func() bool {
+		keys, _ = iprules.NewNetlinkTarget(d.topo.Node.NL).List()
+		return len(keys) == n
+	}, d.logPath)
+	if err == nil {
+		fmt.Print(indent("$ ip rule   # in the node namespace, ipmasq's rules only\n" + iprules.Format(keys)))
+	}
+	return err
+}
+
+// restartUnderStream keeps a TCP stream from the pod to ext busy while the
+// agent is killed and started again, and reports that it never stopped.
+func (d *demo) restartUnderStream() error {
+	c, seen, err := topology.DialSource(d.topo.Pod, netip.AddrPortFrom(topology.RemoteIP4, port))
 	if err != nil {
 		return err
 	}
-	defer orig.Close()
-	if err := netns.Set(ns); err != nil {
+	defer c.Close()
+	var echoed atomic.Int64
+	done := make(chan error, 1)
+	stop := make(chan struct{})
+	go func() {
+		buf, got := make([]byte, 4096), make([]byte, 4096)
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Write(buf); err != nil {
+				done <- err
+				return
+			}
+			if _, err := io.ReadFull(c, got); err != nil {
+				done <- err
+				return
+			}
+			echoed.Add(int64(len(buf)))
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	before := echoed.Load()
+	if err := d.stopAgent(syscall.SIGKILL); err != nil {
 		return err
 	}
-	startErr := cmd.Start()
-	if err := netns.Set(orig); err != nil {
-		panic(err)
+	time.Sleep(300 * time.Millisecond)
+	during := echoed.Load()
+	if err := d.startAgent(); err != nil {
+		return err
 	}
-	return startErr
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	if err := <-done; err != nil {
+		return fmt.Errorf("the stream broke: %w", err)
+	}
+	after := echoed.Load()
+	fmt.Printf("   stream pod → 203.0.113.10 (server saw %s): %d KiB echoed before the kill, %d KiB while the agent was down, %d KiB after the restart\n",
+		seen, before>>10, (during-before)>>10, (after-during)>>10)
+	return nil
+}
+
+func (d *demo) showCounters() error {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(d.pinDir(), bpf.MapCounters), nil)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	vals, err := bpf.ReadCounters(m)
+	if err != nil {
+		return err
+	}
+	for i, v := range vals {
+		if v != 0 {
+			fmt.Printf("   %-32s %d\n", bpf.Counter(i), v)
+		}
+	}
+	return nil
+}
+
+func waitFor(what string, cond func() bool, logPath string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return fmt.Errorf("timed out waiting for %s; agent log: %s", what, logPath)
+}
+
+// waitLog waits for a log line containing s and returns it.
+func (d *demo) waitLog(s string) (string, error) {
+	var found string
+	err := waitFor(fmt.Sprintf("%q in the agent log", s), func() bool {
+		f, err := os.Open(d.logPath)
+		if err != nil {
+			return false
+		}
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), s) {
+				found = sc.Text()
+				return true
+			}
+		}
+		return false
+	}, d.logPath)
+	return found, err
 }
 
 func (d *demo) cleanup() {
@@ -358,11 +420,8 @@ func (d *demo) cleanup() {
 		_ = d.agent.Process.Kill()
 		_ = d.agent.Wait()
 	}
-	if d.nl != nil {
-		d.nl.Close()
-	}
-	if d.netns != 0 {
-		d.netns.Close()
+	if d.topo != nil {
+		d.topo.Close()
 	}
 	_ = unix.Unmount(d.bpfRoot, unix.MNT_DETACH)
 	_ = os.RemoveAll(d.dir)

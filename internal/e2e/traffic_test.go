@@ -1,13 +1,11 @@
 package e2e
 
 import (
-	"bufio"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,10 +33,6 @@ type servers struct {
 func startServers(t *testing.T, n *topology.Netns, addrs ...netip.Addr) *servers {
 	s := &servers{echoSrcs: map[uint16][]netip.Addr{}}
 	err := n.Do(func() error {
-		tl, err := net.Listen("tcp", fmt.Sprintf("[::]:%d", tcpPort))
-		if err != nil {
-			return err
-		}
 		for _, a := range addrs {
 			ul, err := net.ListenPacket("udp", netip.AddrPortFrom(a, udpPort).String())
 			if err != nil {
@@ -59,8 +53,7 @@ func startServers(t *testing.T, n *topology.Netns, addrs ...netip.Addr) *servers
 		if err != nil {
 			return err
 		}
-		s.listeners = append(s.listeners, tl, sl, i4, i6)
-		go s.serveTCP(tl)
+		s.listeners = append(s.listeners, sl, i4, i6)
 		go s.serveSink(sl)
 		go s.watchICMP(i4, 8)
 		go s.watchICMP(i6, 128)
@@ -69,28 +62,17 @@ func startServers(t *testing.T, n *topology.Netns, addrs ...netip.Addr) *servers
 	if err != nil {
 		t.Fatalf("servers in %s: %v", n.Name, err)
 	}
+	tl, err := topology.ServeSource(n, tcpPort)
+	if err != nil {
+		t.Fatalf("TCP server in %s: %v", n.Name, err)
+	}
+	s.listeners = append(s.listeners, tl)
 	t.Cleanup(func() {
 		for _, l := range s.listeners {
 			l.Close()
 		}
 	})
 	return s
-}
-
-// serveTCP writes "<source address>\n", then echoes everything back.
-func (s *servers) serveTCP(l net.Listener) {
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			ap := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-			fmt.Fprintf(c, "%s\n", ap.Addr().Unmap())
-			io.Copy(c, c)
-		}()
-	}
 }
 
 // serveSink reads until the client closes its side, then answers with the
@@ -160,32 +142,12 @@ func (s *servers) resetEcho() {
 // dialTCP connects from the pod and returns the connection and the source
 // address the server saw.
 func dialTCP(pod *topology.Netns, dst netip.Addr) (net.Conn, string, error) {
-	var c net.Conn
-	err := pod.Do(func() (err error) {
-		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(dst, tcpPort).String(), 3*time.Second)
-		return err
-	})
-	if err != nil {
-		return nil, "", err
-	}
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		c.Close()
-		return nil, "", fmt.Errorf("read greeting: %w", err)
-	}
-	c.SetDeadline(time.Time{})
-	return c, strings.TrimSpace(line), nil
+	return topology.DialSource(pod, netip.AddrPortFrom(dst, tcpPort))
 }
 
 // tcpSource opens one TCP flow from the pod and returns what the server saw.
 func tcpSource(pod *topology.Netns, dst netip.Addr) (string, error) {
-	c, seen, err := dialTCP(pod, dst)
-	if err != nil {
-		return "", err
-	}
-	c.Close()
-	return seen, nil
+	return topology.SeenSource(pod, netip.AddrPortFrom(dst, tcpPort))
 }
 
 // udpSource sends one datagram from a new pod socket (a new flow) and

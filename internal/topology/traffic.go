@@ -1,0 +1,72 @@
+package topology
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// ServeSource runs a TCP server in n on port: to every connection it writes
+// the source address it sees and a newline, then echoes everything back.
+// It stops when the returned listener is closed.
+func ServeSource(n *Netns, port uint16) (net.Listener, error) {
+	var l net.Listener
+	err := n.Do(func() (err error) {
+		l, err = net.Listen("tcp", fmt.Sprintf("[::]:%d", port))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				ap := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+				fmt.Fprintf(c, "%s\n", ap.Addr().Unmap())
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return l, nil
+}
+
+// DialSource connects from n to a ServeSource server and returns the
+// connection and the source address the server saw.
+func DialSource(n *Netns, dst netip.AddrPort) (net.Conn, string, error) {
+	var c net.Conn
+	err := n.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", dst.String(), 3*time.Second)
+		return err
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		c.Close()
+		return nil, "", fmt.Errorf("read greeting from %s: %w", dst, err)
+	}
+	c.SetDeadline(time.Time{})
+	return c, strings.TrimSpace(line), nil
+}
+
+// SeenSource opens one TCP flow from n to a ServeSource server and returns
+// the source address the server saw.
+func SeenSource(n *Netns, dst netip.AddrPort) (string, error) {
+	c, seen, err := DialSource(n, dst)
+	if err != nil {
+		return "", err
+	}
+	c.Close()
+	return seen, nil
+}
