@@ -5,12 +5,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/internal/privtest"
@@ -124,6 +126,17 @@ func (a *agent) start() {
 	eth0, err := a.node.NL.LinkByName("eth0")
 	if err != nil {
 		a.t.Fatal(err)
+	}
+	if slices.Contains(a.args, "--tc-attach-mode=clsact") {
+		a.waitFor("clsact filters on eth0", func() bool {
+			for _, parent := range []uint32{netlink.HANDLE_MIN_EGRESS, netlink.HANDLE_MIN_INGRESS} {
+				if fs, err := a.node.NL.FilterList(eth0, parent); err != nil || len(fs) == 0 {
+					return false
+				}
+			}
+			return true
+		})
+		return
 	}
 	links := filepath.Join(a.bpfRoot, "ipmasq", "links")
 	a.waitFor("programs attached to eth0", func() bool {

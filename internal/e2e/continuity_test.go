@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/internal/topology"
@@ -195,4 +196,34 @@ func TestNATPortRangeOverlap(t *testing.T) {
 	if !strings.Contains(out, "10.0.0.5:400") && !strings.Contains(out, "10.0.0.5:40100") {
 		t.Fatalf("NAT entries do not use the configured range:\n%s", out)
 	}
+}
+
+// TestClsactAttach: with --tc-attach-mode=clsact (what kernels without tcx
+// get) the programs run as clsact filters: traffic is masqueraded, streams
+// survive a SIGKILL and restart, and a later agent in tcx mode replaces the
+// filters with tcx links without leaving them behind.
+func TestClsactAttach(t *testing.T) {
+	topo, a, ext := setup(t, masqueradeAll, "--tc-attach-mode=clsact")
+	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 5)
+	checkSource(t, topo, ext, topology.RemoteIP6, topology.NodeIP6, 5)
+	s := startStream(t, topo.Pod, topology.RemoteIP4)
+	s.progress(t, 32<<10, "before the restart")
+	a.stop(syscall.SIGKILL)
+	s.progress(t, 16<<10, "while the agent is down")
+	a.start()
+	s.progress(t, 16<<10, "after the restart")
+
+	a.stop(syscall.SIGTERM)
+	a.args = nil // tcx
+	a.start()
+	s.progress(t, 16<<10, "after switching to tcx")
+	eth0, _ := topo.Node.NL.LinkByName("eth0")
+	for _, parent := range []uint32{netlink.HANDLE_MIN_EGRESS, netlink.HANDLE_MIN_INGRESS} {
+		a.waitFor("the clsact filters to go", func() bool {
+			fs, err := topo.Node.NL.FilterList(eth0, parent)
+			return err == nil && len(fs) == 0
+		})
+	}
+	s.stop(t)
+	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 2)
 }

@@ -10,7 +10,7 @@ import (
 
 // setup builds the topology, starts the servers in ext and far and the
 // agent in the node with config.
-func setup(t *testing.T, config string) (*topology.Masquerade, *agent, *servers) {
+func setup(t *testing.T, config string, agentArgs ...string) (*topology.Masquerade, *agent, *servers) {
 	t.Helper()
 	topo, err := topology.NewMasquerade()
 	if err != nil {
@@ -20,6 +20,7 @@ func setup(t *testing.T, config string) (*topology.Masquerade, *agent, *servers)
 	ext := startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
 	startServers(t, topo.Far, topology.FarIP4, topology.FarIP6)
 	a := newAgent(t, topo.Node, config)
+	a.args = agentArgs
 	a.start()
 	return topo, a, ext
 }

@@ -19,14 +19,15 @@ import (
 )
 
 var (
-	flagRounds     = flag.Int("perf.rounds", 5, "rounds; each measures every condition once, in a rotated order")
-	flagTputTime   = flag.Duration("perf.tput-time", 1500*time.Millisecond, "measured time of one throughput run (after 300ms of warmup)")
-	flagFlowTime   = flag.Duration("perf.flow-time", time.Second, "measured time of one new-connections run (after 200ms of warmup)")
-	flagConns      = flag.Int("perf.conns", 4, "concurrent connection loops in the new-connections run")
-	flagPorts      = flag.Int("perf.ports", 128, "server ports the short connections are spread over")
-	flagCIDRs      = flag.String("perf.cidrs", "10,1000,10000", "non-masquerade CIDR counts to compare")
-	flagRestore    = flag.String("perf.iptables-restore", "iptables-restore", "iptables-restore binary for the iptables condition (e.g. iptables-legacy-restore)")
-	flagNATEntries = flag.Int("perf.nat-max-entries", 1<<20, "ipmasq --nat-max-entries: a closed TCP pair is kept 2 minutes, and every run's connections stay in the map")
+	flagRounds      = flag.Int("perf.rounds", 5, "rounds; each measures every condition once, in a rotated order")
+	flagTputTime    = flag.Duration("perf.tput-time", 1500*time.Millisecond, "measured time of one throughput run (after 300ms of warmup)")
+	flagFlowTime    = flag.Duration("perf.flow-time", time.Second, "measured time of one new-connections run (after 200ms of warmup)")
+	flagClientClose = flag.Bool("perf.client-closes", false, "short connections: the client closes first and holds TIME_WAIT (default: the server does)")
+	flagConns       = flag.Int("perf.conns", 4, "concurrent connection loops in the new-connections run")
+	flagPorts       = flag.Int("perf.ports", 128, "server ports the short connections are spread over")
+	flagCIDRs       = flag.String("perf.cidrs", "10,1000,10000", "non-masquerade CIDR counts to compare")
+	flagRestore     = flag.String("perf.iptables-restore", "iptables-restore", "iptables-restore binary for the iptables condition (e.g. iptables-legacy-restore)")
+	flagNATEntries  = flag.Int("perf.nat-max-entries", 1<<20, "ipmasq --nat-max-entries: a closed TCP pair is kept 2 minutes, and every run's connections stay in the map")
 )
 
 // CPUs the traffic processes are pinned to. The forwarding work of a packet
@@ -160,7 +161,7 @@ func (c *condition) setUp(b *testing.B, agentBin string) {
 func BenchmarkDatapath(b *testing.B) {
 	privtest.Require(b)
 	var counts []int
-	for _, s := range strings.Split(*flagCIDRs, ",") {
+	for _, s := range strings.FieldsFunc(*flagCIDRs, func(r rune) bool { return r == ',' }) {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 0 {
 			b.Fatalf("-perf.cidrs=%q: want a comma-separated list of counts", *flagCIDRs)
@@ -177,7 +178,7 @@ func BenchmarkDatapath(b *testing.B) {
 	}
 
 	tput := Request{Op: "throughput", Addr: topology.RemoteIP4.String(), Warmup: 300 * time.Millisecond, Duration: *flagTputTime}
-	flows := Request{Op: "flows", Addr: topology.RemoteIP4.String(), Ports: *flagPorts, Conns: *flagConns, Warmup: 200 * time.Millisecond, Duration: *flagFlowTime}
+	flows := Request{Op: "flows", Addr: topology.RemoteIP4.String(), Ports: *flagPorts, Conns: *flagConns, ClientCloses: *flagClientClose, Warmup: 200 * time.Millisecond, Duration: *flagFlowTime}
 	for r := range *flagRounds {
 		order := slices.Concat(conds[r%len(conds):], conds[:r%len(conds)])
 		for _, c := range order {
@@ -246,7 +247,9 @@ func report(b *testing.B, conds []*condition) {
 			b.ReportMetric(0, "ns/op")
 		})
 	}
-	b.Log("\n" + log.String())
+	// b.Log of a benchmark with sub-benchmarks shows only with -v: the
+	// table goes to the benchmark output directly.
+	fmt.Print(log.String())
 }
 
 func ratioText(m map[string]float64, key string) string {

@@ -102,10 +102,15 @@ func serveSink(c net.Conn) {
 	}
 }
 
-// serveFlow answers a 1-byte request with 1 byte, then waits for the client
-// to close first: the client's side holds TIME_WAIT, so the server never
-// sees a SYN for a tuple it still remembers (no PAWS drops to blur the
-// comparison).
+// Request bytes of a short connection: who closes first, and so holds
+// TIME_WAIT.
+const (
+	serverCloses = 's'
+	clientCloses = 'c'
+)
+
+// serveFlow answers a 1-byte request with 1 byte, then closes at once
+// (serverCloses) or waits for the client to close first (clientCloses).
 func serveFlow(c net.Conn) {
 	defer c.Close()
 	var b [1]byte
@@ -116,7 +121,9 @@ func serveFlow(c net.Conn) {
 	if _, err := c.Write(b[:]); err != nil {
 		return
 	}
-	io.Copy(io.Discard, c)
+	if b[0] == clientCloses {
+		io.Copy(io.Discard, c)
+	}
 }
 
 // Request is one measurement the client makes.
@@ -129,6 +136,9 @@ type Request struct {
 	Ports int
 	// Conns is the number of concurrent connection loops for "flows".
 	Conns int
+	// ClientCloses makes the client close short connections first (its
+	// side holds TIME_WAIT); otherwise the server closes first.
+	ClientCloses bool
 	// Warmup is not counted; Duration is.
 	Warmup, Duration time.Duration
 }
@@ -158,7 +168,7 @@ func runClient(stdin io.Reader, stdout io.Writer) error {
 			case "flows":
 				res, err = flows(req)
 			case "check":
-				err = oneFlow(&net.Dialer{Timeout: 2 * time.Second}, net.JoinHostPort(req.Addr, strconv.Itoa(FlowPortBase)))
+				err = oneFlow(&net.Dialer{Timeout: 2 * time.Second}, net.JoinHostPort(req.Addr, strconv.Itoa(FlowPortBase)), req.ClientCloses)
 			default:
 				err = fmt.Errorf("unknown op %q", req.Op)
 			}
@@ -228,7 +238,7 @@ func flows(req Request) (Result, error) {
 		wg.Go(func() {
 			for {
 				port := FlowPortBase + int(seq.Add(1)%uint64(req.Ports))
-				err := oneFlow(d, net.JoinHostPort(req.Addr, strconv.Itoa(port)))
+				err := oneFlow(d, net.JoinHostPort(req.Addr, strconv.Itoa(port)), req.ClientCloses)
 				now := time.Now()
 				if now.After(end) {
 					return
@@ -248,17 +258,27 @@ func flows(req Request) (Result, error) {
 	return Result{OK: ok.Load(), Failed: failed.Load(), Seconds: req.Duration.Seconds()}, nil
 }
 
-func oneFlow(d *net.Dialer, addr string) error {
+// oneFlow makes one short connection: connect, 1-byte request, 1-byte
+// reply, close (after the server's close unless clientCloses).
+func oneFlow(d *net.Dialer, addr string, clientFirst bool) error {
 	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(2 * time.Second))
-	b := [1]byte{'x'}
+	b := [1]byte{serverCloses}
+	if clientFirst {
+		b[0] = clientCloses
+	}
 	if _, err := c.Write(b[:]); err != nil {
 		return err
 	}
-	_, err = io.ReadFull(c, b[:])
-	return err
+	if _, err = io.ReadFull(c, b[:]); err != nil || clientFirst {
+		return err
+	}
+	if n, err := c.Read(b[:]); n != 0 || err != io.EOF {
+		return fmt.Errorf("want the server's close, got %d bytes, %v", n, err)
+	}
+	return nil
 }

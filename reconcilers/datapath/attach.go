@@ -39,6 +39,9 @@ type attachOps struct {
 	linkDir string
 	dp      *loaded
 	netns   *devices.Netns
+	// mode is AttachAuto, AttachTCX or AttachClsact; auto becomes one of
+	// the others at the first attach.
+	mode string
 }
 
 var _ reconciler.Operations[*tables.DatapathDevice] = (*attachOps)(nil)
@@ -59,12 +62,36 @@ func (o *attachOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 	if err := dp.SetEgressDevice(d.Index, d.SNATv4, d.SNATv6); err != nil {
 		return err
 	}
-	for _, h := range hooks {
-		if err := o.attach(d, h, h.prog(dp)); err != nil {
-			return err
+	return o.netns.Do(func() error {
+		for _, h := range hooks {
+			if err := o.attachHook(d, h, h.prog(dp)); err != nil {
+				return err
+			}
 		}
+		return nil
+	})
+}
+
+// attachHook attaches with tcx or clsact per mode; in auto mode a kernel
+// without tcx switches the agent to clsact for good.
+func (o *attachOps) attachHook(d *tables.DatapathDevice, h hook, prog *ebpf.Program) error {
+	if o.mode == AttachClsact {
+		return attachClsact(d, h, prog)
 	}
-	return nil
+	err := o.attach(d, h, prog)
+	if o.mode == AttachAuto && errors.Is(err, ebpf.ErrNotSupported) {
+		o.mode = AttachClsact
+		return attachClsact(d, h, prog)
+	}
+	if err == nil && o.mode == AttachAuto {
+		o.mode = AttachTCX
+	}
+	if err == nil {
+		// A filter left by an agent that ran in clsact mode would run the
+		// programs twice; harmless, but not what the operator asked for.
+		err = detachClsact(d.Index, h)
+	}
+	return err
 }
 
 func (o *attachOps) attach(d *tables.DatapathDevice, h hook, prog *ebpf.Program) error {
@@ -85,12 +112,8 @@ func (o *attachOps) attach(d *tables.DatapathDevice, h hook, prog *ebpf.Program)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		os.Remove(path)
 	}
-	var l link.Link
-	err := o.netns.Do(func() (err error) {
-		// The index is resolved in the caller's namespace.
-		l, err = link.AttachTCX(link.TCXOptions{Interface: d.Index, Program: prog, Attach: h.attach})
-		return err
-	})
+	// The index is resolved in the caller's namespace (see Update).
+	l, err := link.AttachTCX(link.TCXOptions{Interface: d.Index, Program: prog, Attach: h.attach})
 	if err != nil {
 		return fmt.Errorf("%s %s: attach tcx program: %w", d.Name, h.name, err)
 	}
@@ -110,6 +133,9 @@ func (o *attachOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 	var errs []error
 	for _, h := range hooks {
 		errs = append(errs, detach(o.pinPath(d.Index, h)))
+		if o.mode != AttachTCX {
+			errs = append(errs, o.netns.Do(func() error { return detachClsact(d.Index, h) }))
+		}
 	}
 	if dp := o.dp.get(); dp != nil {
 		if err := dp.Maps.EgressDevs.Delete(uint32(d.Index)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -137,6 +163,9 @@ func (o *attachOps) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*
 		if !ok || err != nil || !want[n] {
 			errs = append(errs, detach(filepath.Join(o.linkDir, e.Name())))
 		}
+	}
+	if o.mode != AttachTCX {
+		errs = append(errs, o.netns.Do(func() error { return pruneClsact(want) }))
 	}
 	if dp := o.dp.get(); dp != nil {
 		var stale []uint32

@@ -81,6 +81,11 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
+	switch p.Config.TCAttachMode {
+	case AttachAuto, AttachTCX, AttachClsact:
+	default:
+		return fmt.Errorf("--tc-attach-mode=%q: want auto, tcx or clsact", p.Config.TCAttachMode)
+	}
 	pinDir := p.Agent.PinDir()
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
@@ -134,7 +139,7 @@ func register(p params) error {
 		(*tables.DatapathDevice).Clone,
 		(*tables.DatapathDevice).SetStatus,
 		(*tables.DatapathDevice).GetStatus,
-		&attachOps{linkDir: filepath.Join(pinDir, "links"), dp: p.Loaded, netns: p.Netns},
+		&attachOps{linkDir: filepath.Join(pinDir, "links"), dp: p.Loaded, netns: p.Netns, mode: p.Config.TCAttachMode},
 		nil,
 		reconciler.WithName("tc-attach"),
 		reconciler.WithPruning(time.Hour),

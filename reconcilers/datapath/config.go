@@ -21,6 +21,8 @@ type Config struct {
 	NATMaxEntries uint32 `mapstructure:"nat-max-entries"`
 	// NATGCInterval is how often idle NAT entries are expired.
 	NATGCInterval time.Duration `mapstructure:"nat-gc-interval"`
+	// TCAttachMode is how programs are attached: auto, tcx or clsact.
+	TCAttachMode string `mapstructure:"tc-attach-mode"`
 }
 
 // DefaultConfig is the configuration used when no flag is given. The port
@@ -30,6 +32,7 @@ var DefaultConfig = Config{
 	NATPortRange:  "61000-65535",
 	NATMaxEntries: bpf.DefaultNATMaxEntries,
 	NATGCInterval: 10 * time.Second,
+	TCAttachMode:  AttachAuto,
 }
 
 // Flags implements cell.Flagger.
@@ -38,6 +41,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 		"Source ports (and ICMP echo ids) of masqueraded flows, min-max; reserved from the node's own connections if ip_local_port_range overlaps")
 	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries")
 	flags.Duration("nat-gc-interval", def.NATGCInterval, "How often idle NAT entries are expired")
+	flags.String("tc-attach-mode", def.TCAttachMode, "How the programs are attached: auto (tcx where the kernel has it, clsact otherwise), tcx or clsact")
 }
 
 // PortRange is an inclusive port range.
