@@ -45,8 +45,17 @@ func newNode(t testing.TB, args ...string) *node {
 }
 
 func newNodeWithPools(t testing.TB, pools []string, args ...string) *node {
+	return newNodeWithConfig(t, "", pools, args...)
+}
+
+// newNodeWithConfig starts a node whose config file (when not empty) is in
+// place before the agent starts, as on a real node: answers carry it at once.
+func newNodeWithConfig(t testing.TB, config string, pools []string, args ...string) *node {
 	dir := t.TempDir()
 	n := &node{t: t, dir: dir, socket: filepath.Join(dir, "api.sock"), config: filepath.Join(dir, "config", "ip-masq-agent"), pools: pools}
+	if config != "" {
+		n.writeConfig(config)
+	}
 	n.start(args...)
 	return n
 }
@@ -118,8 +127,7 @@ func apiStatus(err error) int {
 }
 
 func TestAllocateIdempotentAndCIDRs(t *testing.T) {
-	n := newNode(t)
-	n.writeConfig("nonMasqueradeCIDRs: [10.0.0.0/8, fd00::/8]\n")
+	n := newNodeWithConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8, fd00::/8]\n", []string{"10.244.1.0/24", "fd00:10:244:1::/64"})
 	ctx := context.Background()
 	status, body := n.raw("POST", "/v1/ipam/allocations", `{"owner":"c1/eth0","family":"ipv4","routeTable":11}`)
 	if status != http.StatusCreated || !strings.Contains(body, `"ip":"10.244.1.1"`) ||

@@ -16,8 +16,7 @@ import (
 // state file is fsynced) before the answer; releases between iterations
 // are not timed.
 func BenchmarkAllocate(b *testing.B) {
-	n := newNode(b)
-	n.writeConfig("nonMasqueradeCIDRs: [10.0.0.0/8]\n")
+	n := newNodeWithConfig(b, "nonMasqueradeCIDRs: [10.0.0.0/8]\n", []string{"10.244.0.0/16"})
 	ctx := context.Background()
 	for i := range 100 {
 		if _, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: fmt.Sprintf("resident-%d", i), Family: "ipv4"}); err != nil {
