@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -30,37 +29,9 @@ import (
 // waitTimeout bounds every wait for the table to catch up with the kernel.
 const waitTimeout = 5 * time.Second
 
-// newNetns creates a network namespace for this test only and returns it
-// with a netlink handle bound to it. The calling thread's namespace is
-// restored at once; the namespace and its devices go away with the last
-// handle, when the test ends.
+// newNetns creates a network namespace for this test only.
 func newNetns(t *testing.T) (netns.NsHandle, *netlink.Handle) {
-	t.Helper()
-	privtest.Require(t)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatalf("get current netns: %v", err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatalf("create netns: %v", err)
-	}
-	if err := netns.Set(orig); err != nil {
-		panic(fmt.Sprintf("restore netns: %v", err))
-	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		ns.Close()
-		t.Fatalf("netlink handle in new netns: %v", err)
-	}
-	t.Cleanup(func() {
-		h.Close()
-		ns.Close()
-	})
-	return ns, h
+	return privtest.NewNetns(t)
 }
 
 // fixture is a devices cell watching a test namespace.

@@ -92,31 +92,84 @@ func (c *collector) collectNow() error {
 	return errors.Join(err4, err6)
 }
 
+// natEntry is what the collector needs to know of one NAT entry.
+type natEntry[K comparable] struct {
+	peer     K // the key of the other direction
+	proto    uint8
+	dir      uint8
+	flags    uint8
+	lastSeen uint64
+	snat     netip.Addr // the SNAT address of the pair
+}
+
+func describeV4(k bpf.NATKeyV4, v bpf.NATValV4) natEntry[bpf.NATKeyV4] {
+	e := natEntry[bpf.NATKeyV4]{peer: pairV4(k, v), proto: k.Proto, dir: k.Dir, flags: v.Flags, lastSeen: v.LastSeenNs}
+	if k.Dir == bpf.DirEgress {
+		e.snat = bpf.AddrFrom4(v.Addr)
+	} else {
+		e.snat = bpf.AddrFrom4(k.Dst)
+	}
+	return e
+}
+
+func describeV6(k bpf.NATKeyV6, v bpf.NATValV6) natEntry[bpf.NATKeyV6] {
+	e := natEntry[bpf.NATKeyV6]{peer: pairV6(k, v), proto: k.Proto, dir: k.Dir, flags: v.Flags, lastSeen: v.LastSeenNs}
+	if k.Dir == bpf.DirEgress {
+		e.snat = netip.AddrFrom16(v.Addr)
+	} else {
+		e.snat = netip.AddrFrom16(k.Dst)
+	}
+	return e
+}
+
 // collectV4 expires idle IPv4 pairs as of now (monotonic ns), and pairs
 // whose SNAT address is not in snat (when snat is not nil).
 func collectV4(m *ebpf.Map, now uint64, snat map[netip.Addr]bool) (GCStats, error) {
-	all := map[bpf.NATKeyV4]bpf.NATValV4{}
-	var k bpf.NATKeyV4
-	var v bpf.NATValV4
+	return collectMap(m, bpf.MapNATV4, now, snat, describeV4)
+}
+
+// collectV6 is collectV4 for IPv6.
+func collectV6(m *ebpf.Map, now uint64, snat map[netip.Addr]bool) (GCStats, error) {
+	return collectMap(m, bpf.MapNATV6, now, snat, describeV6)
+}
+
+func collectMap[K comparable, V any](m *ebpf.Map, name string, now uint64, snat map[netip.Addr]bool,
+	describe func(K, V) natEntry[K]) (GCStats, error) {
+	all := map[K]natEntry[K]{}
+	var k K
+	var v V
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		all[k] = v
+		all[k] = describe(k, v)
 	}
 	if err := it.Err(); err != nil {
-		return GCStats{}, fmt.Errorf("iterate %s: %w", bpf.MapNATV4, err)
+		return GCStats{}, fmt.Errorf("iterate %s: %w", name, err)
 	}
-	var expired []bpf.NATKeyV4
-	for k, v := range all {
-		last, flags := v.LastSeenNs, v.Flags
-		peer := pairV4(k, v)
-		if pv, ok := all[peer]; ok {
-			last, flags = max(last, pv.LastSeenNs), flags|pv.Flags
+	var expired []K
+	for k, e := range all {
+		last, flags := e.lastSeen, e.flags
+		if p, ok := all[e.peer]; ok {
+			last, flags = max(last, p.lastSeen), flags|p.flags
 		}
-		if idle(now, last, k.Proto, flags) || staleSNAT(snat, k.Dir, bpf.AddrFrom4(v.Addr), bpf.AddrFrom4(k.Dst)) {
+		if idle(now, last, e.proto, flags) || (snat != nil && !snat[e.snat]) {
 			expired = append(expired, k)
 		}
 	}
 	return GCStats{Entries: len(all), Expired: len(expired)}, deleteAll(m, expired)
+}
+
+func idle(now, last uint64, proto, flags uint8) bool {
+	return now > last && time.Duration(now-last) > timeout(proto, flags)
+}
+
+func deleteAll[K any](m *ebpf.Map, keys []K) error {
+	var errs []error
+	for i := range keys {
+		if err := m.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // pairV4 is the key of the other direction of a pair. Egress: pod → remote
@@ -135,56 +188,4 @@ func pairV6(k bpf.NATKeyV6, v bpf.NATValV6) bpf.NATKeyV6 {
 		return bpf.NATKeyV6{Src: k.Dst, Dst: v.Addr, Sport: k.Dport, Dport: v.Port, Proto: k.Proto, Dir: bpf.DirIngress}
 	}
 	return bpf.NATKeyV6{Src: v.Addr, Dst: k.Src, Sport: v.Port, Dport: k.Sport, Proto: k.Proto, Dir: bpf.DirEgress}
-}
-
-func collectV6(m *ebpf.Map, now uint64, snat map[netip.Addr]bool) (GCStats, error) {
-	all := map[bpf.NATKeyV6]bpf.NATValV6{}
-	var k bpf.NATKeyV6
-	var v bpf.NATValV6
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		all[k] = v
-	}
-	if err := it.Err(); err != nil {
-		return GCStats{}, fmt.Errorf("iterate %s: %w", bpf.MapNATV6, err)
-	}
-	var expired []bpf.NATKeyV6
-	for k, v := range all {
-		last, flags := v.LastSeenNs, v.Flags
-		peer := pairV6(k, v)
-		if pv, ok := all[peer]; ok {
-			last, flags = max(last, pv.LastSeenNs), flags|pv.Flags
-		}
-		if idle(now, last, k.Proto, flags) || staleSNAT(snat, k.Dir, netip.AddrFrom16(v.Addr), netip.AddrFrom16(k.Dst)) {
-			expired = append(expired, k)
-		}
-	}
-	return GCStats{Entries: len(all), Expired: len(expired)}, deleteAll(m, expired)
-}
-
-func idle(now, last uint64, proto, flags uint8) bool {
-	return now > last && time.Duration(now-last) > timeout(proto, flags)
-}
-
-// staleSNAT reports whether an entry belongs to a pair translated to an
-// address that is no longer a SNAT address: for dir 0 the value is the
-// SNAT address, for dir 1 the key's destination is.
-func staleSNAT(snat map[netip.Addr]bool, dir uint8, val, keyDst netip.Addr) bool {
-	if snat == nil {
-		return false
-	}
-	if dir == bpf.DirEgress {
-		return !snat[val]
-	}
-	return !snat[keyDst]
-}
-
-func deleteAll[K any](m *ebpf.Map, keys []K) error {
-	var errs []error
-	for i := range keys {
-		if err := m.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }
