@@ -26,6 +26,7 @@ const (
 	CounterFragments        = Counter(masqCounterCOUNTER_FRAGMENTS)
 	CounterFragUnknown      = Counter(masqCounterCOUNTER_FRAG_UNKNOWN)
 	CounterError            = Counter(masqCounterCOUNTER_ERROR)
+	CounterNATNewByRule     = Counter(masqCounterCOUNTER_NAT_NEW_BY_RULE)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -46,6 +47,7 @@ var counterNames = [NumCounters]string{
 	CounterFragments:        "fragments-translated",
 	CounterFragUnknown:      "drop-fragment-unknown",
 	CounterError:            "error",
+	CounterNATNewByRule:     "nat-new-by-rule",
 }
 
 // String returns the counter's name as shown to operators.
@@ -87,6 +89,8 @@ func (c Counter) Description() string {
 		return "dropped: egress non-first fragment without its first fragment"
 	case CounterError:
 		return "malformed packets and helper failures"
+	case CounterNATNewByRule:
+		return "new NAT pairs (flows) created for a user masquerade rule's source (also counted in nat-new)"
 	}
 	return ""
 }

@@ -4,8 +4,9 @@
 //
 // The agent loads the datapath with [Load], attaches [Datapath.Egress] and
 // [Datapath.Ingress] with tcx on each selected egress device, and fills the
-// maps: masquerade sources (masq_src_*), node addresses (node_addrs_*), the
-// SNAT address per device (egress_devs) and the NAT port range (config).
+// maps: masquerade sources (masq_src_*), user masquerade rules for other
+// sources per egress device (masq_rules_*), node addresses (node_addrs_*),
+// the SNAT address per device (egress_devs) and the NAT port range (config).
 // The nonmasq_* tries are owned by their own reconciler and passed in.
 //
 // NAT state (nat_v4, nat_v6) holds both directions of each translated flow:
@@ -37,6 +38,8 @@ const (
 	MapNonMasqV6   = "nonmasq_v6"
 	MapMasqSrcV4   = "masq_src_v4"
 	MapMasqSrcV6   = "masq_src_v6"
+	MapMasqRulesV4 = "masq_rules_v4"
+	MapMasqRulesV6 = "masq_rules_v6"
 	MapNodeAddrsV4 = "node_addrs_v4"
 	MapNodeAddrsV6 = "node_addrs_v6"
 	MapEgressDevs  = "egress_devs"
@@ -120,8 +123,9 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	}
 	if opts.PinDir != "" {
 		for _, name := range []string{
-			MapMasqSrcV4, MapMasqSrcV6, MapNodeAddrsV4, MapNodeAddrsV6, MapEgressDevs,
-			MapConfig, MapNATV4, MapNATV6, MapFragV4, MapFragV6, MapCounters,
+			MapMasqSrcV4, MapMasqSrcV6, MapMasqRulesV4, MapMasqRulesV6,
+			MapNodeAddrsV4, MapNodeAddrsV6, MapEgressDevs, MapConfig,
+			MapNATV4, MapNATV6, MapFragV4, MapFragV6, MapCounters,
 		} {
 			m, err := bpfmap.OpenPinned(opts.Logger, opts.PinDir, spec.Maps[name])
 			if err != nil {

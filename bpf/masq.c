@@ -7,10 +7,12 @@
  * Two tc programs run on every selected egress device (attached with tcx):
  *
  *   ipmasq_egress   decides per new flow whether to masquerade (source in
- *                   masq_src_*, destination neither a node address nor "do
- *                   not masquerade" in nonmasq_*, device has an SNAT address
- *                   of the family), allocates a NAT port and rewrites the
- *                   source; established flows take one NAT lookup.
+ *                   masq_src_* or in a masq_rules_* entry for the egress
+ *                   device, destination neither a node address nor "do not
+ *                   masquerade" in nonmasq_*, an SNAT address of the family:
+ *                   the rule's or the device's), allocates a NAT port and
+ *                   rewrites the source; established flows take one NAT
+ *                   lookup.
  *   ipmasq_ingress  reverse-translates replies and the ICMP errors that
  *                   belong to translated flows.
  *
@@ -19,6 +21,7 @@
  *   dir 0 (egress):  {pod, remote, pod port, remote port}   -> {SNAT addr, NAT port}
  *   dir 1 (ingress): {remote, SNAT addr, remote port, NAT port} -> {pod, pod port}
  *
+ * "pod" stands for any masqueraded source, a pod or a user rule's source.
  * For ICMP echo the identifier is the port: sport on the request (dport 0),
  * dport on the reply (sport 0). Entries are never removed here (except to
  * undo a lost race): a garbage collector in the agent expires idle pairs
@@ -29,7 +32,9 @@
  * cannot be: the pod address is never sent out.
  *
  * Packets are assumed to start with an Ethernet header (the egress devices
- * are uplinks); L3-only devices (tun, wireguard) are not supported yet.
+ * are uplinks); L3-only devices (tun, wireguard) are not supported yet as
+ * egress devices. Traffic that arrived on one (WireGuard clients leaving
+ * through eth0) is masqueraded with a masq_rules_* entry.
  */
 
 #include <linux/bpf.h>
@@ -84,6 +89,7 @@ enum counter {
 	COUNTER_FRAGMENTS,		/* non-first fragments translated (either direction) */
 	COUNTER_FRAG_UNKNOWN,		/* dropped: egress non-first fragment of a masqueraded flow without its first fragment */
 	COUNTER_ERROR,			/* malformed packets and helper failures */
+	COUNTER_NAT_NEW_BY_RULE,	/* new NAT pairs created for a masq_rules_* source (also in COUNTER_NAT_NEW) */
 	COUNTER_MAX,
 };
 
@@ -103,6 +109,32 @@ struct lpm_v4_key {
 struct lpm_v6_key {
 	__u32 prefixlen;
 	__u8 addr[16];
+};
+
+/* A user masquerade rule: masquerade sources in addr/(prefixlen - 32) when
+ * they leave through ifindex. prefixlen counts the 32 ifindex bits, which
+ * are always matched in full (the kernel compares the key bytes in order):
+ * a lookup with prefixlen 64 (v4) or 160 (v6) finds the longest source
+ * prefix configured for exactly that device. ifindex is in host byte order. */
+struct masq_rule_v4_key {
+	__u32 prefixlen;
+	__u32 ifindex;
+	__u8 addr[4];
+};
+
+struct masq_rule_v6_key {
+	__u32 prefixlen;
+	__u32 ifindex;
+	__u8 addr[16];
+};
+
+/* The value of both rule maps. has_to: SNAT to the rule's address (to_v4 in
+ * masq_rules_v4, to_v6 in masq_rules_v6) rather than the device's. */
+struct masq_rule {
+	__be32 to_v4;
+	__u8 to_v6[16];
+	__u8 has_to;
+	__u8 pad[3];
 };
 
 /* The SNAT address per family of an egress device. */
@@ -229,6 +261,22 @@ struct {
 	__uint(max_entries, 1024);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } masq_src_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct masq_rule_v4_key);
+	__type(value, struct masq_rule);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} masq_rules_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct masq_rule_v6_key);
+	__type(value, struct masq_rule);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} masq_rules_v6 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -561,9 +609,53 @@ static __always_inline int is_masq_source_v6(const __u8 *src)
 	return v && *v == 1;
 }
 
+/*
+ * masq_source_v4/v6 say whether a packet from src leaving through the skb's
+ * device is a masquerade candidate: a pod source (masq_src_*, *rule = NULL)
+ * or a source with a user rule for this device (*rule = its masq_rules_*
+ * entry). Pod sources take one lookup as before; only the others, mostly
+ * the host's own traffic, pay for the rule lookup too.
+ *
+ * The check runs before the NAT lookup of established flows, so that host
+ * traffic never pays for one: removing a rule (like removing a pod CIDR)
+ * stops translating its flows at once, and their NAT pairs stay until the
+ * collector expires them. What decide_* looks at (destination, the rule's
+ * toAddress, the device's address) only matters when a flow starts: an
+ * established flow keeps the SNAT address it started with.
+ */
+static __always_inline int masq_source_v4(struct __sk_buff *skb, __be32 src,
+					  const struct masq_rule **rule)
+{
+	struct masq_rule_v4_key k = { .prefixlen = 64, .ifindex = skb->ifindex };
+
+	*rule = NULL;
+	if (is_masq_source_v4(src))
+		return 1;
+	__builtin_memcpy(k.addr, &src, 4);
+	*rule = bpf_map_lookup_elem(&masq_rules_v4, &k);
+	return *rule != NULL;
+}
+
+static __always_inline int masq_source_v6(struct __sk_buff *skb, const __u8 *src,
+					  const struct masq_rule **rule)
+{
+	struct masq_rule_v6_key k = { .prefixlen = 160, .ifindex = skb->ifindex };
+
+	*rule = NULL;
+	if (is_masq_source_v6(src))
+		return 1;
+	__builtin_memcpy(k.addr, src, 16);
+	*rule = bpf_map_lookup_elem(&masq_rules_v6, &k);
+	return *rule != NULL;
+}
+
 /* decide_v4 returns COUNTER_MASQUERADED with the SNAT address, or the counter
- * that says why the packet is left alone. The source was checked already. */
-static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 dst, __be32 *snat)
+ * that says why the packet is left alone. The source was checked already by
+ * masq_source_v4, which found rule (NULL for a pod source). The device must
+ * be an egress device even when the rule names its own address: the agent
+ * writes an entry for every device it attached, with or without addresses. */
+static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 dst,
+					      const struct masq_rule *rule, __be32 *snat)
 {
 	struct lpm_v4_key k = { .prefixlen = 32 };
 	struct egress_dev *dev;
@@ -579,13 +671,20 @@ static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 dst,
 	if (action && *action == 0)
 		return COUNTER_SKIP_NONMASQ_DST;
 	dev = bpf_map_lookup_elem(&egress_devs, &ifindex);
-	if (!dev || !dev->has_v4)
+	if (!dev)
+		return COUNTER_SKIP_NO_SNAT_ADDR;
+	if (rule && rule->has_to) {
+		*snat = rule->to_v4;
+		return COUNTER_MASQUERADED;
+	}
+	if (!dev->has_v4)
 		return COUNTER_SKIP_NO_SNAT_ADDR;
 	*snat = dev->snat_v4;
 	return COUNTER_MASQUERADED;
 }
 
-static __always_inline enum counter decide_v6(struct __sk_buff *skb, const __u8 *dst, __u8 *snat)
+static __always_inline enum counter decide_v6(struct __sk_buff *skb, const __u8 *dst,
+					      const struct masq_rule *rule, __u8 *snat)
 {
 	struct lpm_v6_key k = { .prefixlen = 128 };
 	struct egress_dev *dev;
@@ -599,7 +698,13 @@ static __always_inline enum counter decide_v6(struct __sk_buff *skb, const __u8 
 	if (action && *action == 0)
 		return COUNTER_SKIP_NONMASQ_DST;
 	dev = bpf_map_lookup_elem(&egress_devs, &ifindex);
-	if (!dev || !dev->has_v6)
+	if (!dev)
+		return COUNTER_SKIP_NO_SNAT_ADDR;
+	if (rule && rule->has_to) {
+		__builtin_memcpy(snat, rule->to_v6, 16);
+		return COUNTER_MASQUERADED;
+	}
+	if (!dev->has_v6)
 		return COUNTER_SKIP_NO_SNAT_ADDR;
 	__builtin_memcpy(snat, dev->snat_v6, 16);
 	return COUNTER_MASQUERADED;
@@ -1098,14 +1203,15 @@ err:
 /* ---- Egress ------------------------------------------------------------- */
 
 /* A non-first fragment: L3 rewrite from the first fragment's record. */
-static __always_inline int egress_frag_v4(struct __sk_buff *skb, const struct pkt *p)
+static __always_inline int egress_frag_v4(struct __sk_buff *skb, const struct pkt *p,
+					  const struct masq_rule *rule)
 {
 	struct frag_v4_val *f = frag_lookup_v4(p, DIR_EGRESS);
 	enum counter c;
 	__be32 snat;
 
 	if (!f) {
-		c = decide_v4(skb, p->v4.daddr, &snat);
+		c = decide_v4(skb, p->v4.daddr, rule, &snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_UNSPEC;
@@ -1122,14 +1228,15 @@ static __always_inline int egress_frag_v4(struct __sk_buff *skb, const struct pk
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pkt *p)
+static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pkt *p,
+					  const struct masq_rule *rule)
 {
 	struct frag_v6_val *f = frag_lookup_v6(p, DIR_EGRESS);
 	__u8 from[16], to[16];
 	enum counter c;
 
 	if (!f) {
-		c = decide_v6(skb, p->v6.daddr, to);
+		c = decide_v6(skb, p->v6.daddr, rule, to);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_UNSPEC;
@@ -1151,6 +1258,7 @@ static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pk
 static __always_inline int egress_v4(struct __sk_buff *skb)
 {
 	struct nat_v4_key k = { .dir = DIR_EGRESS };
+	const struct masq_rule *rule;
 	struct nat_v4_val *v, nv;
 	struct pkt p;
 	enum counter c;
@@ -1160,12 +1268,12 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
 	}
-	if (!is_masq_source_v4(p.v4.saddr)) {
+	if (!masq_source_v4(skb, p.v4.saddr, &rule)) {
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
 	}
 	if (p.frag == FRAG_LATER)
-		return egress_frag_v4(skb, &p);
+		return egress_frag_v4(skb, &p, rule);
 	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
 		/* truncated L4 header from a masquerade source: cannot translate */
 		count(COUNTER_ERROR);
@@ -1181,14 +1289,15 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	k.sport = p.sport;
 	k.dport = p.dport;
 	k.proto = p.proto;
-	/* Established flows: the decision was taken when the pair was made. */
+	/* Established flows: the decision was taken when the pair was made
+	 * (masq_source_v4 says what happens when a source stops being one). */
 	v = bpf_map_lookup_elem(&nat_v4, &k);
 	if (v) {
 		nat_touch_v4(v, p.tcp_flags);
 		nv.addr = v->addr;
 		nv.port = v->port;
 	} else {
-		c = decide_v4(skb, p.v4.daddr, &snat);
+		c = decide_v4(skb, p.v4.daddr, rule, &snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_UNSPEC;
@@ -1198,8 +1307,11 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 			count(c);
 			return TC_ACT_SHOT;
 		}
-		if (c == COUNTER_NAT_NEW)
+		if (c == COUNTER_NAT_NEW) {
 			count(COUNTER_NAT_NEW);
+			if (rule)
+				count(COUNTER_NAT_NEW_BY_RULE);
+		}
 	}
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v4(&p, DIR_EGRESS, nv.addr);
@@ -1217,6 +1329,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 {
 	struct nat_v6_key k = { .dir = DIR_EGRESS };
 	struct nat_v6_val *v, nv;
+	const struct masq_rule *rule;
 	__u8 snat[16], from[16];
 	struct pkt p;
 	enum counter c;
@@ -1227,7 +1340,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
 	}
-	if (!is_masq_source_v6(p.v6.saddr)) {
+	if (!masq_source_v6(skb, p.v6.saddr, &rule)) {
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
 	}
@@ -1236,7 +1349,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	}
 	if (p.frag == FRAG_LATER)
-		return egress_frag_v6(skb, &p);
+		return egress_frag_v6(skb, &p, rule);
 	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
@@ -1257,7 +1370,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 		__builtin_memcpy(nv.addr, v->addr, 16);
 		nv.port = v->port;
 	} else {
-		c = decide_v6(skb, p.v6.daddr, snat);
+		c = decide_v6(skb, p.v6.daddr, rule, snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_UNSPEC;
@@ -1267,8 +1380,11 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 			count(c);
 			return TC_ACT_SHOT;
 		}
-		if (c == COUNTER_NAT_NEW)
+		if (c == COUNTER_NAT_NEW) {
 			count(COUNTER_NAT_NEW);
+			if (rule)
+				count(COUNTER_NAT_NEW_BY_RULE);
+		}
 	}
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_EGRESS, nv.addr);

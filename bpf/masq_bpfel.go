@@ -30,7 +30,8 @@ const (
 	masqCounterCOUNTER_FRAGMENTS         masqCounter = 11
 	masqCounterCOUNTER_FRAG_UNKNOWN      masqCounter = 12
 	masqCounterCOUNTER_ERROR             masqCounter = 13
-	masqCounterCOUNTER_MAX               masqCounter = 14
+	masqCounterCOUNTER_NAT_NEW_BY_RULE   masqCounter = 14
+	masqCounterCOUNTER_MAX               masqCounter = 15
 )
 
 type masqEgressDev struct {
@@ -90,6 +91,28 @@ type masqMasqConfig struct {
 	PortMax uint16
 }
 
+type masqMasqRule struct {
+	_     structs.HostLayout
+	ToV4  uint32
+	ToV6  [16]uint8
+	HasTo uint8
+	Pad   [3]uint8
+}
+
+type masqMasqRuleV4Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ifindex   uint32
+	Addr      [4]uint8
+}
+
+type masqMasqRuleV6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Ifindex   uint32
+	Addr      [16]uint8
+}
+
 type masqNatV4Key struct {
 	_     structs.HostLayout
 	Src   uint32
@@ -141,6 +164,8 @@ const (
 	masqMapEgressDevs     = "egress_devs"
 	masqMapFragV4         = "frag_v4"
 	masqMapFragV6         = "frag_v6"
+	masqMapMasqRulesV4    = "masq_rules_v4"
+	masqMapMasqRulesV6    = "masq_rules_v6"
 	masqMapMasqSrcV4      = "masq_src_v4"
 	masqMapMasqSrcV6      = "masq_src_v6"
 	masqMapNatV4          = "nat_v4"
@@ -210,6 +235,8 @@ type masqMapSpecs struct {
 	EgressDevs  *ebpf.MapSpec `ebpf:"egress_devs"`
 	FragV4      *ebpf.MapSpec `ebpf:"frag_v4"`
 	FragV6      *ebpf.MapSpec `ebpf:"frag_v6"`
+	MasqRulesV4 *ebpf.MapSpec `ebpf:"masq_rules_v4"`
+	MasqRulesV6 *ebpf.MapSpec `ebpf:"masq_rules_v6"`
 	MasqSrcV4   *ebpf.MapSpec `ebpf:"masq_src_v4"`
 	MasqSrcV6   *ebpf.MapSpec `ebpf:"masq_src_v6"`
 	NatV4       *ebpf.MapSpec `ebpf:"nat_v4"`
@@ -253,6 +280,8 @@ type masqMaps struct {
 	EgressDevs  *ebpf.Map `ebpf:"egress_devs"`
 	FragV4      *ebpf.Map `ebpf:"frag_v4"`
 	FragV6      *ebpf.Map `ebpf:"frag_v6"`
+	MasqRulesV4 *ebpf.Map `ebpf:"masq_rules_v4"`
+	MasqRulesV6 *ebpf.Map `ebpf:"masq_rules_v6"`
 	MasqSrcV4   *ebpf.Map `ebpf:"masq_src_v4"`
 	MasqSrcV6   *ebpf.Map `ebpf:"masq_src_v6"`
 	NatV4       *ebpf.Map `ebpf:"nat_v4"`
@@ -270,6 +299,8 @@ func (m *masqMaps) Close() error {
 		m.EgressDevs,
 		m.FragV4,
 		m.FragV6,
+		m.MasqRulesV4,
+		m.MasqRulesV6,
 		m.MasqSrcV4,
 		m.MasqSrcV6,
 		m.NatV4,

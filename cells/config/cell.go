@@ -29,8 +29,8 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 		"ip-masq-agent config file (YAML or JSON); its directory is watched for changes")
 }
 
-// Cell provides the nonmasq-cidrs and ipmasq-config tables and keeps them in
-// step with the config file. It needs statedb.Cell, job.Cell, a cell.Health
+// Cell provides the nonmasq-cidrs, masquerade-rules and ipmasq-config
+// tables and keeps them in step with the config file. It needs statedb.Cell, job.Cell, a cell.Health
 // and agentconfig.Cell.
 //
 // The file is first loaded while the tables are constructed, so every
@@ -47,6 +47,7 @@ var Cell = cell.Module(
 		func(l *loader) statedb.RWTable[*tables.NonMasqCIDR] { return l.cidrs },
 		func(l *loader) statedb.Table[*tables.NonMasqCIDR] { return l.cidrs },
 		func(l *loader) statedb.Table[*tables.ConfigStatus] { return l.status },
+		func(l *loader) statedb.Table[*tables.MasqueradeRule] { return l.rules },
 	),
 	cell.Invoke(registerWatcher),
 )
@@ -75,7 +76,11 @@ func newLoaderFromParams(p loaderParams) (*loader, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := newLoader(p.Log, p.DB, cidrs, status, path, Limits{
+	rules, err := tables.NewMasqueradeRuleTable(p.DB)
+	if err != nil {
+		return nil, err
+	}
+	l := newLoader(p.Log, p.DB, cidrs, status, rules, path, Limits{
 		EnableIPv4:        p.Agent.EnableIPv4,
 		EnableIPv6:        p.Agent.EnableIPv6,
 		MaxCIDRsPerFamily: int(p.Agent.MaxNonMasqCIDRs),

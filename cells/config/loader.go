@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -36,6 +37,7 @@ type loader struct {
 	db     *statedb.DB
 	cidrs  statedb.RWTable[*tables.NonMasqCIDR]
 	status statedb.RWTable[*tables.ConfigStatus]
+	rules  statedb.RWTable[*tables.MasqueradeRule]
 	path   string
 	limits Limits
 	health cell.Health
@@ -55,13 +57,19 @@ type loader struct {
 const emptyFileSettle = 50 * time.Millisecond
 
 func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.NonMasqCIDR],
-	status statedb.RWTable[*tables.ConfigStatus], path string, limits Limits, health cell.Health) *loader {
+	status statedb.RWTable[*tables.ConfigStatus], rules statedb.RWTable[*tables.MasqueradeRule],
+	path string, limits Limits, health cell.Health) *loader {
 	l := &loader{
-		log: log, db: db, cidrs: cidrs, status: status, path: path, limits: limits, health: health,
+		log: log, db: db, cidrs: cidrs, status: status, rules: rules, path: path, limits: limits, health: health,
 		resync: DefaultResyncInterval,
 	}
-	wtxn := db.WriteTxn(cidrs, status)
-	l.markInitialized = cidrs.RegisterInitializer(wtxn, "config-file")
+	wtxn := db.WriteTxn(cidrs, status, rules)
+	markCIDRs := cidrs.RegisterInitializer(wtxn, "config-file")
+	markRules := rules.RegisterInitializer(wtxn, "config-file")
+	l.markInitialized = func(wtxn statedb.WriteTxn) {
+		markCIDRs(wtxn)
+		markRules(wtxn)
+	}
 	status.Insert(wtxn, &tables.ConfigStatus{Path: path, Source: tables.SourceNone})
 	wtxn.Commit()
 	return l
@@ -186,8 +194,8 @@ func (l *loader) apply(file *File, start time.Time) {
 		want[e.Prefix] = e
 	}
 
-	wtxn := l.db.WriteTxn(l.cidrs, l.status)
-	changed := 0
+	wtxn := l.db.WriteTxn(l.cidrs, l.status, l.rules)
+	changed := l.applyRules(wtxn, file)
 	for row := range l.cidrs.All(wtxn) {
 		e, ok := want[row.Prefix]
 		if !ok {
@@ -253,4 +261,40 @@ func (l *loader) apply(file *File, start time.Time) {
 
 func newRow(e Entry) *tables.NonMasqCIDR {
 	return &tables.NonMasqCIDR{Prefix: e.Prefix, Action: e.Action, Origin: e.Origin, Status: reconciler.StatusPending()}
+}
+
+// applyRules makes the masquerade-rules table hold the file's rules and
+// returns how many rows changed.
+func (l *loader) applyRules(wtxn statedb.WriteTxn, file *File) int {
+	want := map[string]*tables.MasqueradeRule{}
+	if file != nil {
+		for _, r := range file.MasqueradeRules {
+			want[r.Name] = &tables.MasqueradeRule{
+				Name: r.Name, Sources: r.Sources, OutInterfaces: r.OutInterfaces, ToAddress: r.ToAddress,
+			}
+		}
+	}
+	changed := 0
+	for row := range l.rules.All(wtxn) {
+		w, ok := want[row.Name]
+		switch {
+		case !ok:
+			l.rules.Delete(wtxn, row)
+			changed++
+		case !sameRule(w, row):
+			l.rules.Insert(wtxn, w)
+			changed++
+		}
+		delete(want, row.Name)
+	}
+	for _, w := range want {
+		l.rules.Insert(wtxn, w)
+		changed++
+	}
+	return changed
+}
+
+func sameRule(a, b *tables.MasqueradeRule) bool {
+	return a.Name == b.Name && a.ToAddress == b.ToAddress &&
+		slices.Equal(a.Sources, b.Sources) && slices.Equal(a.OutInterfaces, b.OutInterfaces)
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,8 @@ func setup(t *testing.T, config string, agentArgs ...string) (*topology.Masquera
 	return topo, a, ext
 }
 
+var echoIDs atomic.Uint32
+
 const masqueradeAll = "nonMasqueradeCIDRs: []\nmasqLinkLocal: false\nmasqLinkLocalIPv6: false\n"
 
 // checkSource opens flows of every protocol from the pod to dst and checks
@@ -40,8 +43,11 @@ func checkSource(t *testing.T, topo *topology.Masquerade, ext *servers, dst, wan
 		}
 	}
 	ext.resetEcho()
+	// A new identifier each time: an echo "flow" with a known identifier
+	// keeps its translation until it expires, like any established flow.
+	id := uint16(echoIDs.Add(1))
 	for i := range flows {
-		if err := ping(topo.Pod, dst, 0x4242, uint16(i)); err != nil {
+		if err := ping(topo.Pod, dst, id, uint16(i)); err != nil {
 			t.Fatalf("ping %d to %s: %v", i, dst, err)
 		}
 	}

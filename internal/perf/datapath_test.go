@@ -19,14 +19,15 @@ import (
 )
 
 var (
-	flagRounds      = flag.Int("perf.rounds", 5, "rounds; each measures every condition once, in a rotated order")
-	flagTputTime    = flag.Duration("perf.tput-time", 1500*time.Millisecond, "measured time of one throughput run (after 300ms of warmup)")
-	flagFlowTime    = flag.Duration("perf.flow-time", time.Second, "measured time of one new-connections run (after 200ms of warmup)")
-	flagClientClose = flag.Bool("perf.client-closes", false, "short connections: the client closes first and holds TIME_WAIT (default: the server does)")
+	flagRounds      = flag.Int("perf.rounds", 10, "rounds; each measures every condition once, in a rotated order")
+	flagTputTime    = flag.Duration("perf.tput-time", time.Second, "measured time of one throughput run (after 300ms of warmup)")
+	flagFlowTime    = flag.Duration("perf.flow-time", 500*time.Millisecond, "measured time of one new-connections run (after 200ms of warmup)")
+	flagServerClose = flag.Bool("perf.server-closes", false, "short connections: the server closes first and holds TIME_WAIT (default: the client does)")
 	flagConns       = flag.Int("perf.conns", 4, "concurrent connection loops in the new-connections run")
 	flagPorts       = flag.Int("perf.ports", 128, "server ports the short connections are spread over")
 	flagCIDRs       = flag.String("perf.cidrs", "10,1000,10000", "non-masquerade CIDR counts to compare")
 	flagRestore     = flag.String("perf.iptables-restore", "iptables-restore", "iptables-restore binary for the iptables condition (e.g. iptables-legacy-restore)")
+	flagAgent       = flag.String("perf.agent", "", "a built ipmasq-agent to run (default: build ./cmd/ipmasq-agent)")
 	flagNATEntries  = flag.Int("perf.nat-max-entries", 1<<20, "ipmasq --nat-max-entries: a closed TCP pair is kept 2 minutes, and every run's connections stay in the map")
 )
 
@@ -168,7 +169,10 @@ func BenchmarkDatapath(b *testing.B) {
 		}
 		counts = append(counts, n)
 	}
-	agentBin := buildAgent(b)
+	agentBin := *flagAgent
+	if agentBin == "" {
+		agentBin = buildAgent(b)
+	}
 	conds := []*condition{{kind: "routing"}}
 	for _, n := range counts {
 		conds = append(conds, &condition{kind: "ipmasq", cidrs: n}, &condition{kind: "iptables", cidrs: n})
@@ -178,7 +182,7 @@ func BenchmarkDatapath(b *testing.B) {
 	}
 
 	tput := Request{Op: "throughput", Addr: topology.RemoteIP4.String(), Warmup: 300 * time.Millisecond, Duration: *flagTputTime}
-	flows := Request{Op: "flows", Addr: topology.RemoteIP4.String(), Ports: *flagPorts, Conns: *flagConns, ClientCloses: *flagClientClose, Warmup: 200 * time.Millisecond, Duration: *flagFlowTime}
+	flows := Request{Op: "flows", Addr: topology.RemoteIP4.String(), Ports: *flagPorts, Conns: *flagConns, ClientCloses: !*flagServerClose, Warmup: 200 * time.Millisecond, Duration: *flagFlowTime}
 	for r := range *flagRounds {
 		order := slices.Concat(conds[r%len(conds):], conds[:r%len(conds)])
 		for _, c := range order {

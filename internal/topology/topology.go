@@ -182,6 +182,8 @@ func (n *Netns) Route(dst, gw, dev string) error {
 // ext.
 type Masquerade struct {
 	Pod, Node, Ext, Far *Netns
+	// Client is the tunnel client, after AddTunnelClient.
+	Client *Netns
 }
 
 // Addresses of the Masquerade topology.
@@ -249,6 +251,42 @@ func NewMasquerade() (*Masquerade, error) {
 	return t, nil
 }
 
+// Tunnel client addresses: a client namespace behind the node's "wg0"
+// (a veth named like a WireGuard device, so rules can name it).
+var (
+	ClientIP4, ClientIP6         = netip.MustParseAddr("192.168.6.1"), netip.MustParseAddr("fd00:6::1")
+	ClientCIDR4, ClientCIDR6     = "192.168.6.0/24", "fd00:6::/64"
+	NodeTunnelIP4, NodeTunnelIP6 = "192.168.6.254", "fd00:6::fe"
+)
+
+// AddTunnelClient adds a client namespace behind a device named wg0 on the
+// node: traffic from 192.168.6.1 / fd00:6::1 reaches the node over "the
+// tunnel" and leaves through eth0, like VPN clients. ext has no route to
+// the client prefixes.
+func (t *Masquerade) AddTunnelClient() (*Netns, error) {
+	c, err := NewNetns("client")
+	if err != nil {
+		return nil, err
+	}
+	steps := []func() error{
+		func() error { return Veth(c, "eth0", t.Node, "wg0", 0) },
+		func() error { return c.Addr("eth0", "192.168.6.1/24") },
+		func() error { return c.Addr("eth0", "fd00:6::1/64") },
+		func() error { return c.Route("default", NodeTunnelIP4, "eth0") },
+		func() error { return c.Route("default", NodeTunnelIP6, "eth0") },
+		func() error { return t.Node.Addr("wg0", NodeTunnelIP4+"/24") },
+		func() error { return t.Node.Addr("wg0", NodeTunnelIP6+"/64") },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	t.Client = c
+	return c, nil
+}
+
 // RouteBack gives ext a route to the pod CIDRs through the node, so traffic
 // that is not masqueraded gets its replies too.
 func (t *Masquerade) RouteBack() error {
@@ -267,7 +305,7 @@ func (n *Netns) Start(cmd *exec.Cmd) error {
 // Close removes every namespace (and with them links, routes and sysctls).
 func (t *Masquerade) Close() error {
 	var errs []error
-	for _, n := range []*Netns{t.Pod, t.Node, t.Ext, t.Far} {
+	for _, n := range []*Netns{t.Pod, t.Node, t.Ext, t.Far, t.Client} {
 		if n != nil {
 			n.Close()
 		}

@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -36,6 +35,8 @@ var Cell = cell.Module(
 		newLoaded,
 		newDatapathDeviceTable,
 		statedb.RWTable[*tables.DatapathDevice].ToTable,
+		newRuleSourceTable,
+		statedb.RWTable[*tables.RuleSource].ToTable,
 		scriptCommands,
 	),
 	cell.Invoke(register),
@@ -52,22 +53,28 @@ func newDatapathDeviceTable(db *statedb.DB) (statedb.RWTable[*tables.DatapathDev
 	return tables.NewDatapathDeviceTable(db)
 }
 
+func newRuleSourceTable(db *statedb.DB) (statedb.RWTable[*tables.RuleSource], error) {
+	return tables.NewRuleSourceTable(db)
+}
+
 type params struct {
 	cell.In
 
-	Log       *slog.Logger
-	DB        *statedb.DB
-	Jobs      job.Registry
-	Health    cell.Health
-	ModuleID  cell.FullModuleID
-	Lifecycle cell.Lifecycle
-	Agent     agentconfig.Config
-	IPAM      ipam.Config
-	Config    Config
-	NonMasq   *nonmasqmaps.Handle
-	Devices   statedb.Table[*tables.EgressDevice]
-	DPDevices statedb.RWTable[*tables.DatapathDevice]
-	Loaded    *loaded
+	Log         *slog.Logger
+	DB          *statedb.DB
+	Jobs        job.Registry
+	Health      cell.Health
+	ModuleID    cell.FullModuleID
+	Lifecycle   cell.Lifecycle
+	Agent       agentconfig.Config
+	IPAM        ipam.Config
+	Config      Config
+	NonMasq     *nonmasqmaps.Handle
+	Devices     statedb.Table[*tables.EgressDevice]
+	Rules       statedb.Table[*tables.MasqueradeRule]
+	DPDevices   statedb.RWTable[*tables.DatapathDevice]
+	RuleSources statedb.RWTable[*tables.RuleSource]
+	Loaded      *loaded
 	// Netns is the namespace of the devices (tests); nil: the agent's own.
 	Netns *devices.Netns `optional:"true"`
 }
@@ -128,9 +135,14 @@ func register(p params) error {
 		},
 	})
 
-	wtxn := p.DB.WriteTxn(p.DPDevices)
-	markInit := p.DPDevices.RegisterInitializer(wtxn, "datapath-devices")
+	wtxn := p.DB.WriteTxn(p.DPDevices, p.RuleSources)
+	markDevices := p.DPDevices.RegisterInitializer(wtxn, "datapath")
+	markSources := p.RuleSources.RegisterInitializer(wtxn, "datapath")
 	wtxn.Commit()
+	markInit := func(wtxn statedb.WriteTxn) {
+		markDevices(wtxn)
+		markSources(wtxn)
+	}
 
 	g := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
 	_, err = reconciler.Register(
@@ -151,8 +163,11 @@ func register(p params) error {
 	}
 	d := &deriver{params: p, markInitialized: markInit}
 	g.Add(job.OneShot("derive-devices", d.run))
+	if err := registerRuleSources(p, g); err != nil {
+		return err
+	}
 	gc := &collector{log: p.Log, dp: p.Loaded, snat: func() (map[netip.Addr]bool, bool) {
-		return currentSNAT(p.DB, p.DPDevices)
+		return currentSNAT(p.DB, p.DPDevices, p.RuleSources)
 	}}
 	g.Add(job.Timer("nat-gc", gc.collect, p.Config.NATGCInterval))
 	return nil
@@ -233,82 +248,6 @@ func syncMap[K comparable](m *bpfmap.Map[K, uint8], want map[K]uint8) error {
 	return nil
 }
 
-// deriver keeps datapath-devices and the node address maps in step with
-// egress-devices.
-type deriver struct {
-	params          params
-	markInitialized func(statedb.WriteTxn)
-	nodeV4          *bpfmap.Map[uint32, uint8]
-	nodeV6          *bpfmap.Map[[16]byte, uint8]
-}
-
-func (d *deriver) run(ctx context.Context, health cell.Health) error {
-	p := d.params
-	for {
-		txn := p.DB.ReadTxn()
-		rows, changed := p.Devices.AllWatch(txn)
-		devs := statedb.Collect(rows)
-		if init, _ := p.Devices.Initialized(txn); init {
-			d.syncDevices(devs)
-			if err := d.syncNodeAddrs(devs); err != nil {
-				health.Degraded("node addresses not written", err)
-			} else {
-				health.OK(fmt.Sprintf("%d device(s)", len(devs)))
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-changed:
-		}
-	}
-}
-
-// syncDevices derives one datapath-devices row per selected Ethernet device
-// with a SNAT address of an enabled family.
-func (d *deriver) syncDevices(devs []*tables.EgressDevice) {
-	p := d.params
-	want := map[int]*tables.DatapathDevice{}
-	for _, dev := range devs {
-		if !dev.Selected {
-			continue
-		}
-		if !dev.Ethernet {
-			p.Log.Warn("Selected device has no Ethernet header; the datapath does not attach to it yet", "device", dev.Name)
-			continue
-		}
-		row := &tables.DatapathDevice{Index: dev.Index, Name: dev.Name}
-		if p.Agent.EnableIPv4 {
-			row.SNATv4 = dev.SNATv4
-		}
-		if p.Agent.EnableIPv6 {
-			row.SNATv6 = dev.SNATv6
-		}
-		if !row.SNATv4.IsValid() && !row.SNATv6.IsValid() {
-			continue
-		}
-		want[dev.Index] = row
-	}
-	wtxn := p.DB.WriteTxn(p.DPDevices)
-	for row := range p.DPDevices.All(wtxn) {
-		if w, ok := want[row.Index]; ok && w.SameAs(row) {
-			delete(want, row.Index)
-			continue
-		} else if !ok {
-			p.DPDevices.Delete(wtxn, row)
-		}
-	}
-	for _, row := range want {
-		row.Status = reconciler.StatusPending()
-		p.DPDevices.Insert(wtxn, row)
-	}
-	if d.markInitialized != nil {
-		d.markInitialized(wtxn)
-		d.markInitialized = nil
-	}
-	wtxn.Commit()
-}
-
 // syncNodeAddrs writes every address of every device into node_addrs: such
 // destinations are the node itself and are never masqueraded.
 func (d *deriver) syncNodeAddrs(devs []*tables.EgressDevice) error {
@@ -341,9 +280,9 @@ func (d *deriver) syncNodeAddrs(devs []*tables.EgressDevice) error {
 	return syncMap(d.nodeV6, want6)
 }
 
-// currentSNAT lists the SNAT addresses of the datapath devices, once the
-// table has been derived.
-func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice]) (map[netip.Addr]bool, bool) {
+// currentSNAT lists the SNAT addresses in use: the datapath devices' and
+// the masquerade rules' toAddress, once the tables have been derived.
+func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rules statedb.Table[*tables.RuleSource]) (map[netip.Addr]bool, bool) {
 	txn := db.ReadTxn()
 	if init, _ := tbl.Initialized(txn); !init {
 		return nil, false
@@ -355,6 +294,11 @@ func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice]) (map
 		}
 		if d.SNATv6.IsValid() {
 			out[d.SNATv6] = true
+		}
+	}
+	for r := range rules.All(txn) {
+		if r.ToAddress.IsValid() {
+			out[r.ToAddress] = true
 		}
 	}
 	return out, true

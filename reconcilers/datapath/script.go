@@ -20,7 +20,7 @@ import (
 //	datapath/counters  the datapath's counters, summed over CPUs
 //	datapath/nat       the NAT pairs, one line per direction
 //	datapath/gc        expire idle NAT pairs now
-func scriptCommands(l *loaded, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice]) hive.ScriptCmdsOut {
+func scriptCommands(l *loaded, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.RuleSource]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"datapath/counters": script.Command(
 			script.CmdUsage{Summary: "Show the datapath counters (summed over CPUs)"},
@@ -45,7 +45,7 @@ func scriptCommands(l *loaded, db *statedb.DB, devs statedb.Table[*tables.Datapa
 		"datapath/gc": script.Command(
 			script.CmdUsage{Summary: "Expire idle NAT entries now"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				c := &collector{dp: l, snat: func() (map[netip.Addr]bool, bool) { return currentSNAT(db, devs) }}
+				c := &collector{dp: l, snat: func() (map[netip.Addr]bool, bool) { return currentSNAT(db, devs, srcs) }}
 				return nil, c.collectNow()
 			}),
 	})

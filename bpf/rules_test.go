@@ -1,0 +1,294 @@
+package bpf
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// User masquerade rules: sources that are not pods (WireGuard clients),
+// masqueraded when they leave through a given device.
+
+var (
+	client4  = netip.MustParseAddr("192.168.6.1") // not a pod source
+	clients4 = netip.MustParsePrefix("192.168.6.0/24")
+	ruleTo4  = netip.MustParseAddr("198.51.100.50")
+	client6  = netip.MustParseAddr("fd00:6::1")
+	clients6 = netip.MustParsePrefix("fd00:6::/64")
+	ruleTo6  = netip.MustParseAddr("2001:db8:6::1")
+
+	otherIfindex = 2 // a device the test packets do not leave through
+)
+
+func (e *testEnv) setRule(ifindex int, src netip.Prefix, to netip.Addr) {
+	e.tb.Helper()
+	if err := e.dp.SetMasqRule(ifindex, src, to); err != nil {
+		e.tb.Fatal(err)
+	}
+}
+
+// ruleFlow sends the first packet of f and its reply: f must be translated
+// to snat by a rule (one new pair) and the reply back to f's source.
+func ruleFlow(t *testing.T, e *testEnv, f flow, snat netip.Addr) uint16 {
+	t.Helper()
+	before := e.counters()
+	natPort := masqueraded(t, e.egress(f.packet()), f, snat)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATNewByRule: 1})
+
+	before = e.counters()
+	p := parse(t, e.ingress(reply(f, snat, natPort).packet()))
+	want := parsed{src: f.dst, dst: f.src, sport: f.dport, dport: f.sport}
+	if f.proto == protoICMP || f.proto == protoICMPv6 {
+		want.sport, want.dport = f.sport, 0 // the echo identifier
+	}
+	if p.src != want.src || p.dst != want.dst || p.sport != want.sport || p.dport != want.dport {
+		t.Fatalf("reply translated to %v:%d -> %v:%d, want %v:%d -> %v:%d",
+			p.src, p.sport, p.dst, p.dport, want.src, want.sport, want.dst, want.dport)
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterReverse: 1})
+	return natPort
+}
+
+// untouched requires that egress passes f unmodified, counting why.
+func untouched(t *testing.T, e *testEnv, f flow, why Counter) {
+	t.Helper()
+	before := e.counters()
+	if in, out := f.packet(), e.egress(f.packet()); !bytes.Equal(in, out) {
+		t.Fatalf("packet modified:\n got %x\nwant %x", out, in)
+	}
+	e.checkCounters(before, map[Counter]uint64{why: 1})
+}
+
+func TestMasqRuleToDeviceAddress(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setRule(loIfindex, clients4, netip.Addr{})
+	f := flow{src: client4, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN, payload: []byte("hello")}
+	natPort := ruleFlow(t, e, f, snat4)
+
+	// Packets of the established flow count no new pair.
+	before := e.counters()
+	f.tcpFlags = tcpACK
+	if got := masqueraded(t, e.egress(f.packet()), f, snat4); got != natPort {
+		t.Fatalf("second packet got NAT port %d, first %d", got, natPort)
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1})
+
+	// ICMP errors about the flow go back to the client too.
+	out := e.egress(f.packet())
+	res := parse(t, e.ingress(icmpError(router4, snat4, 3, 4, bytes.Clone(out[14:]))))
+	if res.dst != client4 {
+		t.Fatalf("ICMP error sent to %v, want %v", res.dst, client4)
+	}
+}
+
+func TestMasqRuleToAddress(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setRule(loIfindex, clients4, ruleTo4)
+	f := flow{src: client4, dst: remote4, proto: protoUDP, sport: 5000, dport: 53, payload: []byte("q")}
+	natPort := ruleFlow(t, e, f, ruleTo4)
+
+	// The pair records the rule's address: that is what replies match.
+	var v NATValV4
+	k := NATKeyV4{Src: Addr4(client4), Dst: Addr4(remote4), Sport: Port(5000), Dport: Port(53), Proto: protoUDP, Dir: DirEgress}
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil || AddrFrom4(v.Addr) != ruleTo4 || HostPort(v.Port) != natPort {
+		t.Fatalf("egress entry %+v (%v), want %v:%d", v, err, ruleTo4, natPort)
+	}
+
+	// A reply to the device's address with that port is not the flow's.
+	r := reply(f, snat4, natPort)
+	if in, out := r.packet(), e.ingress(r.packet()); !bytes.Equal(in, out) {
+		t.Fatal("reply to the device address was translated")
+	}
+
+	// The rule's address needs no address of the family on the device.
+	if err := e.dp.SetEgressDevice(loIfindex, netip.Addr{}, snat6); err != nil {
+		t.Fatal(err)
+	}
+	f.sport = 5001
+	ruleFlow(t, e, f, ruleTo4)
+	// A rule without one does.
+	e.setRule(loIfindex, clients4, netip.Addr{})
+	f.sport = 5002
+	untouched(t, e, f, CounterSkipNoSNATAddr)
+	// And the device must be an egress device at all.
+	if err := e.dp.Maps.EgressDevs.Delete(uint32(loIfindex)); err != nil {
+		t.Fatal(err)
+	}
+	e.setRule(loIfindex, clients4, ruleTo4)
+	untouched(t, e, f, CounterSkipNoSNATAddr)
+}
+
+func TestMasqRuleLongestSourcePrefix(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setRule(loIfindex, netip.MustParsePrefix("192.168.0.0/16"), netip.Addr{})
+	e.setRule(loIfindex, clients4, ruleTo4)
+	e.setRule(otherIfindex, netip.MustParsePrefix("192.168.6.1/32"), netip.MustParseAddr("198.51.100.99"))
+
+	ruleFlow(t, e, flow{src: client4, dst: remote4, proto: protoUDP, sport: 5000, dport: 53}, ruleTo4)
+	ruleFlow(t, e, flow{src: netip.MustParseAddr("192.168.9.1"), dst: remote4, proto: protoUDP, sport: 5000, dport: 53}, snat4)
+}
+
+func TestMasqRuleNotApplied(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setRule(otherIfindex, clients4, netip.Addr{})
+	e.setRule(otherIfindex, clients6, netip.Addr{})
+
+	t.Run("rule for another device", func(t *testing.T) {
+		untouched(t, e, flow{src: client4, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}, CounterSkipNotSource)
+		untouched(t, e, flow{src: client6, dst: remote6, proto: protoTCP, sport: 40000, dport: 443}, CounterSkipNotSource)
+	})
+	t.Run("no rule", func(t *testing.T) {
+		e.setRule(loIfindex, clients4, netip.Addr{})
+		untouched(t, e, flow{src: netip.MustParseAddr("192.168.5.1"), dst: remote4, proto: protoTCP, sport: 40000, dport: 443}, CounterSkipNotSource)
+	})
+}
+
+func TestMasqRuleDestinations(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setRule(loIfindex, clients4, netip.Addr{})
+	e.setRule(loIfindex, clients6, ruleTo6)
+
+	untouched(t, e, flow{src: client4, dst: netip.MustParseAddr("192.168.1.1"), proto: protoTCP, sport: 40000, dport: 443}, CounterSkipNonMasqDst)
+	untouched(t, e, flow{src: client4, dst: host, proto: protoUDP, sport: 40000, dport: 53}, CounterSkipNodeDst)
+	untouched(t, e, flow{src: client6, dst: netip.MustParseAddr("fd00:20::1"), proto: protoUDP, sport: 40000, dport: 53}, CounterSkipNonMasqDst)
+	// A masqueradeCIDRs exception inside a non-masquerade range.
+	ruleFlow(t, e, flow{src: client4, dst: netip.MustParseAddr("192.168.7.7"), proto: protoTCP, sport: 40000, dport: 443}, snat4)
+}
+
+func TestMasqRuleV6(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setRule(loIfindex, clients6, netip.Addr{})
+	ruleFlow(t, e, flow{src: client6, dst: remote6, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN, payload: []byte("hello")}, snat6)
+
+	e.setRule(loIfindex, clients6, ruleTo6)
+	ruleFlow(t, e, flow{src: client6, dst: remote6, proto: protoUDP, sport: 40001, dport: 53, payload: []byte("q")}, ruleTo6)
+	ruleFlow(t, e, flow{src: client6, dst: remote6, proto: protoICMPv6, icmpType: 128, sport: 99, payload: []byte("ping")}, ruleTo6)
+}
+
+func TestMasqRulePodSources(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	// A rule that also covers pods: pods stay on the pod path.
+	e.setRule(loIfindex, netip.MustParsePrefix("10.0.0.0/8"), ruleTo4)
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}
+	before := e.counters()
+	natPort := masqueraded(t, e.egress(f.packet()), f, snat4)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1})
+	if p := parse(t, e.ingress(reply(f, snat4, natPort).packet())); p.dst != pod1 || p.dport != 40000 {
+		t.Fatalf("reply translated to %v:%d", p.dst, p.dport)
+	}
+}
+
+func TestMasqRuleChanges(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setRule(loIfindex, clients4, ruleTo4)
+	f := flow{src: client4, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK}
+	natPort := ruleFlow(t, e, f, ruleTo4)
+
+	// A new toAddress applies to new flows; established flows keep theirs.
+	e.setRule(loIfindex, clients4, netip.Addr{})
+	if got := masqueraded(t, e.egress(f.packet()), f, ruleTo4); got != natPort {
+		t.Fatalf("NAT port %d after the rule changed, was %d", got, natPort)
+	}
+	g := f
+	g.sport = 40001
+	ruleFlow(t, e, g, snat4)
+
+	// A removed rule stops translating its flows: the source check comes
+	// before the NAT lookup (masq.c, masq_source_v4), the pairs stay.
+	if err := e.dp.DeleteMasqRule(loIfindex, clients4); err != nil {
+		t.Fatal(err)
+	}
+	untouched(t, e, f, CounterSkipNotSource)
+	var v NATValV4
+	k := NATKeyV4{Src: Addr4(client4), Dst: Addr4(remote4), Sport: Port(40000), Dport: Port(443), Proto: protoTCP, Dir: DirEgress}
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil {
+		t.Fatalf("NAT pair gone with the rule: %v", err)
+	}
+	if err := e.dp.DeleteMasqRule(loIfindex, clients4); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("deleting a missing rule: %v, want ErrKeyNotExist", err)
+	}
+}
+
+func TestMasqRuleFragments(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setRule(loIfindex, clients4, ruleTo4)
+	f := flow{src: client4, dst: remote4, proto: protoUDP, sport: 6000, dport: 7000, payload: bytes.Repeat([]byte("x"), 24), ipID: 0x4242}
+	l4 := f.l4()
+	o1 := e.egress(ether(ipPacket(client4, remote4, protoUDP, f.ipID, 0x2000, l4[:16])))
+	o2 := e.egress(ether(ipPacket(client4, remote4, protoUDP, f.ipID, 16/8, l4[16:])))
+	if p1, p2 := parseIP(t, o1[14:]), parseIP(t, o2[14:]); p1.src != ruleTo4 || p2.src != ruleTo4 {
+		t.Fatalf("fragments sent from %v and %v, want %v", p1.src, p2.src, ruleTo4)
+	}
+
+	// A later fragment of a rule source without its first is dropped.
+	orphan := ether(ipPacket(client4, remote4, protoUDP, 0x4343, 16/8, l4[16:]))
+	before := e.counters()
+	if ret, _ := e.run(e.dp.Egress, orphan); ret != tcActShot {
+		t.Fatalf("orphan fragment verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterFragUnknown: 1})
+}
+
+func TestMasqRulePinned(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setRule(loIfindex, clients4, ruleTo4)
+	dp2, err := Load(LoadOptions{PinDir: e.pinDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp2.Close()
+	e.dp.Close()
+	e.dp = dp2
+	ruleFlow(t, e, flow{src: client4, dst: remote4, proto: protoUDP, sport: 5000, dport: 53}, ruleTo4)
+}
+
+func TestMasqRuleKeys(t *testing.T) {
+	k4 := MasqRuleKeyV4From(3, netip.MustParsePrefix("192.168.6.7/24"))
+	if k4.Prefixlen != 56 || k4.Ifindex != 3 || k4.Addr != [4]byte{192, 168, 6, 0} {
+		t.Fatalf("v4 key %+v", k4)
+	}
+	if k4.Source() != clients4 || k4.String() != "ifindex 3 192.168.6.0/24" {
+		t.Fatalf("v4 key reads back as %v (%s)", k4.Source(), k4)
+	}
+	if m := MasqRuleKeyV4From(3, netip.MustParsePrefix("::ffff:192.168.6.0/120")); m != k4 {
+		t.Fatalf("IPv4-mapped source gave %+v, want %+v", m, k4)
+	}
+	k6 := MasqRuleKeyV6From(3, netip.MustParsePrefix("fd00:6::1/64"))
+	if k6.Prefixlen != 96 || k6.Ifindex != 3 || k6.Source() != clients6 {
+		t.Fatalf("v6 key %+v", k6)
+	}
+
+	if v := MasqRuleTo(netip.Addr{}); v != (MasqRule{}) {
+		t.Fatalf("no toAddress: %+v", v)
+	}
+	if v := MasqRuleTo(ruleTo4); v.HasTo != 1 || AddrFrom4(v.ToV4) != ruleTo4 {
+		t.Fatalf("v4 toAddress: %+v", v)
+	}
+	if v := MasqRuleTo(ruleTo6); v.HasTo != 1 || netip.AddrFrom16(v.ToV6) != ruleTo6 {
+		t.Fatalf("v6 toAddress: %+v", v)
+	}
+}
+
+func TestSetMasqRuleRejects(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	for _, c := range []struct {
+		ifindex int
+		src     netip.Prefix
+		to      netip.Addr
+	}{
+		{loIfindex, clients4, ruleTo6},
+		{loIfindex, clients6, ruleTo4},
+		{0, clients4, netip.Addr{}},
+		{loIfindex, netip.Prefix{}, netip.Addr{}},
+		{loIfindex, netip.MustParsePrefix("::ffff:0:0/80"), netip.Addr{}},
+	} {
+		if err := e.dp.SetMasqRule(c.ifindex, c.src, c.to); err == nil {
+			t.Errorf("SetMasqRule(%d, %v, %v) accepted", c.ifindex, c.src, c.to)
+		} else {
+			t.Log(err)
+		}
+	}
+}
