@@ -66,6 +66,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Linear probes for a free NAT port before giving up on a new flow. */
 #define PORT_PROBES	32
+#define PORT_PROBES_HASHED 8
 /* Extension headers skipped before giving up on an IPv6 packet. */
 #define IPV6_MAX_EXT	4
 /* last_seen_ns is written at most this often per entry: the collector's
@@ -731,6 +732,18 @@ static __always_inline __u32 tuple_hash(__u32 src, __u32 dst, __be16 sport, __be
 	return mix32(src ^ mix32(dst ^ mix32(((__u32)sport << 16 | dport) ^ proto)));
 }
 
+/* probe_offset is the i-th port tried: the first PORT_PROBES_HASHED follow
+ * the tuple's hash (the same tuple gets the same port back), the rest are
+ * random. Without the random probes a busy range would fail the same tuple
+ * forever: a retried SYN has the same tuple, so it would probe the same
+ * taken ports again and again. */
+static __always_inline __u32 probe_offset(__u32 start, __u32 i)
+{
+	if (i < PORT_PROBES_HASHED)
+		return start + i;
+	return bpf_get_prandom_u32();
+}
+
 static __always_inline void nat_touch_v4(struct nat_v4_val *v, __u8 flags)
 {
 	__u64 now = bpf_ktime_get_ns();
@@ -788,7 +801,7 @@ static __always_inline enum counter nat_create_v4(const struct nat_v4_key *out, 
 
 	start = tuple_hash(out->src, out->dst, out->sport, out->dport, out->proto) % range;
 	for (__u32 i = 0; i < PORT_PROBES; i++) {
-		in.dport = bpf_htons(cfg->port_min + (start + i) % range);
+		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
 		ret = bpf_map_update_elem(&nat_v4, &in, &rev, BPF_NOEXIST);
 		if (ret == 0)
 			goto allocated;
@@ -853,7 +866,7 @@ static __always_inline enum counter nat_create_v6(const struct nat_v6_key *out, 
 	d ^= mix32(d_hi);
 	start = tuple_hash(s, d, out->sport, out->dport, out->proto) % range;
 	for (__u32 i = 0; i < PORT_PROBES; i++) {
-		in.dport = bpf_htons(cfg->port_min + (start + i) % range);
+		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
 		ret = bpf_map_update_elem(&nat_v6, &in, &rev, BPF_NOEXIST);
 		if (ret == 0)
 			goto allocated;
