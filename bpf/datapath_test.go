@@ -3,14 +3,12 @@ package bpf
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/ipmasq/ipmasq/internal/privtest"
 	"net/netip"
-	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/rlimit"
 
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 )
@@ -48,26 +46,13 @@ type skbContext struct {
 
 func requirePrivileged(tb testing.TB) {
 	tb.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			tb.Fatal("datapath tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN for bpffs)")
-		}
-		tb.Skip("datapath tests need root")
-	}
-	if err := rlimit.RemoveMemlock(); err != nil {
-		tb.Fatalf("remove memlock rlimit: %v", err)
-	}
+	privtest.Require(tb)
 }
 
 // bpffs mounts a private BPF filesystem and returns it.
 func bpffs(tb testing.TB) string {
 	tb.Helper()
-	dir := tb.TempDir()
-	if err := syscall.Mount("bpf", dir, "bpf", 0, ""); err != nil {
-		tb.Fatalf("mount bpffs on %s: %v", dir, err)
-	}
-	tb.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
-	return dir
+	return privtest.MountBPFFS(tb)
 }
 
 type testEnv struct {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/ipmasq/ipmasq/internal/privtest"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -26,34 +27,16 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// requirePrivileges skips t when not root, except under CI where a skipped
-// kernel test would hide a regression.
+// requirePrivileges skips t when not root, except under CI.
 func requirePrivileges(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	const msg = "needs root (CAP_BPF, CAP_SYS_ADMIN) to create BPF maps and mount bpffs"
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg + "; CI is set, so this is a failure, not a skip")
-	}
-	t.Skip(msg)
+	privtest.Require(t)
 }
 
 // mountBPFFS mounts a private bpffs on a fresh directory and returns it.
 func mountBPFFS(t testing.TB) string {
 	t.Helper()
-	requirePrivileges(t)
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
-		t.Fatalf("mount bpffs on %s: %v", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount bpffs %s: %v", dir, err)
-		}
-	})
-	return dir
+	return privtest.MountBPFFS(t)
 }
 
 // newLPMv4 creates an unpinned IPv4 LPM trie with a u8 value.

@@ -3,6 +3,7 @@ package iprules_test
 import (
 	"errors"
 	"fmt"
+	"github.com/ipmasq/ipmasq/internal/privtest"
 	"os"
 	"runtime"
 	"sync/atomic"
@@ -12,18 +13,10 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// requirePrivileges skips tb when not root, except under CI where a skipped
-// kernel test would hide a regression.
+// requirePrivileges skips tb when not root, except under CI.
 func requirePrivileges(tb testing.TB) {
 	tb.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	const msg = "needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) to create network namespaces and write ip rules"
-	if os.Getenv("CI") != "" {
-		tb.Fatal(msg + "; CI is set, so this is a failure, not a skip")
-	}
-	tb.Skip(msg)
+	privtest.Require(tb)
 }
 
 // testNetns is a network namespace of its own and a netlink handle into it.
