@@ -37,7 +37,7 @@ var hooks = []hook{
 // egress_devs entries.
 type attachOps struct {
 	linkDir string
-	dp      *loaded
+	dp      *Handle
 	netns   *devices.Netns
 	// mode is AttachAuto, AttachTCX or AttachClsact; auto becomes one of
 	// the others at the first attach.
@@ -56,7 +56,7 @@ func (o *attachOps) pinPath(ifindex int, h hook) string {
 func (o *attachOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, d *tables.DatapathDevice) error {
 	dp := o.dp.get()
 	if dp == nil {
-		return errors.New("datapath not loaded")
+		return ErrNotLoaded
 	}
 	// The SNAT address first: a program must never see the device without it.
 	if err := dp.SetEgressDevice(d.Index, d.SNATv4, d.SNATv6); err != nil {

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net/netip"
 	"path/filepath"
-	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -32,7 +31,7 @@ var Cell = cell.Module(
 
 	cell.Config(DefaultConfig),
 	cell.Provide(
-		newLoaded,
+		newHandle,
 		newDatapathDeviceTable,
 		statedb.RWTable[*tables.DatapathDevice].ToTable,
 		newRuleSourceTable,
@@ -41,13 +40,6 @@ var Cell = cell.Module(
 	),
 	cell.Invoke(register),
 )
-
-// loaded holds the datapath once the hive has started it.
-type loaded struct{ dp atomic.Pointer[bpf.Datapath] }
-
-func newLoaded() *loaded { return &loaded{} }
-
-func (l *loaded) get() *bpf.Datapath { return l.dp.Load() }
 
 func newDatapathDeviceTable(db *statedb.DB) (statedb.RWTable[*tables.DatapathDevice], error) {
 	return tables.NewDatapathDeviceTable(db)
@@ -74,7 +66,7 @@ type params struct {
 	Rules       statedb.Table[*tables.MasqueradeRule]
 	DPDevices   statedb.RWTable[*tables.DatapathDevice]
 	RuleSources statedb.RWTable[*tables.RuleSource]
-	Loaded      *loaded
+	Handle      *Handle
 	// Netns is the namespace of the devices (tests); nil: the agent's own.
 	Netns *devices.Netns `optional:"true"`
 }
@@ -122,13 +114,13 @@ func register(p params) error {
 				dp.Close()
 				return err
 			}
-			p.Loaded.dp.Store(dp)
+			p.Handle.dp.Store(dp)
 			return nil
 		},
 		OnStop: func(cell.HookContext) error {
 			// Programs stay attached and maps pinned: closing only drops
 			// the agent's references.
-			if dp := p.Loaded.dp.Swap(nil); dp != nil {
+			if dp := p.Handle.dp.Swap(nil); dp != nil {
 				return dp.Close()
 			}
 			return nil
@@ -151,7 +143,7 @@ func register(p params) error {
 		(*tables.DatapathDevice).Clone,
 		(*tables.DatapathDevice).SetStatus,
 		(*tables.DatapathDevice).GetStatus,
-		&attachOps{linkDir: filepath.Join(pinDir, "links"), dp: p.Loaded, netns: p.Netns, mode: p.Config.TCAttachMode},
+		&attachOps{linkDir: filepath.Join(pinDir, "links"), dp: p.Handle, netns: p.Netns, mode: p.Config.TCAttachMode},
 		nil,
 		reconciler.WithName("tc-attach"),
 		reconciler.WithPruning(time.Hour),
@@ -166,7 +158,7 @@ func register(p params) error {
 	if err := registerRuleSources(p, g); err != nil {
 		return err
 	}
-	gc := &collector{log: p.Log, dp: p.Loaded, snat: func() (map[netip.Addr]bool, bool) {
+	gc := &collector{log: p.Log, dp: p.Handle, snat: func() (map[netip.Addr]bool, bool) {
 		return currentSNAT(p.DB, p.DPDevices, p.RuleSources)
 	}}
 	g.Add(job.Timer("nat-gc", gc.collect, p.Config.NATGCInterval))
@@ -251,9 +243,9 @@ func syncMap[K comparable](m *bpfmap.Map[K, uint8], want map[K]uint8) error {
 // syncNodeAddrs writes every address of every device into node_addrs: such
 // destinations are the node itself and are never masqueraded.
 func (d *deriver) syncNodeAddrs(devs []*tables.EgressDevice) error {
-	dp := d.params.Loaded.get()
+	dp := d.params.Handle.get()
 	if dp == nil {
-		return fmt.Errorf("datapath not loaded")
+		return ErrNotLoaded
 	}
 	if d.nodeV4 == nil {
 		var err error

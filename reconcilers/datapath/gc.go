@@ -61,7 +61,7 @@ func monotonicNow() uint64 {
 // address the node no longer has.
 type collector struct {
 	log *slog.Logger
-	dp  *loaded
+	dp  *Handle
 	// snat returns the current SNAT addresses, or ok=false while they are
 	// not known yet (then nothing is removed for that reason).
 	snat func() (addrs map[netip.Addr]bool, ok bool)

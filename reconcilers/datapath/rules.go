@@ -20,7 +20,7 @@ import (
 // the map of its family. The maps come with the datapath, so the operations
 // are set up at their first use.
 type ruleOps struct {
-	dp *loaded
+	dp *Handle
 	v4 *bpfmap.Ops[*tables.RuleSource, bpf.MasqRuleKeyV4, bpf.MasqRule]
 	v6 *bpfmap.Ops[*tables.RuleSource, bpf.MasqRuleKeyV6, bpf.MasqRule]
 }
@@ -33,7 +33,7 @@ func (o *ruleOps) ready() error {
 	}
 	dp := o.dp.get()
 	if dp == nil {
-		return errors.New("datapath not loaded")
+		return ErrNotLoaded
 	}
 	m4, err := bpfmap.NewMap[bpf.MasqRuleKeyV4, bpf.MasqRule](dp.Maps.MasqRulesV4)
 	if err != nil {
@@ -101,7 +101,7 @@ func registerRuleSources(p params, g job.Group) error {
 		(*tables.RuleSource).Clone,
 		(*tables.RuleSource).SetStatus,
 		(*tables.RuleSource).GetStatus,
-		&ruleOps{dp: p.Loaded},
+		&ruleOps{dp: p.Handle},
 		nil,
 		reconciler.WithName("masq-rules"),
 		reconciler.WithPruning(time.Hour),

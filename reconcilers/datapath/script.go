@@ -20,14 +20,14 @@ import (
 //	datapath/counters  the datapath's counters, summed over CPUs
 //	datapath/nat       the NAT pairs, one line per direction
 //	datapath/gc        expire idle NAT pairs now
-func scriptCommands(l *loaded, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.RuleSource]) hive.ScriptCmdsOut {
+func scriptCommands(l *Handle, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.RuleSource]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"datapath/counters": script.Command(
 			script.CmdUsage{Summary: "Show the datapath counters (summed over CPUs)"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
 				dp := l.get()
 				if dp == nil {
-					return nil, fmt.Errorf("datapath not loaded")
+					return nil, ErrNotLoaded
 				}
 				out, err := FormatCounters(dp)
 				return func(*script.State) (string, string, error) { return out, "", err }, nil
@@ -37,7 +37,7 @@ func scriptCommands(l *loaded, db *statedb.DB, devs statedb.Table[*tables.Datapa
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
 				dp := l.get()
 				if dp == nil {
-					return nil, fmt.Errorf("datapath not loaded")
+					return nil, ErrNotLoaded
 				}
 				out, err := FormatNAT(dp)
 				return func(*script.State) (string, string, error) { return out, "", err }, nil
