@@ -59,6 +59,7 @@ func startBenchAgentWith(b *testing.B, rules iprules.Target, args ...string) *be
 	if err := flags.Parse(append([]string{
 		"--bpf-root=" + bpfRoot, "--ip-masq-agent-config-path=" + a.configPath,
 		"--state-dir=" + filepath.Join(dir, "state"), "--api-socket=" + filepath.Join(dir, "api.sock"),
+		"--shell-sock-path=" + filepath.Join(dir, "shell.sock"),
 	}, args...)); err != nil {
 		b.Fatal(err)
 	}

@@ -98,6 +98,7 @@ func agentCommandUsage(t testing.TB, bpfRoot string) map[string]*script.CmdUsage
 		"--ip-masq-agent-config-path=" + filepath.Join(dir, "none"),
 		"--state-dir=" + filepath.Join(dir, "state"),
 		"--api-socket=" + filepath.Join(dir, "api.sock"),
+		"--shell-sock-path=",
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -148,6 +149,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 			"--ip-masq-agent-config-path=" + configPath,
 			"--state-dir=" + filepath.Join(dir, "state"),
 			"--api-socket=" + apiSocket,
+			"--shell-sock-path=" + filepath.Join(dir, "shell.sock"),
 		}, args...),
 		extra: []cell.Cell{cell.Provide(func() iprules.Target { return target }), devices.WithNetns(ns)},
 	}

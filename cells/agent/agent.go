@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
+	"github.com/cilium/hive/shell"
 	"github.com/cilium/statedb"
 
 	"github.com/ipmasq/ipmasq/cells/agentconfig"
@@ -17,10 +18,15 @@ import (
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/egressrules"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/cells/status"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 )
+
+// DefaultShellSock is where the agent's shell listens unless
+// --shell-sock-path says otherwise.
+const DefaultShellSock = "/run/ipmasq/shell.sock"
 
 // EnvPrefix is the prefix of the environment variables that set flags:
 // --ip-masq-agent-config-path can be given as IPMASQ_IP_MASQ_AGENT_CONFIG_PATH.
@@ -52,6 +58,10 @@ var Cell = cell.Group(
 	api.Cell,
 	egressrules.Cell,
 	iprules.Cell,
+	status.Cell,
+	// The live shell: the db/* commands and every cell's own commands
+	// (maps/dump, datapath/nat, datapath/counters, config/status, ...).
+	shell.ServerCell(DefaultShellSock),
 )
 
 // Options are the hive options of the agent: flags from IPMASQ_* variables

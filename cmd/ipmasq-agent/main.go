@@ -5,18 +5,22 @@
 //	ipmasq-agent --ip-masq-agent-config-path=/etc/config/ip-masq-agent
 //	ipmasq-agent hive        # print the cell graph
 //	ipmasq-agent maps        # print the pinned maps
+//	ipmasq-agent status      # summary of the running agent (over its shell socket)
+//	ipmasq-agent shell       # the agent's shell: db/show, maps/dump, datapath/nat, ...
 //	ipmasq-agent --help      # every flag; each can also be set as IPMASQ_<FLAG>
 package main
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strings"
 
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/cilium/hive"
+	"github.com/cilium/hive/shell"
 	"github.com/spf13/cobra"
 
 	"github.com/ipmasq/ipmasq/cells/agent"
@@ -53,8 +57,31 @@ func newRootCommand() *cobra.Command {
 	}
 	root.Flags().StringVar(&logLevel, "log-level", envOr("IPMASQ_LOG_LEVEL", "info"), "Log level: debug, info, warn or error")
 	h.RegisterFlags(root.Flags())
-	root.AddCommand(h.Command(), newMapsCommand())
+	root.AddCommand(h.Command(), newMapsCommand(),
+		shell.ShellCmd(agent.DefaultShellSock, "ipmasq> ", func(w io.Writer) {
+			fmt.Fprintln(w, "ipmasq agent shell: db/show <table>, maps/dump, datapath/nat, datapath/counters, config/status, ipmasq/status; help lists all")
+		}),
+		newStatusCommand())
 	return root
+}
+
+// newStatusCommand prints a short summary of a running agent, asked over
+// its shell socket.
+func newStatusCommand() *cobra.Command {
+	var sock string
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Summary of a running agent: config, prefixes, devices, endpoints, reconciliation, NAT occupancy",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := os.Stat(sock); err != nil {
+				return fmt.Errorf("no agent shell at %s (is the agent running, with the same --shell-sock-path?): %w", sock, err)
+			}
+			return shell.ShellExchange(shell.Config{ShellSockPath: sock}, cmd.OutOrStdout(), "ipmasq/status")
+		},
+	}
+	cmd.Flags().StringVar(&sock, shell.ShellSockPathName, envOr("IPMASQ_SHELL_SOCK_PATH", agent.DefaultShellSock), "Path to the agent's shell socket")
+	return cmd
 }
 
 // newMapsCommand prints the pinned maps without starting an agent, so an

@@ -222,6 +222,7 @@ func (d *demo) startAgent() error {
 		"--ip-masq-agent-config-path="+d.configPath,
 		"--state-dir="+filepath.Join(d.dir, "state"),
 		"--api-socket="+filepath.Join(d.dir, "api.sock"),
+		"--shell-sock-path="+filepath.Join(d.dir, "shell.sock"),
 		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6)
 	d.agent.Stdout, d.agent.Stderr = logFile, logFile
 	if err := d.topo.Node.Start(d.agent); err != nil {

@@ -116,6 +116,7 @@ func (a *agent) start() {
 		"--ip-masq-agent-config-path="+a.config,
 		"--state-dir="+filepath.Join(a.dir, "state"),
 		"--api-socket="+filepath.Join(a.dir, "api.sock"),
+		"--shell-sock-path="+filepath.Join(a.dir, "shell.sock"),
 		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6,
 		"--log-level=debug")
 	a.cmd.Args = append(a.cmd.Args, a.args...)

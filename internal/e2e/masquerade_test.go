@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -142,4 +145,31 @@ func TestHostTrafficUntouched(t *testing.T) {
 	}
 	// And pods are still masqueraded.
 	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 2)
+}
+
+// TestStatusAndShell: "ipmasq-agent status" and "ipmasq-agent shell <cmd>"
+// talk to the running agent over its shell socket.
+func TestStatusAndShell(t *testing.T) {
+	topo, a, ext := setup(t, masqueradeAll)
+	// One flow of each protocol: three NAT pairs, six entries.
+	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 1)
+	sock := "--shell-sock-path=" + filepath.Join(a.dir, "shell.sock")
+	out, err := exec.Command(agentBin, "status", sock).CombinedOutput()
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+	for _, want := range []string{"Config:", "generation 1", "Devices:    selected eth0 (10.0.0.5, 2001:db8::5)",
+		"Datapath:   attached to eth0 [Done]", "NAT:        6 IPv4 and 0 IPv6 entries"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = exec.Command(agentBin, "shell", sock, "datapath/nat").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "tcp egress 10.244.1.2:") {
+		t.Fatalf("shell datapath/nat: %v\n%s", err, out)
+	}
+	out, err = exec.Command(agentBin, "status", "--shell-sock-path=/nonexistent/shell.sock").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "no agent shell at /nonexistent/shell.sock") {
+		t.Fatalf("status without an agent: %v\n%s", err, out)
+	}
 }

@@ -84,6 +84,7 @@ func runAgent(b *testing.B, bin string, node *topology.Netns, n int, natMaxEntri
 		"--ip-masq-agent-config-path="+config,
 		"--state-dir="+filepath.Join(dir, "state"),
 		"--api-socket="+filepath.Join(dir, "api.sock"),
+		"--shell-sock-path="+filepath.Join(dir, "shell.sock"),
 		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6,
 		fmt.Sprintf("--nat-max-entries=%d", natMaxEntries),
 		// The collector walks the whole NAT map with two syscalls per
