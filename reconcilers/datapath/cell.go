@@ -69,6 +69,8 @@ type params struct {
 	Handle      *Handle
 	// Netns is the namespace of the devices (tests); nil: the agent's own.
 	Netns *devices.Netns `optional:"true"`
+	// Metrics is the hive's reconciler metrics, when it has any.
+	Metrics reconciler.Metrics `optional:"true"`
 }
 
 func register(p params) error {
@@ -138,7 +140,7 @@ func register(p params) error {
 
 	g := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
 	_, err = reconciler.Register(
-		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: g, ModuleID: p.ModuleID},
+		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: g, ModuleID: p.ModuleID, DefaultMetrics: p.Metrics},
 		p.DPDevices,
 		(*tables.DatapathDevice).Clone,
 		(*tables.DatapathDevice).SetStatus,

@@ -96,7 +96,7 @@ func (o *ruleOps) Prune(ctx context.Context, txn statedb.ReadTxn, objs iter.Seq2
 // registerRuleSources registers the reconciler of masquerade-rule-sources.
 func registerRuleSources(p params, g job.Group) error {
 	_, err := reconciler.Register(
-		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: g, ModuleID: p.ModuleID},
+		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: g, ModuleID: p.ModuleID, DefaultMetrics: p.Metrics},
 		p.RuleSources,
 		(*tables.RuleSource).Clone,
 		(*tables.RuleSource).SetStatus,

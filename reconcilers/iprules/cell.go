@@ -81,6 +81,8 @@ type registerParams struct {
 	Rules    statedb.RWTable[*tables.IPRule]
 	Ops      *Ops
 	Handle   *Handle
+	// Metrics is the hive's reconciler metrics, when it has any.
+	Metrics reconciler.Metrics `optional:"true"`
 }
 
 func register(p registerParams) error {
@@ -90,6 +92,8 @@ func register(p registerParams) error {
 			DB:       p.DB,
 			JobGroup: p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log)),
 			ModuleID: p.ModuleID,
+
+			DefaultMetrics: p.Metrics,
 		},
 		p.Rules,
 		(*tables.IPRule).Clone,
