@@ -52,8 +52,9 @@ type loader struct {
 	applied tables.ConfigSource
 }
 
-// emptyFileSettle is how long an empty file must stay empty, after a file
-// with content, before the defaults replace it.
+// emptyFileSettle is how long, twice over, an empty file must stay empty
+// after a file with content before the defaults replace it: an in-place
+// write truncates first, and the defaults would change what is masqueraded.
 const emptyFileSettle = 50 * time.Millisecond
 
 func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.NonMasqCIDR],
@@ -122,10 +123,15 @@ func (l *loader) load() {
 	case len(bytes.TrimSpace(data)) == 0 && l.applied == tables.SourceFile:
 		// An in-place write truncates before it writes: give the writer a
 		// moment so a half-done save does not apply the defaults.
-		time.Sleep(emptyFileSettle)
-		if data, err = readConfigFile(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			l.reject(err)
-			return
+		for range 2 {
+			time.Sleep(emptyFileSettle)
+			if data, err = readConfigFile(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				l.reject(err)
+				return
+			}
+			if len(bytes.TrimSpace(data)) > 0 {
+				break
+			}
 		}
 		input = fmt.Sprintf("%x", sha256.Sum256(data))
 	default:
