@@ -1,0 +1,241 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/ipmasq/ipmasq/cells/api"
+)
+
+// timeout bounds one plugin command. An allocation may wait for the
+// agent's first config load (--ipam-config-wait, 10s by default).
+const timeout = 30 * time.Second
+
+// gateway6 is the IPv6 gateway of every endpoint: link-local, so always
+// reachable on the container's link and never a pod's address.
+var gateway6 = net.ParseIP("fe80::1")
+
+func cmdAdd(args *skel.CmdArgs) error {
+	conf, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if err := checkArgs(args.ContainerID, args.IfName); err != nil {
+		return err
+	}
+	if err := conf.IPAM.checkPools(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c := api.NewClient(conf.IPAM.SocketPath)
+	o := owner(args.ContainerID, args.IfName)
+
+	result := &types100.Result{CNIVersion: types100.ImplementedSpecVersion}
+	for i, fam := range conf.IPAM.families() {
+		a, err := c.Allocate(ctx, api.AllocationRequest{Owner: o, Family: fam, RouteTable: conf.IPAM.RouteTable})
+		if err != nil {
+			err = agentError(conf.IPAM.SocketPath, fmt.Sprintf("allocate an %s address for %s", fam, o), err)
+			if i == 0 {
+				return err
+			}
+			// Do not keep the IPv4 address of a failed dual-stack ADD.
+			if rerr := c.ReleaseOwner(ctx, o); rerr != nil && !isNotFound(rerr) {
+				err = fmt.Errorf("%w; releasing %s again also failed: %v", err, o, rerr)
+			}
+			return err
+		}
+		if err := addIP(result, a.IP, conf.IPAM); err != nil {
+			// A config error: keep nothing of this ADD.
+			if rerr := c.ReleaseOwner(ctx, o); rerr != nil && !isNotFound(rerr) {
+				err = fmt.Errorf("%w; releasing %s again also failed: %v", err, o, rerr)
+			}
+			return types.NewError(types.ErrInvalidNetworkConfig, "ipmasq-cni: "+err.Error(), "")
+		}
+	}
+	return types.PrintResult(result, conf.CNIVersion)
+}
+
+// addIP adds an address, its gateway and a default route to a result.
+//
+// The address carries its pool's prefix length, and the IPv4 gateway is
+// the pool's network address: the agent never hands it out, and it is on
+// link when the main plugin adds the default route (the kernel refuses a
+// gateway it cannot reach, and ptp applies the result's routes before its
+// own). ptp puts the gateway on every host-side veth. The IPv6 gateway is
+// fe80::1.
+func addIP(r *types100.Result, ip netip.Addr, conf ipamConf) error {
+	pool, err := conf.pool(ip)
+	if err != nil {
+		return err
+	}
+	gw := net.IP(pool.Addr().AsSlice())
+	dst := net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+	if ip.Is6() {
+		gw, dst = gateway6, net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+	}
+	r.IPs = append(r.IPs, &types100.IPConfig{
+		Address: net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(pool.Bits(), ip.BitLen())},
+		Gateway: gw,
+	})
+	r.Routes = append(r.Routes, &types.Route{Dst: dst, GW: gw})
+	return nil
+}
+
+func cmdDel(args *skel.CmdArgs) error {
+	conf, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if err := checkArgs(args.ContainerID, args.IfName); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	o := owner(args.ContainerID, args.IfName)
+	err = api.NewClient(conf.IPAM.SocketPath).ReleaseOwner(ctx, o)
+	if err != nil && !isNotFound(err) {
+		return agentError(conf.IPAM.SocketPath, "release the addresses of "+o, err)
+	}
+	return nil
+}
+
+func cmdCheck(args *skel.CmdArgs) error {
+	conf, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if err := checkArgs(args.ContainerID, args.IfName); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	o := owner(args.ContainerID, args.IfName)
+	all, err := api.NewClient(conf.IPAM.SocketPath).List(ctx)
+	if err != nil {
+		return agentError(conf.IPAM.SocketPath, "list allocations to check "+o, err)
+	}
+	var held []netip.Addr
+	for _, a := range all {
+		if a.Owner == o {
+			held = append(held, a.IP)
+		}
+	}
+	for _, fam := range conf.IPAM.families() {
+		if !slices.ContainsFunc(held, func(ip netip.Addr) bool { return ip.Is6() == (fam == "ipv6") }) {
+			return types.NewError(types.ErrUnknownContainer,
+				fmt.Sprintf("ipmasq-cni: ipmasq-agent at %s holds no %s address for %s", conf.IPAM.SocketPath, fam, o), "")
+		}
+	}
+	// The addresses the runtime was given must still be the owner's.
+	if err := version.ParsePrevResult(&conf.PluginConf); err != nil {
+		return err
+	}
+	if conf.PrevResult == nil {
+		return nil
+	}
+	prev, err := types100.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return err
+	}
+	for _, ipc := range prev.IPs {
+		ip, ok := netip.AddrFromSlice(ipc.Address.IP)
+		if !ok || !slices.Contains(held, ip.Unmap()) {
+			return types.NewError(types.ErrUnknownContainer,
+				fmt.Sprintf("ipmasq-cni: %s has %s, but ipmasq-agent at %s holds %v for it", o, ipc.Address.IP, conf.IPAM.SocketPath, held), "")
+		}
+	}
+	return nil
+}
+
+// cmdGC releases the addresses of attachments the runtime no longer has.
+// Only owners shaped "<containerID>/<ifname>" are considered: other
+// clients of the agent name their owners differently.
+func cmdGC(args *skel.CmdArgs) error {
+	conf, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c := api.NewClient(conf.IPAM.SocketPath)
+	all, err := c.List(ctx)
+	if err != nil {
+		return agentError(conf.IPAM.SocketPath, "list allocations for GC", err)
+	}
+	valid := map[string]bool{}
+	for _, a := range conf.ValidAttachments {
+		valid[owner(a.ContainerID, a.IfName)] = true
+	}
+	var errs []error
+	done := map[string]bool{}
+	for _, a := range all {
+		if _, _, ok := isAttachmentOwner(a.Owner); !ok || valid[a.Owner] || done[a.Owner] {
+			continue
+		}
+		done[a.Owner] = true
+		if err := c.ReleaseOwner(ctx, a.Owner); err != nil && !isNotFound(err) {
+			// Go on: GC should remove as much as it can.
+			errs = append(errs, fmt.Errorf("release %s: %w", a.Owner, err))
+		}
+	}
+	if len(errs) > 0 {
+		return agentError(conf.IPAM.SocketPath, "GC", errors.Join(errs...))
+	}
+	return nil
+}
+
+// cmdStatus succeeds when the agent answers.
+func cmdStatus(args *skel.CmdArgs) error {
+	conf, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if _, err := api.NewClient(conf.IPAM.SocketPath).List(ctx); err != nil {
+		return types.NewError(types.ErrPluginNotAvailable,
+			fmt.Sprintf("ipmasq-cni: ipmasq-agent at %s does not answer", conf.IPAM.SocketPath), err.Error())
+	}
+	return nil
+}
+
+func isNotFound(err error) bool {
+	var e *api.Error
+	return errors.As(err, &e) && e.Status == http.StatusNotFound
+}
+
+// agentError turns a failed API call into a CNI error that says what was
+// being done and where. An agent that is down or still waiting for its
+// config is "try again later" (11): the runtime retries.
+func agentError(socket, what string, err error) error {
+	var e *api.Error
+	if !errors.As(err, &e) {
+		// The client's error names the socket too: keep only its cause.
+		if cause := errors.Unwrap(err); cause != nil {
+			err = cause
+		}
+		return types.NewError(types.ErrTryAgainLater,
+			fmt.Sprintf("ipmasq-cni: could not %s: ipmasq-agent API at %s is unreachable (is ipmasq-agent running with that --api-socket?)", what, socket),
+			err.Error())
+	}
+	code := types.ErrInternal
+	switch e.Status {
+	case http.StatusServiceUnavailable:
+		code = types.ErrTryAgainLater
+	case http.StatusBadRequest:
+		code = types.ErrInvalidNetworkConfig
+	}
+	return types.NewError(code, fmt.Sprintf("ipmasq-cni: could not %s: ipmasq-agent at %s answered: %s", what, socket, e.Message), "")
+}
