@@ -18,6 +18,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/egressrules"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/cells/metrics"
 	"github.com/ipmasq/ipmasq/cells/status"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
@@ -52,6 +53,8 @@ var Cell = cell.Group(
 	agentconfig.Cell,
 	config.Cell,
 	nonmasqmaps.Cell,
+	// After nonmasq-maps: scrapes read the maps it opens at start.
+	metrics.Cell,
 	devices.Cell,
 	datapath.Cell,
 	ipam.Cell,

@@ -64,6 +64,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		"--ip-masq-agent-config-path", "--bpf-root", "--enable-ipv4", "--enable-ipv6", "--max-nonmasq-cidrs",
 		"--log-level", "--pod-cidr", "--state-dir", "--api-socket", "--egress-route-table", "--ipam-config-wait",
 		"--egress-rule-priority", "--devices", "--nat-port-range", "--nat-max-entries", "--nat-gc-interval", "--tc-attach-mode",
+		"--prometheus-serve-addr", "--shell-sock-path",
 	} {
 		if !strings.Contains(out, flag) {
 			t.Errorf("--help does not document %s", flag)

@@ -1,9 +1,15 @@
 package e2e
 
 import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -172,4 +178,66 @@ func TestStatusAndShell(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "no agent shell at /nonexistent/shell.sock") {
 		t.Fatalf("status without an agent: %v\n%s", err, out)
 	}
+}
+
+// TestMetrics: /metrics follows masqueraded traffic and config changes, and
+// /healthz turns 503 on a rejected config.
+func TestMetrics(t *testing.T) {
+	topo, a, ext := setup(t, masqueradeAll, "--prometheus-serve-addr=127.0.0.1:9464")
+	get := func(path string) (int, string) {
+		var code int
+		var body []byte
+		// The connection must be made on the thread inside the node
+		// namespace (http.Get would dial from another goroutine).
+		var conn net.Conn
+		err := topo.Node.Do(func() (err error) {
+			conn, err = net.Dial("tcp", "127.0.0.1:9464")
+			return err
+		})
+		if err == nil {
+			defer conn.Close()
+			fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: agent\r\n\r\n", path)
+			var resp *http.Response
+			if resp, err = http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
+				code = resp.StatusCode
+				body, err = io.ReadAll(resp.Body)
+			}
+		}
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		return code, string(body)
+	}
+	_, before := get("/metrics")
+	if !strings.Contains(before, `ipmasq_config_valid 1`) || !strings.Contains(before, `ipmasq_nat_entries{family="ipv4"} 0`) {
+		t.Fatalf("metrics before traffic:\n%s", grepLines(before, "ipmasq_config_valid|ipmasq_nat_entries"))
+	}
+	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 1)
+	_, after := get("/metrics")
+	for _, want := range []string{`ipmasq_nat_entries{family="ipv4"} 6`, `ipmasq_datapath_packets_total{counter="nat-new"} 3`} {
+		if !strings.Contains(after, want) {
+			t.Errorf("after traffic, metrics lack %q:\n%s", want, grepLines(after, "ipmasq_nat_entries|ipmasq_datapath_packets_total"))
+		}
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Fatalf("/healthz = %d, want 200", code)
+	}
+	a.writeConfig("nonMasqueradeCIDRs: [10.0.0.1/8]\n")
+	a.waitFor("/healthz 503 after a rejected config", func() bool { code, _ := get("/healthz"); return code == 503 })
+	_, bad := get("/metrics")
+	for _, want := range []string{"ipmasq_config_valid 0", "ipmasq_config_load_failures_total 1"} {
+		if !strings.Contains(bad, want) {
+			t.Errorf("after a rejected config, metrics lack %q:\n%s", want, grepLines(bad, "ipmasq_config"))
+		}
+	}
+}
+
+func grepLines(s, re string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if ok, _ := regexp.MatchString(re, l); ok {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -1,0 +1,47 @@
+// Package metrics serves the agent's Prometheus metrics and its health on
+// --prometheus-serve-addr (off by default):
+//
+//	ipmasq-agent --prometheus-serve-addr=:9963
+//	curl http://127.0.0.1:9963/metrics          # ipmasq_*, go_* and process_* metrics
+//	curl http://127.0.0.1:9963/healthz          # 200 "ok", or 503 and the degraded health scopes
+//	curl http://127.0.0.1:9963/healthz?verbose  # ... and every scope
+//
+// Like the status page it only reads: the tables and the nonmasq-maps and
+// datapath handles at scrape time (an idle agent does no work for its
+// metrics), and the health of every module. Two things are recorded as they
+// happen because a scrape would miss them: config loads and rejections (a
+// job watching the ipmasq-config table), and the reconcilers' rounds,
+// errors and operation durations (Cell provides the hive's
+// reconciler.Metrics, which reconcilers pick up through
+// reconciler.Params.DefaultMetrics).
+//
+// Every source is optional: a hive that embeds only some ipmasq cells gets
+// the metrics of those cells.
+//
+// The metrics, a contract with dashboards and alerts (add, never rename):
+//
+//	ipmasq_config_loads_total                        counter  loads that changed the applied config
+//	ipmasq_config_load_failures_total                counter  rejected files
+//	ipmasq_config_valid                              gauge    1 applied, 0 newest file rejected
+//	ipmasq_config_generation                         gauge
+//	ipmasq_config_last_good_load_timestamp_seconds   gauge
+//	ipmasq_config_nonmasq_prefixes{family}           gauge    ipv4, ipv6
+//	ipmasq_config_masquerade_prefixes                gauge    masqueradeCIDRs
+//	ipmasq_config_masquerade_rules                   gauge    masqueradeRules
+//	ipmasq_nonmasq_map_entries{family}               gauge
+//	ipmasq_nonmasq_map_capacity{family}              gauge
+//	ipmasq_nat_entries{family}                       gauge
+//	ipmasq_nat_capacity                              gauge    per map
+//	ipmasq_datapath_packets_total{counter}           counter  bpf counter names: masqueraded, nat-new, ...
+//	ipmasq_endpoints                                 gauge
+//	ipmasq_ip_rules                                  gauge
+//	ipmasq_datapath_devices                          gauge
+//	ipmasq_masquerade_rule_sources                   gauge
+//	ipmasq_reconciler_operation_duration_seconds{module,reconciler,operation}  histogram  update, delete, prune
+//	ipmasq_reconciler_rounds_total{module,reconciler}            counter
+//	ipmasq_reconciler_errors_total{module,reconciler}            counter
+//	ipmasq_reconciler_current_errors{module,reconciler}          gauge
+//	ipmasq_reconciler_prunes_total{module,reconciler}            counter
+//	ipmasq_reconciler_prune_errors_total{module,reconciler}      counter
+//	ipmasq_reconciler_last_prune_successful{module,reconciler}   gauge
+package metrics
