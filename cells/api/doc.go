@@ -4,7 +4,7 @@
 //
 //	POST   /v1/ipam/allocations        {"owner": "...", "family": "ipv4"|"ipv6", "routeTable": 11}
 //	                                   201 (new) or 200 (the owner already held it):
-//	                                   {"ip", "owner", "routeTable", "created", "nonMasqueradeCIDRs": [...]}
+//	                                   {"ip", "owner", "routeTable", "created", "nonMasqueradeCIDRs": [...], "pool"}
 //	GET    /v1/ipam/allocations        200 {"allocations": [...]}
 //	DELETE /v1/ipam/allocations/{ip}   204
 //	DELETE /v1/ipam/allocations?owner= 204 (every address of the owner)

@@ -147,6 +147,9 @@ type AllocationResponse struct {
 	RouteTable         uint32         `json:"routeTable"`
 	Created            time.Time      `json:"created"`
 	NonMasqueradeCIDRs []netip.Prefix `json:"nonMasqueradeCIDRs,omitempty"`
+	// Pool is the --pod-cidr pool holding the address: its prefix length
+	// is the endpoint's (empty for an endpoint outside the pools).
+	Pool string `json:"pool,omitempty"`
 }
 
 // ListResponse is the body of GET /v1/ipam/allocations.
@@ -184,13 +187,13 @@ func (s *server) allocate(w http.ResponseWriter, r *http.Request) {
 	if a.Created {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, response(a.Endpoint, a.NonMasqueradeCIDRs))
+	writeJSON(w, status, response(a.Endpoint, a.NonMasqueradeCIDRs, a.Pool))
 }
 
 func (s *server) list(w http.ResponseWriter, r *http.Request) {
 	out := ListResponse{Allocations: []AllocationResponse{}}
 	for _, ep := range s.ipam.List() {
-		out.Allocations = append(out.Allocations, response(ep, s.ipam.NonMasqueradeCIDRs(ep.Family())))
+		out.Allocations = append(out.Allocations, response(ep, s.ipam.NonMasqueradeCIDRs(ep.Family()), s.ipam.PoolOf(ep.IP)))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -221,8 +224,12 @@ func (s *server) releaseOwner(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func response(ep tables.Endpoint, cidrs []netip.Prefix) AllocationResponse {
-	return AllocationResponse{IP: ep.IP, Owner: ep.Owner, RouteTable: ep.RouteTable, Created: ep.Created, NonMasqueradeCIDRs: cidrs}
+func response(ep tables.Endpoint, cidrs []netip.Prefix, pool netip.Prefix) AllocationResponse {
+	r := AllocationResponse{IP: ep.IP, Owner: ep.Owner, RouteTable: ep.RouteTable, Created: ep.Created, NonMasqueradeCIDRs: cidrs}
+	if pool.IsValid() {
+		r.Pool = pool.String()
+	}
+	return r
 }
 
 // decodeStrict reads one JSON object with no unknown fields and nothing

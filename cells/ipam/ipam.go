@@ -48,6 +48,9 @@ type Allocation struct {
 	NonMasqueradeCIDRs []netip.Prefix
 	// Created is false when the owner already held the address.
 	Created bool
+	// Pool is the --pod-cidr pool holding the address (zero for an
+	// endpoint restored outside the current pools).
+	Pool netip.Prefix
 }
 
 // IPAM allocates endpoint addresses. It is the only writer of the
@@ -198,6 +201,7 @@ func (i *IPAM) allocation(ep *tables.Endpoint, created bool) Allocation {
 		Endpoint:           *ep,
 		NonMasqueradeCIDRs: tables.NoMasqueradePrefixes(i.db.ReadTxn(), i.cidrs, ep.Family()),
 		Created:            created,
+		Pool:               i.PoolOf(ep.IP),
 	}
 }
 
@@ -281,6 +285,16 @@ func (i *IPAM) persist(change func() error) error {
 		i.health.OK(fmt.Sprintf("endpoints persisted to %s again", i.store.Path()))
 	}
 	return nil
+}
+
+// PoolOf returns the pool holding ip, or the zero prefix.
+func (i *IPAM) PoolOf(ip netip.Addr) netip.Prefix {
+	for _, p := range i.pools.Prefixes(tables.FamilyOf(ip)) {
+		if p.Contains(ip) {
+			return p
+		}
+	}
+	return netip.Prefix{}
 }
 
 // List returns every endpoint in address order.

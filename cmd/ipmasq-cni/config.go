@@ -30,15 +30,18 @@ type ipamConf struct {
 	RouteTable *uint32 `json:"routeTable,omitempty"`
 	// IPv6 asks for an IPv6 address besides the IPv4 one.
 	IPv6 bool `json:"ipv6,omitempty"`
-	// PodCIDRs are the agent's --pod-cidr pools. The API answers with a
-	// bare address; the pool gives it its prefix length and, for IPv4, its
-	// gateway.
+	// PodCIDRs are the agent's --pod-cidr pools, optional: by default the
+	// pool comes with each allocation. The pool gives the address its
+	// prefix length and, for IPv4, its gateway.
 	PodCIDRs []netip.Prefix `json:"podCIDRs,omitempty"`
 }
 
 // checkPools makes sure every family ADD asks for has a pod CIDR, before
-// anything is allocated.
+// anything is allocated, when the config lists them.
 func (c ipamConf) checkPools() error {
+	if len(c.PodCIDRs) == 0 {
+		return nil // the agent tells the pool with each address
+	}
 	for _, fam := range c.families() {
 		if !slices.ContainsFunc(c.PodCIDRs, func(p netip.Prefix) bool { return p.Addr().Is6() == (fam == "ipv6") }) {
 			return types.NewError(types.ErrInvalidNetworkConfig,
@@ -48,8 +51,16 @@ func (c ipamConf) checkPools() error {
 	return nil
 }
 
-// pool returns the pod CIDR that holds ip.
-func (c ipamConf) pool(ip netip.Addr) (netip.Prefix, error) {
+// pool returns the pod CIDR that holds ip: from the config when it lists
+// them, else the pool the agent answered with.
+func (c ipamConf) pool(ip netip.Addr, answered string) (netip.Prefix, error) {
+	if len(c.PodCIDRs) == 0 {
+		p, err := netip.ParsePrefix(answered)
+		if err != nil || !p.Contains(ip) {
+			return netip.Prefix{}, fmt.Errorf("ipmasq-agent handed out %s without its pool (%q); set ipam.podCIDRs to the agent's --pod-cidr values", ip, answered)
+		}
+		return p, nil
+	}
 	for _, p := range c.PodCIDRs {
 		if p.Contains(ip) {
 			return p, nil

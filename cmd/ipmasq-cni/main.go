@@ -12,7 +12,6 @@
 //	    "type": "ptp",
 //	    "ipam": {
 //	      "type": "ipmasq-cni",
-//	      "podCIDRs": ["10.244.1.0/24", "fd00:10:244:1::/64"],
 //	      "socketPath": "/run/ipmasq/api.sock",
 //	      "routeTable": 11,
 //	      "ipv6": true
@@ -20,11 +19,11 @@
 //	  }]
 //	}
 //
-// podCIDRs are the agent's --pod-cidr values; ADD needs one for each family
-// it allocates. socketPath defaults to the agent's default --api-socket;
+// socketPath defaults to the agent's default --api-socket;
 // routeTable defaults to the agent's --egress-route-table; ipv6 (default
-// false) adds an IPv6 address to the IPv4 one. Unknown ipam keys are
-// rejected.
+// false) adds an IPv6 address to the IPv4 one. podCIDRs (optional) lists
+// the agent's --pod-cidr values; without it each allocation's pool comes
+// from the agent's answer. Unknown ipam keys are rejected.
 //
 // Every attachment is one owner "<containerID>/<ifname>" in the agent. ADD
 // allocates (idempotent per owner), DEL releases (an owner already gone is
@@ -33,8 +32,8 @@
 // asks the agent whether it answers. An agent that cannot be reached, or
 // has no config yet, is error 11 "try again later", naming the socket.
 //
-// The result gives each address its pool's prefix length (the API answers
-// with a bare address, hence podCIDRs) and a default route. The IPv4
+// The result gives each address its pool's prefix length and a default
+// route. The IPv4
 // gateway is the pool's network address: the agent never hands it out, so
 // it is never a pod, and it is on link when the default route through it
 // is added. ptp puts it on every host-side veth and routes all the pod's

@@ -56,7 +56,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 			}
 			return err
 		}
-		if err := addIP(result, a.IP, conf.IPAM); err != nil {
+		if err := addIP(result, a.IP, a.Pool, conf.IPAM); err != nil {
 			// A config error: keep nothing of this ADD.
 			if rerr := c.ReleaseOwner(ctx, o); rerr != nil && !isNotFound(rerr) {
 				err = fmt.Errorf("%w; releasing %s again also failed: %v", err, o, rerr)
@@ -75,8 +75,8 @@ func cmdAdd(args *skel.CmdArgs) error {
 // gateway it cannot reach, and ptp applies the result's routes before its
 // own). ptp puts the gateway on every host-side veth. The IPv6 gateway is
 // fe80::1.
-func addIP(r *types100.Result, ip netip.Addr, conf ipamConf) error {
-	pool, err := conf.pool(ip)
+func addIP(r *types100.Result, ip netip.Addr, answeredPool string, conf ipamConf) error {
+	pool, err := conf.pool(ip, answeredPool)
 	if err != nil {
 		return err
 	}

@@ -91,9 +91,9 @@ func (f *fakeAgent) allocate(w http.ResponseWriter, r *http.Request) {
 		a.RouteTable = *req.RouteTable
 	}
 	if req.Family == "ipv6" {
-		a.IP, f.next6 = f.next6, f.next6.Next()
+		a.IP, f.next6, a.Pool = f.next6, f.next6.Next(), "fd00:244::/64"
 	} else {
-		a.IP, f.next4 = f.next4, f.next4.Next()
+		a.IP, f.next4, a.Pool = f.next4, f.next4.Next(), "10.244.1.0/24"
 	}
 	f.allocs = append(f.allocs, a)
 	writeJSON(w, http.StatusCreated, a)
@@ -226,6 +226,21 @@ func TestAddIPv4(t *testing.T) {
 	r2, err := add(t, cmdArgs("c0ffee", conf(ipamFor(f.socket, `,"routeTable":11`))))
 	if err != nil || r2.IPs[0].Address.String() != "10.244.1.1/24" {
 		t.Fatalf("second ADD: %v %v", r2, err)
+	}
+}
+
+// TestAddPoolFromAgent: the issue's minimal config, without podCIDRs: the
+// prefix length and gateway come from the pool the agent answers with.
+func TestAddPoolFromAgent(t *testing.T) {
+	f := newFakeAgent(t)
+	minimal := fmt.Sprintf(`{"type":"ipmasq-cni","socketPath":%q,"ipv6":true}`, f.socket)
+	r, err := add(t, cmdArgs("c0ffee", conf(minimal)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.IPs) != 2 || r.IPs[0].Address.String() != "10.244.1.1/24" || r.IPs[0].Gateway.String() != "10.244.1.0" ||
+		r.IPs[1].Address.String() != "fd00:244::1/64" {
+		t.Fatalf("IPs %v", r.IPs)
 	}
 }
 

@@ -52,10 +52,10 @@ func TestCNIPtp(t *testing.T) {
 			"type": "ptp",
 			"ipam": {
 				"type": "ipmasq-cni", "socketPath": %q,
-				"podCIDRs": [%q, %q], "routeTable": 11, "ipv6": true
+				"routeTable": 11, "ipv6": true
 			}
 		}]
-	}`, socket, topology.PodCIDR4, topology.PodCIDR6)))
+	}`, socket)))
 	if err != nil {
 		t.Fatal(err)
 	}
