@@ -14,9 +14,13 @@ all: build
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-## test: vet, then every test (unit, script, privileged) once, uncached
+FUZZTIME  ?= 15s
+
+## test: vet, every test (unit, script, privileged) once, uncached, then the
+## config parser's fuzzer for a short fixed time
 test: vet
 	$(GO) test -count=1 -timeout 20m $(PKGS)
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./cells/config/
 
 ## demo: run the agent on a built-in config with a private bpffs and show its maps
 demo: build
