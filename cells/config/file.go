@@ -213,7 +213,7 @@ func decodeJSON(path string, data []byte, raw *rawFile) error {
 		return fmt.Errorf("%s: invalid JSON at line %d, column %d: unexpected data after the top-level object", path, line, col)
 	}
 	if key, ok := jsonDuplicateKey(data); ok {
-		return fmt.Errorf("%s: key %q is set more than once in the same object; keep one", path, key)
+		return fmt.Errorf("%s: key %s is set more than once in the same object; keep one", path, quote(key))
 	}
 	return nil
 }
@@ -500,7 +500,7 @@ func parseCIDR(s string, lim Limits) (netip.Prefix, error) {
 }
 
 func notCIDR(s string, err error) error {
-	base := fmt.Sprintf("%q is not a CIDR %s", s, wantCIDR)
+	base := fmt.Sprintf("%s is not a CIDR %s", quote(s), wantCIDR)
 	if t := strings.TrimSpace(s); t != s {
 		if _, err := netip.ParsePrefix(t); err == nil {
 			return fmt.Errorf("%s; remove the surrounding whitespace", base)
@@ -563,9 +563,9 @@ func validate(path string, raw *rawFile, nonMasqSet bool, nonMasqRaw []string, l
 		d, err := time.ParseDuration(s)
 		switch {
 		case err != nil:
-			return nil, fmt.Errorf("%s: resyncInterval: %q is not a duration (want e.g. 60s or 1m30s)", path, s)
+			return nil, fmt.Errorf("%s: resyncInterval: %s is not a duration (want e.g. 60s or 1m30s)", path, quote(s))
 		case d <= 0:
-			return nil, fmt.Errorf("%s: resyncInterval: %q must be greater than 0 (want e.g. 60s)", path, s)
+			return nil, fmt.Errorf("%s: resyncInterval: %s must be greater than 0 (want e.g. 60s)", path, quote(s))
 		}
 		f.ResyncInterval = d
 	}
@@ -691,10 +691,10 @@ func parseRules(path string, raws []rawRule, lim Limits) ([]MasqueradeRule, erro
 		if err := checkRuleName(r.Name); err != nil {
 			return nil, fmt.Errorf("%s: %w", label, err)
 		}
-		label += " (" + r.Name + ")"
+		label += " (" + strings.Trim(quote(r.Name), `"`) + ")"
 		if j, dup := byName[r.Name]; dup {
-			return nil, fmt.Errorf("%s: name %q is already used by %s[%d]; rule names must be unique",
-				label, r.Name, keyRules, j)
+			return nil, fmt.Errorf("%s: name %s is already used by %s[%d]; rule names must be unique",
+				label, quote(r.Name), keyRules, j)
 		}
 		byName[r.Name] = i
 		rule, err := parseRule(r, lim)
@@ -711,12 +711,12 @@ func checkRuleName(name string) error {
 		return errors.New("name is required (letters, digits, '.', '_' and '-', at most 63 characters)")
 	}
 	if len(name) > maxRuleName {
-		return fmt.Errorf("name %q is %d characters long; at most %d are allowed", name, len(name), maxRuleName)
+		return fmt.Errorf("name %s is %d characters long; at most %d are allowed", quote(name), len(name), maxRuleName)
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return fmt.Errorf("name %q contains %q; only letters, digits, '.', '_' and '-' are allowed", name, string(rune(c)))
+			return fmt.Errorf("name %s contains %q; only letters, digits, '.', '_' and '-' are allowed", quote(name), string(rune(c)))
 		}
 	}
 	return nil
@@ -754,7 +754,7 @@ func parseRule(r rawRule, lim Limits) (MasqueradeRule, error) {
 		a, err := netip.ParseAddr(s)
 		switch {
 		case err != nil:
-			return rule, fmt.Errorf("toAddress: %q is not an IP address (want e.g. 10.0.0.5 or fd00::5)", s)
+			return rule, fmt.Errorf("toAddress: %s is not an IP address (want e.g. 10.0.0.5 or fd00::5)", quote(s))
 		case a.Zone() != "":
 			return rule, fmt.Errorf("toAddress: %s has a zone; write the address without %%%s", s, a.Zone())
 		case a.Is4In6():
@@ -791,22 +791,22 @@ func checkInterface(s string) error {
 	}
 	switch {
 	case name == "" && pattern:
-		return fmt.Errorf("%q: a pattern needs a name prefix before '+', e.g. eth+", s)
+		return fmt.Errorf("%s: a pattern needs a name prefix before '+', e.g. eth+", quote(s))
 	case name == "":
 		return errors.New("empty interface name (want a device name such as eth0 or a pattern such as eth+)")
 	case len(name) > maxIfNameLen:
-		return fmt.Errorf("%s %q is longer than %d bytes, the Linux limit", what, s, maxIfNameLen)
+		return fmt.Errorf("%s %s is longer than %d bytes, the Linux limit", what, quote(s), maxIfNameLen)
 	case name == "." || name == "..":
-		return fmt.Errorf("%q is not a valid %s", s, what)
+		return fmt.Errorf("%s is not a valid %s", quote(s), what)
 	}
 	for i := 0; i < len(name); i++ {
 		switch c := name[i]; {
 		case c == '+':
-			return fmt.Errorf("%s %q: '+' is only allowed at the end, as a prefix pattern (e.g. eth+)", what, s)
+			return fmt.Errorf("%s %s: '+' is only allowed at the end, as a prefix pattern (e.g. eth+)", what, quote(s))
 		case c == '/' || c == ':':
-			return fmt.Errorf("%s %q contains %q, which Linux does not allow in device names", what, s, string(rune(c)))
+			return fmt.Errorf("%s %s contains %q, which Linux does not allow in device names", what, quote(s), string(rune(c)))
 		case c <= ' ' || c == 0x7f:
-			return fmt.Errorf("%s %q contains whitespace or a control character", what, s)
+			return fmt.Errorf("%s %s contains whitespace or a control character", what, quote(s))
 		}
 	}
 	return nil
@@ -871,4 +871,15 @@ func (f *File) Entries(lim Limits) []Entry {
 		return entryRank(a) - entryRank(b)
 	})
 	return slices.CompactFunc(out, func(a, b Entry) bool { return a.Prefix == b.Prefix })
+}
+
+// quote quotes a value from the file for an error message, shortening long
+// ones so one bad value cannot make a huge log line, health message or
+// status row.
+func quote(v string) string {
+	const max = 64
+	if len(v) <= max {
+		return strconv.Quote(v)
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(v[:max]), len(v))
 }

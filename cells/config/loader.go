@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -118,6 +119,9 @@ func (l *loader) load() {
 	case errors.Is(err, fs.ErrNotExist):
 		input, data = "absent", nil
 	case err != nil:
+		// Whatever comes next must be applied, even the content that
+		// was in force before this error.
+		l.lastInput = ""
 		l.reject(err)
 		return
 	case len(bytes.TrimSpace(data)) == 0 && l.applied == tables.SourceFile:
@@ -153,21 +157,43 @@ func (l *loader) load() {
 }
 
 // readConfigFile reads at most MaxFileSize bytes, refusing larger files
-// rather than truncating them.
+// rather than truncating them, and anything that is not a regular file
+// (a FIFO would block the loader forever).
 func readConfigFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file but %s; the config must be a file", path, fileKind(fi.Mode()))
+	}
 	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
+		return nil, err // *PathError: names the file
 	}
 	if len(data) > MaxFileSize {
 		return nil, fmt.Errorf("%s: file is larger than %d MiB; a config this large is a mistake", path, MaxFileSize>>20)
 	}
 	return data, nil
+}
+
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "a special file"
 }
 
 // reject records a bad file: the tables keep their rows, only the status
