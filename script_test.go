@@ -3,6 +3,7 @@ package ipmasq_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,6 +32,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
@@ -142,6 +145,9 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	// never see the host's devices.
 	ns, nlh := privtest.NewNetns(t)
 	args, target := rulesTarget(t, args, nlh)
+	// One injector for the whole script: a fault outlives agent/restart the
+	// way a kernel condition would.
+	inj := faults.New()
 	a := &agentUnderTest{
 		t: t,
 		args: append([]string{
@@ -151,7 +157,11 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 			"--api-socket=" + apiSocket,
 			"--shell-sock-path=" + filepath.Join(dir, "shell.sock"),
 		}, args...),
-		extra: []cell.Cell{cell.Provide(func() iprules.Target { return target }), devices.WithNetns(ns)},
+		extra: []cell.Cell{
+			cell.Provide(func() iprules.Target { return target }),
+			cell.Provide(func() *faults.Injector { return inj }),
+			devices.WithNetns(ns),
+		},
 	}
 	t.Cleanup(func() {
 		if err := a.stop(); err != nil {
@@ -168,6 +178,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	maps.Copy(cmds, apiCommands(api.NewClient(apiSocket)))
 	maps.Copy(cmds, stateCommands(filepath.Join(dir, "state")))
 	maps.Copy(cmds, netnsCommands(nlh))
+	maps.Copy(cmds, faultCommands(inj))
 	cmds["agent/restart"] = script.Command(
 		script.CmdUsage{Summary: "Stop the agent and start a new one on the same bpffs and config, like a process restart"},
 		func(s *script.State, _ ...string) (script.WaitFunc, error) {
@@ -639,6 +650,62 @@ func stateCommands(dir string) map[string]script.Cmd {
 					b.WriteString(e.Name() + "\n")
 				}
 				return func(*script.State) (string, string, error) { return b.String(), "", nil }, nil
+			}),
+	}
+}
+
+// faultCommands make the agent's kernel writes fail at a fault point (see
+// faults.Points) and clear the fault again.
+func faultCommands(inj *faults.Injector) map[string]script.Cmd {
+	point := func(name string) error {
+		if !slices.Contains(faults.Points, name) {
+			return fmt.Errorf("fault point %q: want one of %s", name, strings.Join(faults.Points, ", "))
+		}
+		return nil
+	}
+	return map[string]script.Cmd{
+		"faults/fail": script.Command(
+			script.CmdUsage{
+				Summary: "Fail every kernel write at a fault point with the message (default: injected fault) until faults/clear",
+				Args:    "point [message]",
+			},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) < 1 || len(args) > 2 {
+					return nil, script.ErrUsage
+				}
+				if err := point(args[0]); err != nil {
+					return nil, err
+				}
+				var err error
+				if len(args) == 2 {
+					err = errors.New(args[1])
+				}
+				inj.Fail(args[0], err)
+				return nil, nil
+			}),
+		"faults/clear": script.Command(
+			script.CmdUsage{Summary: "Let the kernel writes at a fault point through again", Args: "point"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				if err := point(args[0]); err != nil {
+					return nil, err
+				}
+				inj.Clear(args[0])
+				return nil, nil
+			}),
+		"faults/count": script.Command(
+			script.CmdUsage{Summary: "Print how many operations a fault point has failed so far", Args: "point"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				if err := point(args[0]); err != nil {
+					return nil, err
+				}
+				out := fmt.Sprintf("%d\n", inj.Injected(args[0]))
+				return func(*script.State) (string, string, error) { return out, "", nil }, nil
 			}),
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/tables"
@@ -71,6 +72,8 @@ type params struct {
 	Netns *devices.Netns `optional:"true"`
 	// Metrics is the hive's reconciler metrics, when it has any.
 	Metrics reconciler.Metrics `optional:"true"`
+	// Faults injects attach and rule map write failures (tests only).
+	Faults *faults.Injector `optional:"true"`
 }
 
 func register(p params) error {
@@ -145,7 +148,8 @@ func register(p params) error {
 		(*tables.DatapathDevice).Clone,
 		(*tables.DatapathDevice).SetStatus,
 		(*tables.DatapathDevice).GetStatus,
-		&attachOps{linkDir: filepath.Join(pinDir, "links"), dp: p.Handle, netns: p.Netns, mode: p.Config.TCAttachMode},
+		faults.Wrap[*tables.DatapathDevice](p.Faults, faults.TCAttach,
+			&attachOps{linkDir: filepath.Join(pinDir, "links"), dp: p.Handle, netns: p.Netns, mode: p.Config.TCAttachMode}),
 		nil,
 		reconciler.WithName("tc-attach"),
 		reconciler.WithPruning(time.Hour),

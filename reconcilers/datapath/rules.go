@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -101,7 +102,7 @@ func registerRuleSources(p params, g job.Group) error {
 		(*tables.RuleSource).Clone,
 		(*tables.RuleSource).SetStatus,
 		(*tables.RuleSource).GetStatus,
-		&ruleOps{dp: p.Handle},
+		faults.Wrap[*tables.RuleSource](p.Faults, faults.MasqRules, &ruleOps{dp: p.Handle}),
 		nil,
 		reconciler.WithName("masq-rules"),
 		reconciler.WithPruning(time.Hour),

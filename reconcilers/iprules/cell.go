@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
+	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -83,6 +84,8 @@ type registerParams struct {
 	Handle   *Handle
 	// Metrics is the hive's reconciler metrics, when it has any.
 	Metrics reconciler.Metrics `optional:"true"`
+	// Faults injects rule write failures (tests only).
+	Faults *faults.Injector `optional:"true"`
 }
 
 func register(p registerParams) error {
@@ -99,7 +102,7 @@ func register(p registerParams) error {
 		(*tables.IPRule).Clone,
 		(*tables.IPRule).SetStatus,
 		(*tables.IPRule).GetStatus,
-		p.Ops, nil,
+		faults.Wrap[*tables.IPRule](p.Faults, faults.IPRules, p.Ops), nil,
 		reconciler.WithName("ip-rules"),
 		// Prune once the rules controller has derived the full set (it
 		// marks the table initialized), then hourly to repair drift.

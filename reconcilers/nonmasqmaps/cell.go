@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -65,6 +66,8 @@ type registerParams struct {
 	CIDRs     statedb.RWTable[*tables.NonMasqCIDR]
 	Status    statedb.Table[*tables.ConfigStatus]
 	Handle    *Handle
+	// Faults injects map write failures (tests only).
+	Faults *faults.Injector `optional:"true"`
 }
 
 func register(p registerParams) error {
@@ -98,7 +101,8 @@ func register(p registerParams) error {
 		(*tables.NonMasqCIDR).Clone,
 		(*tables.NonMasqCIDR).SetStatus,
 		(*tables.NonMasqCIDR).GetStatus,
-		o, o,
+		faults.Wrap[*tables.NonMasqCIDR](p.Faults, faults.NonMasqMaps, o),
+		faults.WrapBatch[*tables.NonMasqCIDR](p.Faults, faults.NonMasqMaps, o),
 		reconciler.WithName("nonmasq-maps"),
 		// Prune as soon as the table is initialized; later full passes are
 		// driven by the config's resyncInterval (resyncLoop).
