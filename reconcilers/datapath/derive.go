@@ -34,6 +34,14 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 		ruleRows, rulesChanged := p.Rules.AllWatch(txn)
 		devsInit, devsInitWatch := p.Devices.Initialized(txn)
 		rulesInit, rulesInitWatch := p.Rules.Initialized(txn)
+		// An initialized table's watch channel is closed: waiting on it
+		// would spin.
+		if devsInit {
+			devsInitWatch = nil
+		}
+		if rulesInit {
+			rulesInitWatch = nil
+		}
 		if devsInit && rulesInit {
 			devs := statedb.Collect(devRows)
 			problems := d.sync(devs, statedb.Collect(ruleRows))
