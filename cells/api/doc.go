@@ -10,7 +10,7 @@
 //	DELETE /v1/ipam/allocations?owner= 204 (every address of the owner)
 //
 // Errors are {"error": "..."} with 400 (bad request, unknown field, bad
-// family), 404 (no such allocation), 405, 409 (conflicting allocation, pool
+// family, invalid UTF-8), 404 (no such allocation or endpoint), 409 (conflicting allocation, pool
 // exhausted), 413 (body over 64 KiB), 500 (state could not be persisted)
 // or 503 (the masquerade config is not loaded yet, after --ipam-config-wait).
 package api

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
@@ -242,6 +243,11 @@ func decodeStrict(w http.ResponseWriter, r *http.Request, v any) (int, error) {
 			return http.StatusRequestEntityTooLarge, fmt.Errorf("request body over %d bytes", MaxRequestBody)
 		}
 		return http.StatusBadRequest, fmt.Errorf("read request: %w", err)
+	}
+	// JSON is UTF-8; the decoder would silently turn invalid bytes into
+	// U+FFFD, making different owners look the same.
+	if !utf8.Valid(body) {
+		return http.StatusBadRequest, errors.New("bad JSON request: the body is not valid UTF-8")
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

@@ -89,7 +89,14 @@ func (c *controller) run(ctx context.Context, health cell.Health) error {
 		epsInit, epsWatch := p.Endpoints.Initialized(txn)
 		if !cidrsInit || !epsInit {
 			// Deriving from a partial view would delete rules that are
-			// still wanted.
+			// still wanted. (An initialized table's watch channel is
+			// closed: waiting on it would spin.)
+			if cidrsInit {
+				cidrsWatch = nil
+			}
+			if epsInit {
+				epsWatch = nil
+			}
 			select {
 			case <-ctx.Done():
 				return nil

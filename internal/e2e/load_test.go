@@ -1,0 +1,367 @@
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/reconcilers/iprules"
+	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// Load figures: what an agent costs and how fast it converges at the sizes
+// the issue promises (10 000 endpoints, 16 384 CIDRs per family). The
+// figures are logged; the assertions are only that it converges at all
+// within a minute.
+
+const (
+	loadEndpoints = 10000
+	loadCIDRs     = 16384
+	// loadPool holds the pre-seeded endpoints (an extra --pod-cidr, so
+	// they are not "outside the pools").
+	loadPool = "10.96.0.0/16"
+)
+
+// seedEndpoints writes n IPv4 endpoints with route table 11 into the
+// agent's state directory, as a previous run would have left them.
+func seedEndpoints(t *testing.T, a *agent, n int) {
+	t.Helper()
+	store, err := ipam.NewStore(filepath.Join(a.dir, "state"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := netip.MustParsePrefix(loadPool).Addr().As4()
+	created := time.Now().UTC().Truncate(time.Second)
+	eps := make([]*tables.Endpoint, 0, n)
+	for i := range n {
+		ip := base
+		ip[2], ip[3] = byte((i+1)>>8), byte(i+1)
+		eps = append(eps, &tables.Endpoint{IP: netip.AddrFrom4(ip), Owner: fmt.Sprintf("ctr-%d/eth0", i), RouteTable: 11, Created: created})
+	}
+	if err := store.Save(eps); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// procStats returns the agent's resident memory and its CPU time so far.
+func (a *agent) procStats() (rssKiB int, cpu time.Duration) {
+	a.t.Helper()
+	pid := a.cmd.Process.Pid
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			rssKiB, _ = strconv.Atoi(f[1])
+		}
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	// Fields after the command name: state is field 3, utime 14, stime 15.
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	utime, _ := strconv.Atoi(f[11])
+	stime, _ := strconv.Atoi(f[12])
+	const ticks = 100 // USER_HZ
+	return rssKiB, time.Duration(utime+stime) * time.Second / ticks
+}
+
+// idleCPU measures the agent's CPU use over a 2 s window with nothing to do.
+func (a *agent) idleCPU() (rssKiB int, used time.Duration) {
+	_, before := a.procStats()
+	time.Sleep(2 * time.Second)
+	rssKiB, after := a.procStats()
+	return rssKiB, after - before
+}
+
+// waitLong is waitFor with a longer deadline and a slower poll, for
+// conditions that take seconds and are costly to check.
+// The poll is slow (250 ms) so that dumping 20 000 rules does not compete
+// with the agent for the kernel's locks.
+func (a *agent) waitLong(what string, cond func() bool) time.Duration {
+	a.t.Helper()
+	start := time.Now()
+	for deadline := start.Add(90 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		if cond() {
+			return time.Since(start)
+		}
+	}
+	a.t.Fatalf("timed out after 90 s waiting for %s", what)
+	return 0
+}
+
+// tableRules counts the node's ip rules that look up table.
+func tableRules(node *topology.Netns, table uint32) int {
+	keys, err := iprules.NewNetlinkTarget(node.NL).List()
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, k := range keys {
+		if k.Table == table {
+			n++
+		}
+	}
+	return n
+}
+
+// mapEntries counts the entries of nonmasq_v4 and nonmasq_v6 (-1: not
+// pinned yet).
+func (a *agent) mapEntries() (v4, v6 int) {
+	count := func(name string) int {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			return -1
+		}
+		defer m.Close()
+		n := 0
+		var k, v []byte
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			n++
+		}
+		return n
+	}
+	return count(nonmasqmaps.MapNameV4), count(nonmasqmaps.MapNameV6)
+}
+
+func skipLoadInShort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("load test: seconds of setup and a 2 s idle window; skipped with -short")
+	}
+}
+
+// TestLoadSteadyStateRules: 10 000 endpoints restored from the state file,
+// two no-masquerade CIDRs each (10.0.0.0/8 and link-local), so 20 000 ip
+// rules. Reports the time until all rules are in the kernel, RSS and idle
+// CPU, and the time to converge after a CIDR is added (10 000 more rules).
+//
+// It takes over a minute (20 000 rules converged after 42-56 s here), so it
+// runs only with IPMASQ_LOAD=1.
+func TestLoadSteadyStateRules(t *testing.T) {
+	if os.Getenv("IPMASQ_LOAD") == "" {
+		t.Skip("20 000 ip rules take over a minute to converge; set IPMASQ_LOAD=1 to run")
+	}
+	topo, err := topology.NewMasquerade()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { topo.Close() })
+	a := newAgent(t, topo.Node, "nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqLinkLocal: false\n")
+	a.args = []string{"--pod-cidr=" + loadPool, "--log-level=info"}
+	seedEndpoints(t, a, loadEndpoints)
+
+	start := time.Now()
+	a.start()
+	attached := time.Since(start)
+	want := 2 * loadEndpoints
+	a.waitLong(fmt.Sprintf("%d rules for table 11", want), func() bool { return tableRules(topo.Node, 11) >= want })
+	converged := time.Since(start)
+	if got := tableRules(topo.Node, 11); got != want {
+		t.Fatalf("%d rules for table 11, want %d", got, want)
+	}
+	rss, cpu := a.idleCPU()
+	t.Logf("%d endpoints, %d rules: programs attached after %v, all rules in the kernel after %v", loadEndpoints, want, attached, converged)
+	t.Logf("steady state: RSS %d KiB (%.1f MiB), CPU %v over a 2 s idle window (%.1f%%)", rss, float64(rss)/1024, cpu, 100*cpu.Seconds()/2)
+
+	// One CIDR more: one more rule per endpoint.
+	start = time.Now()
+	a.writeConfig("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\nmasqLinkLocal: false\n")
+	want = 3 * loadEndpoints
+	a.waitLong(fmt.Sprintf("%d rules for table 11", want), func() bool { return tableRules(topo.Node, 11) >= want })
+	changed := time.Since(start)
+	rss, cpu = a.idleCPU()
+	t.Logf("config change (+1 CIDR, +%d rules): converged after %v; then RSS %d KiB (%.1f MiB), CPU %v over 2 s idle",
+		loadEndpoints, changed, rss, float64(rss)/1024, cpu)
+	if got := tableRules(topo.Node, 11); got != want {
+		t.Fatalf("%d rules for table 11 after the change, want %d", got, want)
+	}
+}
+
+// loadCIDRConfig lists n IPv4 /24s in 10.128.0.0/9 and n IPv6 /64s in
+// 2001:db8:1::/48 (plus extra, verbatim). Link-local is masqueraded, so
+// that n CIDRs are n map entries: the default --max-nonmasq-cidrs (16 384)
+// counts link-local too.
+func loadCIDRConfig(n int, extra ...string) string {
+	var b strings.Builder
+	b.WriteString("masqLinkLocal: true\nmasqLinkLocalIPv6: true\nnonMasqueradeCIDRs:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - 10.%d.%d.0/24\n", 128+i>>8, i&0xff)
+		fmt.Fprintf(&b, "  - 2001:db8:1:%x::/64\n", i)
+	}
+	for _, e := range extra {
+		fmt.Fprintf(&b, "  - %s\n", e)
+	}
+	return b.String()
+}
+
+// TestLoadSteadyStateCIDRs: 16 384 CIDRs per family in
+// the no-masquerade maps. Reports the time until the maps hold them all,
+// RSS and idle CPU, the time to converge after one CIDR is added, and that
+// pods are still masqueraded (and not masqueraded to a listed CIDR).
+func TestLoadSteadyStateCIDRs(t *testing.T) {
+	skipLoadInShort(t)
+	topo, err := topology.NewMasquerade()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { topo.Close() })
+	ext := startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
+	a := newAgent(t, topo.Node, loadCIDRConfig(loadCIDRs))
+
+	start := time.Now()
+	// Room for the one CIDR the config change adds.
+	a.args = []string{"--log-level=info", fmt.Sprintf("--max-nonmasq-cidrs=%d", loadCIDRs+1)}
+	a.start()
+	attached := time.Since(start)
+	want := loadCIDRs
+	a.waitLong("the maps to hold every CIDR", func() bool { v4, v6 := a.mapEntries(); return v4 >= want && v6 >= want })
+	converged := time.Since(start)
+	v4, v6 := a.mapEntries()
+	if v4 != want || v6 != want {
+		t.Fatalf("maps hold %d IPv4 and %d IPv6 entries, want %d each", v4, v6, want)
+	}
+	rss, cpu := a.idleCPU()
+	t.Logf("%d CIDRs per family: programs attached after %v, maps full after %v", loadCIDRs, attached, converged)
+	t.Logf("steady state: RSS %d KiB (%.1f MiB), CPU %v over a 2 s idle window (%.1f%%)", rss, float64(rss)/1024, cpu, 100*cpu.Seconds()/2)
+
+	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 2)
+	checkSource(t, topo, ext, topology.RemoteIP6, topology.NodeIP6, 2)
+
+	start = time.Now()
+	a.writeConfig(loadCIDRConfig(loadCIDRs, "203.0.113.0/24", "2001:db8:ff::/64"))
+	a.waitLong("the maps to hold the added CIDR", func() bool { v4, v6 := a.mapEntries(); return v4 == want+1 && v6 == want+1 })
+	changed := time.Since(start)
+	rss, cpu = a.idleCPU()
+	t.Logf("config change (+1 CIDR per family): maps converged after %v; then RSS %d KiB (%.1f MiB), CPU %v over 2 s idle",
+		changed, rss, float64(rss)/1024, cpu)
+	// The added CIDR is remote's: the pod is no longer masqueraded there.
+	if err := topo.RouteBack(); err != nil {
+		t.Fatal(err)
+	}
+	checkSource(t, topo, ext, topology.RemoteIP4, topology.PodIP4, 2)
+}
+
+// natFullCount reads the drop-nat-table-full counter.
+func (a *agent) natFullCount() int {
+	for _, l := range strings.Split(a.counters(), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "drop-nat-table-full" {
+			n, _ := strconv.Atoi(f[1])
+			return n
+		}
+	}
+	return 0
+}
+
+// TestNATFullHostTrafficWorks: with the NAT table full of open pod flows,
+// new pod flows are dropped (and counted), but the node's own traffic, in
+// both directions, and the established pod flows keep working.
+func TestNATFullHostTrafficWorks(t *testing.T) {
+	topo, a, _ := setup(t, masqueradeAll, "--nat-max-entries=64")
+	startServers(t, topo.Node, topology.NodeIP4, topology.NodeIP6)
+	const capacity, attempts = 32, 40
+	dst := netip.AddrPortFrom(topology.RemoteIP4, tcpPort)
+
+	// Fill the table, then try more at once: the extra SYNs are dropped
+	// and their dials time out (3 s), in parallel.
+	var open []net.Conn
+	t.Cleanup(func() {
+		for _, c := range open {
+			c.Close()
+		}
+	})
+	for i := range capacity {
+		c, seen, err := topology.DialSource(topo.Pod, dst)
+		if err != nil || seen != topology.NodeIP4.String() {
+			t.Fatalf("pod flow %d of %d (table not yet full): %q %v\n%s", i, capacity, seen, err, a.counters())
+		}
+		open = append(open, c)
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	extra := 0
+	for range attempts - capacity {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, _, err := topology.DialSource(topo.Pod, dst)
+			if err == nil {
+				mu.Lock()
+				extra++
+				open = append(open, c)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	full := a.natFullCount()
+	t.Logf("%d pod flows open, %d of %d more succeeded beyond capacity, drop-nat-table-full %d", capacity, extra, attempts-capacity, full)
+	if extra != 0 {
+		t.Errorf("%d new pod flows got through a full NAT table", extra)
+	}
+	if full == 0 {
+		t.Errorf("no drop-nat-table-full counted:\n%s", a.counters())
+	}
+
+	// The node's own flows, out and in, are not NATed and do not care.
+	for _, dst := range []netip.Addr{topology.RemoteIP4, topology.RemoteIP6} {
+		want := topology.NodeIP4
+		if dst.Is6() {
+			want = topology.NodeIP6
+		}
+		for i := range 5 {
+			if seen, err := tcpSource(topo.Node, dst); err != nil || seen != want.String() {
+				t.Errorf("node's own TCP flow %d to %s with the NAT table full: %q %v", i, dst, seen, err)
+			}
+			if seen, err := udpSource(topo.Node, dst); err != nil || seen != want.String() {
+				t.Errorf("node's own UDP flow %d to %s with the NAT table full: %q %v", i, dst, seen, err)
+			}
+		}
+	}
+	for _, dst := range []netip.Addr{topology.NodeIP4, topology.NodeIP6} {
+		if _, err := tcpSource(topo.Ext, dst); err != nil {
+			t.Errorf("ext to the node %s with the NAT table full: %v", dst, err)
+		}
+	}
+
+	// Established pod flows still carry data both ways.
+	for i, c := range open[:capacity] {
+		msg := fmt.Sprintf("flow %d still alive\n", i)
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Errorf("established pod flow %d: write: %v", i, err)
+			continue
+		}
+		buf := make([]byte, len(msg))
+		if _, err := readFull(c, buf); err != nil || string(buf) != msg {
+			t.Errorf("established pod flow %d: echo %q %v", i, buf, err)
+		}
+	}
+	t.Logf("after the checks: drop-nat-table-full %d", a.natFullCount())
+}
+
+func readFull(c net.Conn, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		k, err := c.Read(buf[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
