@@ -2,6 +2,7 @@ package config
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -37,6 +38,7 @@ func FuzzParse(f *testing.F) {
 	for _, s := range seeds {
 		f.Add([]byte(s), uint8(3), uint8(4))
 	}
+	addHostileSeeds(f)
 	f.Fuzz(func(t *testing.T, data []byte, families, max uint8) {
 		lim := Limits{EnableIPv4: families&1 != 0, EnableIPv6: families&2 != 0, MaxCIDRsPerFamily: int(max % 32)}
 		file, err := Parse("fuzz.yaml", data, lim)
@@ -50,6 +52,9 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			if file != nil {
 				t.Fatalf("Parse returned a File with error %v", err)
+			}
+			if msg := err.Error(); !strings.HasPrefix(msg, "fuzz.yaml: ") || strings.ContainsAny(msg, "\r\n") {
+				t.Fatalf("error is not one line starting with the file name: %q", hostileShorten(msg))
 			}
 			return
 		}
