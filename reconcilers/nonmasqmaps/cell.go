@@ -71,10 +71,6 @@ type registerParams struct {
 }
 
 func register(p registerParams) error {
-	// Fail before anything starts when the maps cannot be pinned.
-	if err := CheckBPFFS(p.Agent.BPFRoot); err != nil {
-		return err
-	}
 	o := &ops{}
 	// The maps are opened when the hive starts, before the reconciler's jobs
 	// (appended to the lifecycle after this hook) run.
