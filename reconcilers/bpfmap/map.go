@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 
@@ -221,6 +222,29 @@ func (m *Map[K, V]) Resync() error {
 	m.cache = contents
 	m.entries.Store(int64(len(contents)))
 	return nil
+}
+
+// Sync makes the kernel map hold exactly want: it re-reads the map (drift
+// repair), deletes the entries not wanted and writes the wanted ones that
+// are missing or differ. When the map is already right it writes nothing.
+func (m *Map[K, V]) Sync(want []KV[K, V]) error {
+	if err := m.Resync(); err != nil {
+		return err
+	}
+	keys := make(map[K]struct{}, len(want))
+	for _, kv := range want {
+		keys[kv.Key] = struct{}{}
+	}
+	errs := m.Delete(m.keysNotIn(keys))
+	errs = append(errs, m.Put(want)...)
+	return errors.Join(errs...)
+}
+
+// Contents returns a copy of the cache: the map as last read or written.
+func (m *Map[K, V]) Contents() map[K]V {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.cache)
 }
 
 // Dump reads the kernel map now, not the cache.

@@ -91,19 +91,12 @@ func (o *Ops[Obj, K, V]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, b
 // full map of stale entries does not refuse the new ones. When the kernel
 // already matches, it writes nothing.
 func (o *Ops[Obj, K, V]) Prune(ctx context.Context, txn statedb.ReadTxn, objects iter.Seq2[Obj, statedb.Revision]) error {
-	if err := o.m.Resync(); err != nil {
-		return fmt.Errorf("prune: %w", err)
-	}
 	var kvs []KV[K, V]
-	want := make(map[K]struct{})
 	for obj := range objects {
 		k, v := o.entry(obj)
 		kvs = append(kvs, KV[K, V]{Key: k, Value: v})
-		want[k] = struct{}{}
 	}
-	errs := o.m.Delete(o.m.keysNotIn(want))
-	errs = append(errs, o.m.Put(kvs)...)
-	if err := errors.Join(errs...); err != nil {
+	if err := o.m.Sync(kvs); err != nil {
 		return fmt.Errorf("prune: %w", err)
 	}
 	return nil

@@ -215,35 +215,11 @@ func syncSources(dp *bpf.Datapath, sources []netip.Prefix) error {
 
 // syncMap makes m hold exactly want, writing only the difference.
 func syncMap[K comparable](m *bpfmap.Map[K, uint8], want map[K]uint8) error {
-	have, err := m.Dump()
-	if err != nil {
-		return err
-	}
-	var stale []K
-	for k := range have {
-		if _, ok := want[k]; !ok {
-			stale = append(stale, k)
-		}
-	}
-	var kvs []bpfmap.KV[K, uint8]
+	kvs := make([]bpfmap.KV[K, uint8], 0, len(want))
 	for k, v := range want {
 		kvs = append(kvs, bpfmap.KV[K, uint8]{Key: k, Value: v})
 	}
-	var errs []error
-	for _, err := range m.Delete(stale) {
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	for _, err := range m.Put(kvs) {
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) > 0 {
-		return errs[0]
-	}
-	return nil
+	return m.Sync(kvs)
 }
 
 // syncNodeAddrs writes every address of every device into node_addrs: such

@@ -142,10 +142,8 @@ func collectMap[K comparable, V comparable](m *ebpf.Map, name string, now uint64
 	if err != nil {
 		return GCStats{}, fmt.Errorf("read %s: %w", name, err)
 	}
-	entries, err := bm.Dump()
-	if err != nil {
-		return GCStats{}, fmt.Errorf("read %s: %w", name, err)
-	}
+	// NewMap has just read the whole map.
+	entries := bm.Contents()
 	all := make(map[K]natEntry[K], len(entries))
 	for k, v := range entries {
 		all[k] = describe(k, v)
