@@ -44,17 +44,6 @@ type skbContext struct {
 	Ifindex uint32
 }
 
-func requirePrivileged(tb testing.TB) {
-	tb.Helper()
-	privtest.Require(tb)
-}
-
-// bpffs mounts a private BPF filesystem and returns it.
-func bpffs(tb testing.TB) string {
-	tb.Helper()
-	return privtest.MountBPFFS(tb)
-}
-
 type testEnv struct {
 	tb     testing.TB
 	dp     *Datapath
@@ -75,8 +64,8 @@ type envOptions struct {
 //	lo          SNAT 203.0.113.1, 2001:db8::1
 func newEnv(tb testing.TB, o envOptions) *testEnv {
 	tb.Helper()
-	requirePrivileged(tb)
-	root := bpffs(tb)
+	privtest.Require(tb)
+	root := privtest.MountBPFFS(tb)
 	pinDir := filepath.Join(root, "ipmasq")
 
 	nm4, err := bpfmap.OpenPinned(nil, pinDir, bpfmap.LPMTrieSpec(MapNonMasqV4, 8, 1, 100))
@@ -578,7 +567,7 @@ func TestCounterNames(t *testing.T) {
 }
 
 func TestReadCountersNeedsPerCPU(t *testing.T) {
-	requirePrivileged(t)
+	privtest.Require(t)
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 8, MaxEntries: 1})
 	if err != nil {
 		t.Fatal(err)

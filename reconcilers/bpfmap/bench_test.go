@@ -2,6 +2,7 @@ package bpfmap
 
 import (
 	"fmt"
+	"github.com/ipmasq/ipmasq/internal/privtest"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -15,7 +16,7 @@ import (
 // timer stopped, because StopTimer/StartTimer read memory statistics and
 // would otherwise dominate the small cases.
 func BenchmarkLPMWrite(b *testing.B) {
-	requirePrivileges(b)
+	privtest.Require(b)
 	for _, n := range []int{10, 1000, 16384} {
 		keys := prefixes(n)
 		kvs := entries(keys, 0)

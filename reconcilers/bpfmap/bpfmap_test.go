@@ -27,22 +27,10 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// requirePrivileges skips t when not root, except under CI.
-func requirePrivileges(t testing.TB) {
-	t.Helper()
-	privtest.Require(t)
-}
-
-// mountBPFFS mounts a private bpffs on a fresh directory and returns it.
-func mountBPFFS(t testing.TB) string {
-	t.Helper()
-	return privtest.MountBPFFS(t)
-}
-
 // newLPMv4 creates an unpinned IPv4 LPM trie with a u8 value.
 func newLPMv4(t testing.TB, maxEntries uint32) *ebpf.Map {
 	t.Helper()
-	requirePrivileges(t)
+	privtest.Require(t)
 	m, err := ebpf.NewMap(LPMTrieSpec("test_v4", 8, 1, maxEntries))
 	if err != nil {
 		t.Fatalf("create LPM trie: %v", err)
@@ -109,7 +97,7 @@ func testLogger() (*slog.Logger, *bytes.Buffer) {
 }
 
 func TestOpenPinnedCreatesAndPins(t *testing.T) {
-	dir := filepath.Join(mountBPFFS(t), "ipmasq") // does not exist yet
+	dir := filepath.Join(privtest.MountBPFFS(t), "ipmasq") // does not exist yet
 	log, buf := testLogger()
 
 	m, err := OpenPinned(log, dir, LPMTrieSpec("nonmasq_v4", 8, 1, 16))
@@ -134,7 +122,7 @@ func TestOpenPinnedCreatesAndPins(t *testing.T) {
 }
 
 func TestOpenPinnedReopenKeepsContents(t *testing.T) {
-	dir := mountBPFFS(t)
+	dir := privtest.MountBPFFS(t)
 	log, buf := testLogger()
 	spec := LPMTrieSpec("nonmasq_v4", 8, 1, 16)
 
@@ -173,7 +161,7 @@ func TestOpenPinnedReplacesIncompatible(t *testing.T) {
 		{"type", &ebpf.MapSpec{Name: "nonmasq_v4", Type: ebpf.Hash, KeySize: 8, ValueSize: 1, MaxEntries: 16}, "type=LPMTrie", "type=Hash"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := mountBPFFS(t)
+			dir := privtest.MountBPFFS(t)
 			log, buf := testLogger()
 
 			old, err := OpenPinned(log, dir, LPMTrieSpec("nonmasq_v4", 8, 1, 16))
@@ -380,7 +368,7 @@ func TestResyncRepairsDrift(t *testing.T) {
 // Other map types read their contents too (hash: batch lookup; array: batch
 // lookup of all slots).
 func TestNewMapOtherTypes(t *testing.T) {
-	requirePrivileges(t)
+	privtest.Require(t)
 	for _, typ := range []ebpf.MapType{ebpf.Hash, ebpf.Array} {
 		t.Run(typ.String(), func(t *testing.T) {
 			m, err := ebpf.NewMap(&ebpf.MapSpec{Type: typ, KeySize: 4, ValueSize: 8, MaxEntries: 8})

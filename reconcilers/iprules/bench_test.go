@@ -3,6 +3,7 @@ package iprules_test
 import (
 	"context"
 	"fmt"
+	"github.com/ipmasq/ipmasq/internal/privtest"
 	"os/exec"
 	"strings"
 	"testing"
@@ -67,7 +68,7 @@ func runIPBatch(b *testing.B, nsName, script string) {
 // `ip -batch` installing the same rules. Compare add-one-cidr-1000 with
 // ip-batch-1000 and initial-5000 with ip-batch-5000.
 func BenchmarkRules(b *testing.B) {
-	requirePrivileges(b)
+	privtest.Require(b)
 	endpoints := benchEndpoints(1000)
 	initial := product(endpoints, eniCIDRs)
 	added := product(endpoints, []string{"198.18.0.0/15"})

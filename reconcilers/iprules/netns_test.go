@@ -13,12 +13,6 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// requirePrivileges skips tb when not root, except under CI.
-func requirePrivileges(tb testing.TB) {
-	tb.Helper()
-	privtest.Require(tb)
-}
-
 // testNetns is a network namespace of its own and a netlink handle into it.
 // The test's threads never stay in it: the host's rules are never touched.
 type testNetns struct {
@@ -84,7 +78,7 @@ func (n *testNetns) Close() error {
 // the end of tb.
 func newNetns(tb testing.TB, named bool) *testNetns {
 	tb.Helper()
-	requirePrivileges(tb)
+	privtest.Require(tb)
 	n, err := openNetns(named)
 	if err != nil {
 		tb.Fatal(err)
