@@ -26,21 +26,45 @@ const timeout = 30 * time.Second
 // reachable on the container's link and never a pod's address.
 var gateway6 = net.ParseIP("fe80::1")
 
-func cmdAdd(args *skel.CmdArgs) error {
+// call is what every command starts from: the network config, a client of
+// the agent and a context bounded by timeout; for commands about one
+// attachment also its owner.
+type call struct {
+	conf   *netConf
+	client *api.Client
+	ctx    context.Context
+	owner  string
+}
+
+// begin parses the config (and, for one attachment, checks the container ID
+// and interface name). The caller must call the returned cancel.
+func begin(args *skel.CmdArgs, attachment bool) (*call, context.CancelFunc, error) {
 	conf, err := parseConfig(args.StdinData)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := &call{conf: conf, client: api.NewClient(conf.IPAM.SocketPath)}
+	if attachment {
+		if err := checkArgs(args.ContainerID, args.IfName); err != nil {
+			return nil, nil, err
+		}
+		c.owner = owner(args.ContainerID, args.IfName)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	c.ctx = ctx
+	return c, cancel, nil
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	cl, cancel, err := begin(args, true)
 	if err != nil {
 		return err
 	}
-	if err := checkArgs(args.ContainerID, args.IfName); err != nil {
-		return err
-	}
+	defer cancel()
+	conf, ctx, c, o := cl.conf, cl.ctx, cl.client, cl.owner
 	if err := conf.IPAM.checkPools(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	c := api.NewClient(conf.IPAM.SocketPath)
-	o := owner(args.ContainerID, args.IfName)
 
 	result := &types100.Result{CNIVersion: types100.ImplementedSpecVersion}
 	for i, fam := range conf.IPAM.families() {
@@ -94,35 +118,25 @@ func addIP(r *types100.Result, ip netip.Addr, answeredPool string, conf ipamConf
 }
 
 func cmdDel(args *skel.CmdArgs) error {
-	conf, err := parseConfig(args.StdinData)
+	cl, cancel, err := begin(args, true)
 	if err != nil {
 		return err
 	}
-	if err := checkArgs(args.ContainerID, args.IfName); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	o := owner(args.ContainerID, args.IfName)
-	err = api.NewClient(conf.IPAM.SocketPath).ReleaseOwner(ctx, o)
-	if err != nil && !isNotFound(err) {
-		return agentError(conf.IPAM.SocketPath, "release the addresses of "+o, err)
+	if err := cl.client.ReleaseOwner(cl.ctx, cl.owner); err != nil && !isNotFound(err) {
+		return agentError(cl.conf.IPAM.SocketPath, "release the addresses of "+cl.owner, err)
 	}
 	return nil
 }
 
 func cmdCheck(args *skel.CmdArgs) error {
-	conf, err := parseConfig(args.StdinData)
+	cl, cancel, err := begin(args, true)
 	if err != nil {
 		return err
 	}
-	if err := checkArgs(args.ContainerID, args.IfName); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	o := owner(args.ContainerID, args.IfName)
-	all, err := api.NewClient(conf.IPAM.SocketPath).List(ctx)
+	conf, o := cl.conf, cl.owner
+	all, err := cl.client.List(cl.ctx)
 	if err != nil {
 		return agentError(conf.IPAM.SocketPath, "list allocations to check "+o, err)
 	}
@@ -163,13 +177,12 @@ func cmdCheck(args *skel.CmdArgs) error {
 // Only owners shaped "<containerID>/<ifname>" are considered: other
 // clients of the agent name their owners differently.
 func cmdGC(args *skel.CmdArgs) error {
-	conf, err := parseConfig(args.StdinData)
+	cl, cancel, err := begin(args, false)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	c := api.NewClient(conf.IPAM.SocketPath)
+	conf, ctx, c := cl.conf, cl.ctx, cl.client
 	all, err := c.List(ctx)
 	if err != nil {
 		return agentError(conf.IPAM.SocketPath, "list allocations for GC", err)
@@ -198,15 +211,14 @@ func cmdGC(args *skel.CmdArgs) error {
 
 // cmdStatus succeeds when the agent answers.
 func cmdStatus(args *skel.CmdArgs) error {
-	conf, err := parseConfig(args.StdinData)
+	cl, cancel, err := begin(args, false)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if _, err := api.NewClient(conf.IPAM.SocketPath).List(ctx); err != nil {
+	if _, err := cl.client.List(cl.ctx); err != nil {
 		return types.NewError(types.ErrPluginNotAvailable,
-			fmt.Sprintf("ipmasq-cni: ipmasq-agent at %s does not answer", conf.IPAM.SocketPath), err.Error())
+			fmt.Sprintf("ipmasq-cni: ipmasq-agent at %s does not answer", cl.conf.IPAM.SocketPath), err.Error())
 	}
 	return nil
 }
