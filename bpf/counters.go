@@ -27,6 +27,11 @@ const (
 	CounterFragUnknown      = Counter(masqCounterCOUNTER_FRAG_UNKNOWN)
 	CounterError            = Counter(masqCounterCOUNTER_ERROR)
 	CounterNATNewByRule     = Counter(masqCounterCOUNTER_NAT_NEW_BY_RULE)
+	CounterInboundNew       = Counter(masqCounterCOUNTER_INBOUND_NEW)
+	CounterSkipInboundReply = Counter(masqCounterCOUNTER_SKIP_INBOUND_REPLY)
+	CounterSkipNotFlowStart = Counter(masqCounterCOUNTER_SKIP_NOT_FLOW_START)
+	CounterNATReopened      = Counter(masqCounterCOUNTER_NAT_REOPENED)
+	CounterNATReused        = Counter(masqCounterCOUNTER_NAT_REUSED)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -48,6 +53,11 @@ var counterNames = [NumCounters]string{
 	CounterFragUnknown:      "drop-fragment-unknown",
 	CounterError:            "error",
 	CounterNATNewByRule:     "nat-new-by-rule",
+	CounterInboundNew:       "inbound-new",
+	CounterSkipInboundReply: "skip-inbound-reply",
+	CounterSkipNotFlowStart: "skip-not-flow-start",
+	CounterNATReopened:      "nat-reopened",
+	CounterNATReused:        "nat-port-reused",
 }
 
 // String returns the counter's name as shown to operators.
@@ -91,6 +101,16 @@ func (c Counter) Description() string {
 		return "malformed packets and helper failures"
 	case CounterNATNewByRule:
 		return "new NAT pairs (flows) created for a user masquerade rule's source (also counted in nat-new)"
+	case CounterInboundNew:
+		return "flows opened from outside toward a masquerade source recorded (their replies are not translated)"
+	case CounterSkipInboundReply:
+		return "not masqueraded: a reply of an inbound flow"
+	case CounterSkipNotFlowStart:
+		return "not masqueraded: no NAT pair and the packet cannot start a flow (SYN-ACK, RST, mid-stream)"
+	case CounterNATReopened:
+		return "a new SYN reopened a closed or expired NAT pair"
+	case CounterNATReused:
+		return "NAT ports taken over from an expired pair or a closed pair of the same source"
 	}
 	return ""
 }
