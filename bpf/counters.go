@@ -32,6 +32,7 @@ const (
 	CounterSkipNotFlowStart = Counter(masqCounterCOUNTER_SKIP_NOT_FLOW_START)
 	CounterNATReopened      = Counter(masqCounterCOUNTER_NAT_REOPENED)
 	CounterNATReused        = Counter(masqCounterCOUNTER_NAT_REUSED)
+	CounterDropNoSNATAddr   = Counter(masqCounterCOUNTER_DROP_NO_SNAT_ADDR)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -58,6 +59,7 @@ var counterNames = [NumCounters]string{
 	CounterSkipNotFlowStart: "skip-not-flow-start",
 	CounterNATReopened:      "nat-reopened",
 	CounterNATReused:        "nat-port-reused",
+	CounterDropNoSNATAddr:   "drop-no-snat-address",
 }
 
 // String returns the counter's name as shown to operators.
@@ -82,7 +84,7 @@ func (c Counter) Description() string {
 	case CounterSkipNotSource:
 		return "not masqueraded: source is not a masquerade source"
 	case CounterSkipNoSNATAddr:
-		return "not masqueraded: egress device has no address of the family"
+		return "not masqueraded: the device is not an egress device (yet)"
 	case CounterSkipUnsupported:
 		return "not masqueraded: protocol or IPv6 extension header not handled"
 	case CounterReverse:
@@ -111,6 +113,8 @@ func (c Counter) Description() string {
 		return "a new SYN reopened a closed or expired NAT pair"
 	case CounterNATReused:
 		return "NAT ports taken over from an expired pair or a closed pair of the same source"
+	case CounterDropNoSNATAddr:
+		return "dropped: to be masqueraded, but the egress device has no address of the family"
 	}
 	return ""
 }

@@ -36,7 +36,8 @@ const (
 	masqCounterCOUNTER_SKIP_NOT_FLOW_START masqCounter = 17
 	masqCounterCOUNTER_NAT_REOPENED        masqCounter = 18
 	masqCounterCOUNTER_NAT_REUSED          masqCounter = 19
-	masqCounterCOUNTER_MAX                 masqCounter = 20
+	masqCounterCOUNTER_DROP_NO_SNAT_ADDR   masqCounter = 20
+	masqCounterCOUNTER_MAX                 masqCounter = 21
 )
 
 type masqEgressDev struct {

@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"net"
 	"net/netip"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
@@ -152,4 +155,110 @@ func TestUnansweredSYNsExpire(t *testing.T) {
 			t.Fatalf("65 s after the firewall was lifted: %s", res)
 		}
 	})
+}
+
+// TestSNATAddressLikeMasquerade: the address a flow is masqueraded to is
+// the kernel's choice for its route, it stays for the flow's life while
+// addresses are added, and no flow ever leaves with the pod's address.
+func TestSNATAddressLikeMasquerade(t *testing.T) {
+	// A short collection interval: a collector that wrongly ends flows does
+	// so within the test's wait.
+	ms := []topology.Masquerader{topology.LinuxMasquerade, ipmasqMasquerader("--nat-gc-interval=500ms")}
+	topology.RunEach(t, ms, func(t *testing.T, topo *topology.Masquerade) {
+		ext := startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
+		echo := func(c net.Conn, what string) {
+			t.Helper()
+			c.SetDeadline(time.Now().Add(3 * time.Second))
+			if _, err := c.Write([]byte("x")); err != nil {
+				t.Fatalf("%s: write: %v", what, err)
+			}
+			var b [1]byte
+			if _, err := c.Read(b[:]); err != nil {
+				t.Fatalf("%s: echo: %v", what, err)
+			}
+		}
+		// Established flows survive new addresses (IPv6 puts the newest first).
+		c4, seen4, err := dialTCP(topo.Pod, topology.RemoteIP4)
+		if err != nil || seen4 != topology.NodeIP4.String() {
+			t.Fatalf("IPv4 flow: %q %v", seen4, err)
+		}
+		defer c4.Close()
+		c6, seen6, err := dialTCP(topo.Pod, topology.RemoteIP6)
+		if err != nil || seen6 != topology.NodeIP6.String() {
+			t.Fatalf("IPv6 flow: %q %v", seen6, err)
+		}
+		defer c6.Close()
+		for _, a := range []string{"10.0.0.6/24", "10.9.0.5/24", "2001:db8::6/64", "2001:db8:9::5/64"} {
+			if err := topo.Node.Addr("eth0", a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(3 * time.Second)
+		echo(c4, "IPv4 flow after addresses were added")
+		echo(c6, "IPv6 flow after addresses were added")
+
+		// Several IPv4 subnets, the default route via the second: new flows
+		// take the address of the next hop's subnet.
+		if err := topo.Ext.Addr("eth0", "10.1.0.2/24"); err != nil {
+			t.Fatal(err)
+		}
+		if err := topo.Node.Addr("eth0", "10.1.0.5/24"); err != nil {
+			t.Fatal(err)
+		}
+		replaceDefault(t, topo.Node, "10.1.0.2")
+		if seen, err := tcpSource(topo.Pod, topology.RemoteIP4); err != nil || seen != "10.1.0.5" {
+			t.Fatalf("default route via 10.1.0.2: server saw %q (%v), want 10.1.0.5", seen, err)
+		}
+		echo(c4, "IPv4 flow after the default route changed")
+
+		// No address of the family on the device: the pod's address never
+		// leaves (ext would accept it: it routes back to the pods).
+		if err := topo.RouteBack(); err != nil {
+			t.Fatal(err)
+		}
+		eth0, err := topo.Node.NL.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Deleting a primary address takes its secondaries along: list again.
+		for {
+			addrs, err := topo.Node.NL.AddrList(eth0, netlink.FAMILY_V4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(addrs) == 0 {
+				break
+			}
+			if err := topo.Node.NL.AddrDel(eth0, &addrs[0]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := topo.Node.NL.RouteReplace(&netlink.Route{LinkIndex: eth0.Attrs().Index, Scope: netlink.SCOPE_LINK,
+			Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}); err != nil {
+			t.Fatal(err)
+		}
+		ext.resetEcho()
+		for i := range 5 {
+			ping(topo.Pod, topology.RemoteIP4, uint16(echoIDs.Add(1)), uint16(i)) // may or may not be answered
+		}
+		time.Sleep(200 * time.Millisecond)
+		for _, s := range ext.echoSources() {
+			if s == topology.PodIP4 {
+				t.Fatalf("ext saw an echo request from the pod's own address %s", s)
+			}
+		}
+	})
+}
+
+// replaceDefault points the namespace's IPv4 default route at gw on eth0.
+func replaceDefault(t *testing.T, n *topology.Netns, gw string) {
+	t.Helper()
+	eth0, err := n.NL.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.NL.RouteReplace(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP(gw),
+		Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}); err != nil {
+		t.Fatalf("default route via %s: %v", gw, err)
+	}
 }
