@@ -14,12 +14,12 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/faults"
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -35,8 +35,8 @@ var Cell = cell.Module(
 		newHandle,
 		newDatapathDeviceTable,
 		statedb.RWTable[*tables.DatapathDevice].ToTable,
-		newRuleSourceTable,
-		statedb.RWTable[*tables.RuleSource].ToTable,
+		newMasqueradeRuleSourceTable,
+		statedb.RWTable[*tables.MasqueradeRuleSource].ToTable,
 		scriptCommands,
 	),
 	cell.Invoke(register),
@@ -46,8 +46,8 @@ func newDatapathDeviceTable(db *statedb.DB) (statedb.RWTable[*tables.DatapathDev
 	return tables.NewDatapathDeviceTable(db)
 }
 
-func newRuleSourceTable(db *statedb.DB) (statedb.RWTable[*tables.RuleSource], error) {
-	return tables.NewRuleSourceTable(db)
+func newMasqueradeRuleSourceTable(db *statedb.DB) (statedb.RWTable[*tables.MasqueradeRuleSource], error) {
+	return tables.NewMasqueradeRuleSourceTable(db)
 }
 
 type params struct {
@@ -59,14 +59,14 @@ type params struct {
 	Health      cell.Health
 	ModuleID    cell.FullModuleID
 	Lifecycle   cell.Lifecycle
-	Agent       agentconfig.Config
+	Agent       settings.Config
 	IPAM        ipam.Config
 	Config      Config
 	NonMasq     *nonmasqmaps.Handle
 	Devices     statedb.Table[*tables.EgressDevice]
 	Rules       statedb.Table[*tables.MasqueradeRule]
 	DPDevices   statedb.RWTable[*tables.DatapathDevice]
-	RuleSources statedb.RWTable[*tables.RuleSource]
+	RuleSources statedb.RWTable[*tables.MasqueradeRuleSource]
 	Handle      *Handle
 	// Netns is the namespace of the devices (tests); nil: the agent's own.
 	Netns *devices.Netns `optional:"true"`
@@ -161,7 +161,7 @@ func register(p params) error {
 	}
 	d := &deriver{params: p, markInitialized: markInit}
 	g.Add(job.OneShot("derive-devices", d.run))
-	if err := registerRuleSources(p, g); err != nil {
+	if err := registerMasqueradeRuleSources(p, g); err != nil {
 		return err
 	}
 	gc := &collector{log: p.Log, dp: p.Handle, snat: func() (map[netip.Addr]bool, bool) {
@@ -172,7 +172,7 @@ func register(p params) error {
 }
 
 // podCIDRs are the masquerade sources of the enabled families.
-func podCIDRs(cidrs []string, agent agentconfig.Config) ([]netip.Prefix, error) {
+func podCIDRs(cidrs []string, agent settings.Config) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, s := range cidrs {
 		p, err := netip.ParsePrefix(s)
@@ -256,7 +256,7 @@ func (d *deriver) syncNodeAddrs(devs []*tables.EgressDevice) error {
 
 // currentSNAT lists the SNAT addresses in use: the datapath devices' and
 // the masquerade rules' toAddress, once the tables have been derived.
-func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rules statedb.Table[*tables.RuleSource]) (map[netip.Addr]bool, bool) {
+func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rules statedb.Table[*tables.MasqueradeRuleSource]) (map[netip.Addr]bool, bool) {
 	txn := db.ReadTxn()
 	if init, _ := tbl.Initialized(txn); !init {
 		return nil, false
