@@ -64,9 +64,6 @@ var testOnly = []string{"", "deploy", "internal/faults", "internal/privtest", "i
 // change that removes it. The test fails for a listed import that no longer
 // exists, so the list only shrinks.
 var knownViolations = map[string]string{
-	// The datapath re-parses --pod-cidr from the IPAM config; it will read
-	// table pod-cidrs instead.
-	"reconcilers/datapath -> cells/ipam": "reads --pod-cidr from the IPAM config",
 	// devices.Netns is a test-only namespace handle; tests will decorate the
 	// datapath's operations through the hive instead.
 	"reconcilers/datapath -> cells/devices": "uses devices.Netns (test-only)",

@@ -16,6 +16,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/cells/iprules"
 	"github.com/ipmasq/ipmasq/readers/metrics"
 	"github.com/ipmasq/ipmasq/readers/status"
@@ -55,6 +56,7 @@ var Cell = cell.Group(
 	nonmasqmaps.Cell,
 	// After nonmasq-maps: scrapes read the maps it opens at start.
 	metrics.Cell,
+	podcidrs.Cell,
 	devices.Cell,
 	datapath.Cell,
 	ipam.Cell,

@@ -25,6 +25,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/settings"
 )
 
@@ -62,7 +63,7 @@ func newNodeWithConfig(t testing.TB, config string, pools []string, args ...stri
 
 func (n *node) start(args ...string) {
 	n.h = hive.NewWithOptions(agent.Options(),
-		agent.Infrastructure, settings.Cell, config.Cell, ipam.Cell, api.Cell)
+		agent.Infrastructure, settings.Cell, config.Cell, podcidrs.Cell, ipam.Cell, api.Cell)
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	n.h.RegisterFlags(flags)
 	all := append([]string{

@@ -16,7 +16,6 @@ import (
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/cells/devices"
-	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
@@ -60,7 +59,7 @@ type params struct {
 	ModuleID    cell.FullModuleID
 	Lifecycle   cell.Lifecycle
 	Agent       settings.Config
-	IPAM        ipam.Config
+	PodCIDRs    statedb.Table[*tables.PodCIDR]
 	Config      Config
 	NonMasq     *nonmasqmaps.Handle
 	Devices     statedb.Table[*tables.EgressDevice]
@@ -81,10 +80,7 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
-	sources, err := podCIDRs(p.IPAM.PodCIDR, p.Agent)
-	if err != nil {
-		return err
-	}
+	sources := podCIDRs(tables.PodCIDRPrefixes(p.DB.ReadTxn(), p.PodCIDRs), p.Agent)
 	switch p.Config.TCAttachMode {
 	case AttachAuto, AttachTCX, AttachClsact:
 	default:
@@ -172,18 +168,14 @@ func register(p params) error {
 }
 
 // podCIDRs are the masquerade sources of the enabled families.
-func podCIDRs(cidrs []string, agent settings.Config) ([]netip.Prefix, error) {
+func podCIDRs(cidrs []netip.Prefix, agent settings.Config) []netip.Prefix {
 	var out []netip.Prefix
-	for _, s := range cidrs {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("--pod-cidr %q is not a CIDR", s)
-		}
+	for _, p := range cidrs {
 		if (p.Addr().Is4() && agent.EnableIPv4) || (p.Addr().Is6() && agent.EnableIPv6) {
 			out = append(out, p.Masked())
 		}
 	}
-	return out, nil
+	return out
 }
 
 // syncSources makes masq_src_v4/v6 hold exactly the sources.
