@@ -18,17 +18,17 @@ import (
 
 // ipmasqMasquerader starts ipmasq-agent on the node, masquerading
 // everything from the pod CIDRs, with the given extra flags.
-func ipmasqMasquerader(args ...string) topology.Masquerader {
-	return topology.Masquerader{Name: "ipmasq", Start: func(tb testing.TB, topo *topology.Masquerade) {
-		a := newAgent(tb.(*testing.T), topo.Node, masqueradeAll)
+func ipmasqMasquerader(args ...string) masquerader {
+	return masquerader{name: "ipmasq", start: func(t *testing.T, topo *topology.Masquerade) {
+		a := newAgent(t, topo.Node, masqueradeAll)
 		a.args = args
 		a.start()
 	}}
 }
 
 // bothMasqueraders: ipmasq with default flags, and the reference.
-func bothMasqueraders() []topology.Masquerader {
-	return []topology.Masquerader{topology.LinuxMasquerade, ipmasqMasquerader()}
+func bothMasqueraders() []masquerader {
+	return []masquerader{linuxMasquerade, ipmasqMasquerader()}
 }
 
 // TestInboundConnections: ext routes to the pod CIDR and opens TCP, UDP and
@@ -37,7 +37,7 @@ func bothMasqueraders() []topology.Masquerader {
 // connection would hang otherwise); the pod's own flows are still
 // masqueraded.
 func TestInboundConnections(t *testing.T) {
-	topology.RunEach(t, bothMasqueraders(), func(t *testing.T, topo *topology.Masquerade) {
+	runEach(t, bothMasqueraders(), func(t *testing.T, topo *topology.Masquerade) {
 		if err := topo.RouteBack(); err != nil {
 			t.Fatal(err)
 		}
@@ -85,7 +85,7 @@ const shortPort = 7100
 // range); BenchmarkPerDestinationRate has the full figure.
 func TestPerDestinationCapacity(t *testing.T) {
 	const rate, dur = 300, 20 * time.Second
-	topology.RunEach(t, bothMasqueraders(), func(t *testing.T, topo *topology.Masquerade) {
+	runEach(t, bothMasqueraders(), func(t *testing.T, topo *topology.Masquerade) {
 		l, err := topology.ServeShort(topo.Ext, shortPort)
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +114,7 @@ func closerName(c byte) string {
 // and the program frees the port on its own, whatever the collector does).
 func TestUnansweredSYNsExpire(t *testing.T) {
 	const attempts = 5000
-	topology.RunEach(t, bothMasqueraders(), func(t *testing.T, topo *topology.Masquerade) {
+	runEach(t, bothMasqueraders(), func(t *testing.T, topo *topology.Masquerade) {
 		l, err := topology.ServeShort(topo.Ext, shortPort)
 		if err != nil {
 			t.Fatal(err)
@@ -163,8 +163,8 @@ func TestUnansweredSYNsExpire(t *testing.T) {
 func TestSNATAddressLikeMasquerade(t *testing.T) {
 	// A short collection interval: a collector that wrongly ends flows does
 	// so within the test's wait.
-	ms := []topology.Masquerader{topology.LinuxMasquerade, ipmasqMasquerader("--nat-gc-interval=500ms")}
-	topology.RunEach(t, ms, func(t *testing.T, topo *topology.Masquerade) {
+	ms := []masquerader{linuxMasquerade, ipmasqMasquerader("--nat-gc-interval=500ms")}
+	runEach(t, ms, func(t *testing.T, topo *topology.Masquerade) {
 		ext := startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
 		echo := func(c net.Conn, what string) {
 			t.Helper()

@@ -21,7 +21,7 @@ import (
 //	datapath/nat       the NAT pairs, one line per direction
 //	datapath/gc        expire idle NAT pairs now
 func scriptCommands(l *Handle, db *statedb.DB, cfg Config, egress statedb.Table[*tables.EgressDevice],
-	devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.RuleSource]) hive.ScriptCmdsOut {
+	devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.MasqueradeRuleSource]) hive.ScriptCmdsOut {
 	// Bad lifetimes stop the agent in register; these are never used then.
 	lifetimes, _ := cfg.Lifetimes()
 	return hive.NewScriptCmds(map[string]script.Cmd{
