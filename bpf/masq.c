@@ -31,10 +31,10 @@
  * and TC_ACT_SHOT only when a packet of a flow that must be masqueraded
  * cannot be: the pod address is never sent out.
  *
- * Packets are assumed to start with an Ethernet header (the egress devices
- * are uplinks); L3-only devices (tun, wireguard) are not supported yet as
- * egress devices. Traffic that arrived on one (WireGuard clients leaving
- * through eth0) is masqueraded with a masq_rules_* entry.
+ * Each program comes in two variants: ipmasq_egress/ipmasq_ingress for
+ * Ethernet devices (the network header at ETH_HLEN) and *_l3 for devices
+ * without a link-layer header (tun, WireGuard, ipip, ...: the network
+ * header at 0). The agent attaches the variant that fits the device's kind.
  */
 
 #include <linux/bpf.h>
@@ -379,6 +379,7 @@ struct pkt {
 			__u8 daddr[16];
 		} v6;
 	};
+	__u32 l3_off;		/* network header: 0 on L3 devices, ETH_HLEN on Ethernet */
 	__u32 l4_off;
 	__be32 frag_id;
 	__be16 sport;		/* ICMP echo request: the identifier */
@@ -394,14 +395,14 @@ static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
 	struct iphdr ip;
 	__u16 frag_off;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	if (bpf_skb_load_bytes(skb, p->l3_off, &ip, sizeof(ip)) < 0)
 		return -1;
 	if (ip.version != 4 || ip.ihl < 5)
 		return -1;
 	p->v4.saddr = ip.saddr;
 	p->v4.daddr = ip.daddr;
 	p->proto = ip.protocol;
-	p->l4_off = ETH_HLEN + ip.ihl * 4;
+	p->l4_off = p->l3_off + ip.ihl * 4;
 	p->frag_id = ip.id;
 	frag_off = bpf_ntohs(ip.frag_off);
 	if (frag_off & IP_OFFSET)
@@ -418,10 +419,10 @@ static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
 static __always_inline int parse_l3_v6(struct __sk_buff *skb, struct pkt *p)
 {
 	struct ipv6hdr ip;
-	__u32 off = ETH_HLEN + sizeof(ip);
+	__u32 off = p->l3_off + sizeof(ip);
 	__u8 nexthdr;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	if (bpf_skb_load_bytes(skb, p->l3_off, &ip, sizeof(ip)) < 0)
 		return -1;
 	if (ip.version != 6)
 		return -1;
@@ -910,7 +911,8 @@ allocated:
  * when port_off is non-zero, the port or echo identifier at port_off, fixing
  * the IPv4 header checksum and the L4 checksum at csum_off (0: this packet
  * carries no L4 header, a non-first fragment). */
-static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 addr_off, __be32 from, __be32 to,
+static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 l3_off, __u32 addr_off,
+				      __be32 from, __be32 to,
 				      __u8 proto, __u32 csum_off, __u32 port_off,
 				      __be16 pfrom, __be16 pto)
 {
@@ -928,7 +930,7 @@ static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 addr_off, __b
 				return -1;
 		}
 	}
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, to, 4) < 0)
+	if (bpf_l3_csum_replace(skb, l3_off + offsetof(struct iphdr, check), from, to, 4) < 0)
 		return -1;
 	if (bpf_skb_store_bytes(skb, addr_off, &to, 4, 0) < 0)
 		return -1;
@@ -1147,8 +1149,8 @@ static __always_inline int icmp_error_v4(struct __sk_buff *skb, const struct pkt
 	pfrom = k.dport;
 
 	/* outer destination: the IPv4 header checksum only */
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, to, 4) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, daddr), &to, 4, 0) < 0)
+	if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), from, to, 4) < 0 ||
+	    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, daddr), &to, 4, 0) < 0)
 		goto err;
 	/* quoted source and quoted header checksum: net zero for the ICMP sum */
 	if (bpf_l3_csum_replace(skb, inner_off + offsetof(struct iphdr, check), from, to, 4) < 0 ||
@@ -1196,7 +1198,7 @@ static __always_inline int icmp_error_v6(struct __sk_buff *skb, const struct pkt
 
 	/* outer destination: in the ICMPv6 pseudo header */
 	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, BPF_F_PSEUDO_HDR | csum_ipv6_flag) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), to, 16, 0) < 0)
+	    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct ipv6hdr, daddr), to, 16, 0) < 0)
 		goto err;
 	/* quoted source: ICMPv6 payload */
 	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, 0) < 0 ||
@@ -1232,7 +1234,7 @@ static __always_inline int egress_frag_v4(struct __sk_buff *skb, const struct pk
 		count(COUNTER_FRAG_UNKNOWN);
 		return TC_ACT_SHOT;
 	}
-	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, saddr), p->v4.saddr, f->addr,
+	if (rewrite_v4(skb, p->l3_off, p->l3_off + offsetof(struct iphdr, saddr), p->v4.saddr, f->addr,
 		       p->proto, 0, 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
@@ -1259,7 +1261,7 @@ static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pk
 	}
 	__builtin_memcpy(from, p->v6.saddr, 16);
 	__builtin_memcpy(to, f->addr, 16);
-	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), from, to,
+	if (rewrite_v6(skb, p->l3_off + offsetof(struct ipv6hdr, saddr), from, to,
 		       p->proto, 0, 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
@@ -1268,7 +1270,7 @@ static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pk
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int egress_v4(struct __sk_buff *skb)
+static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v4_key k = { .dir = DIR_EGRESS };
 	const struct masq_rule *rule;
@@ -1277,6 +1279,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	enum counter c;
 	__be32 snat;
 
+	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
@@ -1328,7 +1331,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	}
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v4(&p, DIR_EGRESS, nv.addr);
-	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, saddr), p.v4.saddr, nv.addr,
+	if (rewrite_v4(skb, p.l3_off, p.l3_off + offsetof(struct iphdr, saddr), p.v4.saddr, nv.addr,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_EGRESS), p.sport, nv.port) < 0) {
 		count(COUNTER_ERROR);
@@ -1338,7 +1341,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int egress_v6(struct __sk_buff *skb)
+static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v6_key k = { .dir = DIR_EGRESS };
 	struct nat_v6_val *v, nv;
@@ -1348,6 +1351,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 	enum counter c;
 	int ret;
 
+	p.l3_off = l3_off;
 	ret = parse_l3_v6(skb, &p);
 	if (ret < 0) {
 		count(COUNTER_ERROR);
@@ -1402,7 +1406,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_EGRESS, nv.addr);
 	__builtin_memcpy(from, p.v6.saddr, 16);
-	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), from, nv.addr,
+	if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, saddr), from, nv.addr,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_EGRESS), p.sport, nv.port) < 0) {
 		count(COUNTER_ERROR);
@@ -1412,23 +1416,39 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-SEC("tc")
-int ipmasq_egress(struct __sk_buff *skb)
+static __always_inline int egress(struct __sk_buff *skb, __u32 l3_off)
 {
 	switch (skb->protocol) {
 	case bpf_htons(ETH_P_IP):
-		return egress_v4(skb);
+		return egress_v4(skb, l3_off);
 	case bpf_htons(ETH_P_IPV6):
-		return egress_v6(skb);
+		return egress_v6(skb, l3_off);
 	}
 	return TC_ACT_UNSPEC;
+}
+
+/* Ethernet devices: the network header follows the Ethernet header. */
+SEC("tc")
+int ipmasq_egress(struct __sk_buff *skb)
+{
+	return egress(skb, ETH_HLEN);
+}
+
+/* Devices without a link-layer header (tun, WireGuard, ipip, sit, ip6tnl,
+ * point-to-point GRE): tc sees the packet from its network header. The
+ * offset is a constant per program, so the verifier and the compiler see
+ * the same code as the Ethernet variant's. */
+SEC("tc")
+int ipmasq_egress_l3(struct __sk_buff *skb)
+{
+	return egress(skb, 0);
 }
 
 /* ---- Ingress ------------------------------------------------------------ */
 
 /* Misses are not counted on ingress: most packets are the host's own. */
 
-static __always_inline int ingress_v4(struct __sk_buff *skb)
+static __always_inline int ingress_v4(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v4_key k = { .dir = DIR_INGRESS };
 	struct frag_v4_val *f;
@@ -1436,13 +1456,14 @@ static __always_inline int ingress_v4(struct __sk_buff *skb)
 	__be32 to;
 	struct pkt p;
 
+	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0)
 		return TC_ACT_UNSPEC;
 	if (p.frag == FRAG_LATER) {
 		f = frag_lookup_v4(&p, DIR_INGRESS);
 		if (!f)
 			return TC_ACT_UNSPEC;
-		if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, daddr), p.v4.daddr, f->addr,
+		if (rewrite_v4(skb, p.l3_off, p.l3_off + offsetof(struct iphdr, daddr), p.v4.daddr, f->addr,
 			       p.proto, 0, 0, 0, 0) < 0)
 			goto err;
 		count(COUNTER_FRAGMENTS);
@@ -1467,7 +1488,7 @@ static __always_inline int ingress_v4(struct __sk_buff *skb)
 	to = v->addr;
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v4(&p, DIR_INGRESS, to);
-	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, daddr), p.v4.daddr, to,
+	if (rewrite_v4(skb, p.l3_off, p.l3_off + offsetof(struct iphdr, daddr), p.v4.daddr, to,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, v->port) < 0)
 		goto err;
@@ -1478,7 +1499,7 @@ err:
 	return TC_ACT_SHOT;
 }
 
-static __always_inline int ingress_v6(struct __sk_buff *skb)
+static __always_inline int ingress_v6(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v6_key k = { .dir = DIR_INGRESS };
 	struct frag_v6_val *f;
@@ -1486,6 +1507,7 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 	__u8 from[16], to[16];
 	struct pkt p;
 
+	p.l3_off = l3_off;
 	if (parse_l3_v6(skb, &p) != 0)
 		return TC_ACT_UNSPEC;
 	__builtin_memcpy(from, p.v6.daddr, 16);
@@ -1494,7 +1516,7 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 		if (!f)
 			return TC_ACT_UNSPEC;
 		__builtin_memcpy(to, f->addr, 16);
-		if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), from, to,
+		if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, daddr), from, to,
 			       p.proto, 0, 0, 0, 0) < 0)
 			goto err;
 		count(COUNTER_FRAGMENTS);
@@ -1519,7 +1541,7 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 	__builtin_memcpy(to, v->addr, 16);
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_INGRESS, to);
-	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), from, to,
+	if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, daddr), from, to,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, v->port) < 0)
 		goto err;
@@ -1530,14 +1552,25 @@ err:
 	return TC_ACT_SHOT;
 }
 
-SEC("tc")
-int ipmasq_ingress(struct __sk_buff *skb)
+static __always_inline int ingress(struct __sk_buff *skb, __u32 l3_off)
 {
 	switch (skb->protocol) {
 	case bpf_htons(ETH_P_IP):
-		return ingress_v4(skb);
+		return ingress_v4(skb, l3_off);
 	case bpf_htons(ETH_P_IPV6):
-		return ingress_v6(skb);
+		return ingress_v6(skb, l3_off);
 	}
 	return TC_ACT_UNSPEC;
+}
+
+SEC("tc")
+int ipmasq_ingress(struct __sk_buff *skb)
+{
+	return ingress(skb, ETH_HLEN);
+}
+
+SEC("tc")
+int ipmasq_ingress_l3(struct __sk_buff *skb)
+{
+	return ingress(skb, 0);
 }

@@ -159,25 +159,27 @@ type masqNatV6Val struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	masqMapConfig         = "config"
-	masqMapCounters       = "counters"
-	masqMapEgressDevs     = "egress_devs"
-	masqMapFragV4         = "frag_v4"
-	masqMapFragV6         = "frag_v6"
-	masqMapMasqRulesV4    = "masq_rules_v4"
-	masqMapMasqRulesV6    = "masq_rules_v6"
-	masqMapMasqSrcV4      = "masq_src_v4"
-	masqMapMasqSrcV6      = "masq_src_v6"
-	masqMapNatV4          = "nat_v4"
-	masqMapNatV6          = "nat_v6"
-	masqMapNodeAddrsV4    = "node_addrs_v4"
-	masqMapNodeAddrsV6    = "node_addrs_v6"
-	masqMapNonmasqV4      = "nonmasq_v4"
-	masqMapNonmasqV6      = "nonmasq_v6"
-	masqProgIpmasqEgress  = "ipmasq_egress"
-	masqProgIpmasqIngress = "ipmasq_ingress"
-	masqVarCounterMax     = "counter_max"
-	masqVarCsumIpv6Flag   = "csum_ipv6_flag"
+	masqMapConfig           = "config"
+	masqMapCounters         = "counters"
+	masqMapEgressDevs       = "egress_devs"
+	masqMapFragV4           = "frag_v4"
+	masqMapFragV6           = "frag_v6"
+	masqMapMasqRulesV4      = "masq_rules_v4"
+	masqMapMasqRulesV6      = "masq_rules_v6"
+	masqMapMasqSrcV4        = "masq_src_v4"
+	masqMapMasqSrcV6        = "masq_src_v6"
+	masqMapNatV4            = "nat_v4"
+	masqMapNatV6            = "nat_v6"
+	masqMapNodeAddrsV4      = "node_addrs_v4"
+	masqMapNodeAddrsV6      = "node_addrs_v6"
+	masqMapNonmasqV4        = "nonmasq_v4"
+	masqMapNonmasqV6        = "nonmasq_v6"
+	masqProgIpmasqEgress    = "ipmasq_egress"
+	masqProgIpmasqEgressL3  = "ipmasq_egress_l3"
+	masqProgIpmasqIngress   = "ipmasq_ingress"
+	masqProgIpmasqIngressL3 = "ipmasq_ingress_l3"
+	masqVarCounterMax       = "counter_max"
+	masqVarCsumIpv6Flag     = "csum_ipv6_flag"
 )
 
 // loadMasq returns the embedded CollectionSpec for masq.
@@ -222,8 +224,10 @@ type masqSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqProgramSpecs struct {
-	IpmasqEgress  *ebpf.ProgramSpec `ebpf:"ipmasq_egress"`
-	IpmasqIngress *ebpf.ProgramSpec `ebpf:"ipmasq_ingress"`
+	IpmasqEgress    *ebpf.ProgramSpec `ebpf:"ipmasq_egress"`
+	IpmasqEgressL3  *ebpf.ProgramSpec `ebpf:"ipmasq_egress_l3"`
+	IpmasqIngress   *ebpf.ProgramSpec `ebpf:"ipmasq_ingress"`
+	IpmasqIngressL3 *ebpf.ProgramSpec `ebpf:"ipmasq_ingress_l3"`
 }
 
 // masqMapSpecs contains maps before they are loaded into the kernel.
@@ -324,14 +328,18 @@ type masqVariables struct {
 //
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqPrograms struct {
-	IpmasqEgress  *ebpf.Program `ebpf:"ipmasq_egress"`
-	IpmasqIngress *ebpf.Program `ebpf:"ipmasq_ingress"`
+	IpmasqEgress    *ebpf.Program `ebpf:"ipmasq_egress"`
+	IpmasqEgressL3  *ebpf.Program `ebpf:"ipmasq_egress_l3"`
+	IpmasqIngress   *ebpf.Program `ebpf:"ipmasq_ingress"`
+	IpmasqIngressL3 *ebpf.Program `ebpf:"ipmasq_ingress_l3"`
 }
 
 func (p *masqPrograms) Close() error {
 	return _MasqClose(
 		p.IpmasqEgress,
+		p.IpmasqEgressL3,
 		p.IpmasqIngress,
+		p.IpmasqIngressL3,
 	)
 }
 
