@@ -18,7 +18,7 @@ const (
 	CounterSkipNodeDst      = Counter(masqCounterCOUNTER_SKIP_NODE_DST)
 	CounterSkipNotSource    = Counter(masqCounterCOUNTER_SKIP_NOT_SOURCE)
 	CounterSkipNoSNATAddr   = Counter(masqCounterCOUNTER_SKIP_NO_SNAT_ADDR)
-	CounterSkipUnsupported  = Counter(masqCounterCOUNTER_SKIP_UNSUPPORTED)
+	CounterDropUnparseable  = Counter(masqCounterCOUNTER_DROP_UNPARSEABLE)
 	CounterReverse          = Counter(masqCounterCOUNTER_REVERSE)
 	CounterICMPErrorReverse = Counter(masqCounterCOUNTER_ICMP_ERR_REVERSE)
 	CounterNATFull          = Counter(masqCounterCOUNTER_NAT_FULL)
@@ -27,6 +27,11 @@ const (
 	CounterFragUnknown      = Counter(masqCounterCOUNTER_FRAG_UNKNOWN)
 	CounterError            = Counter(masqCounterCOUNTER_ERROR)
 	CounterNATNewByRule     = Counter(masqCounterCOUNTER_NAT_NEW_BY_RULE)
+	CounterICMPErrorEgress  = Counter(masqCounterCOUNTER_ICMP_ERR_EGRESS)
+	CounterICMPErrorUnknown = Counter(masqCounterCOUNTER_ICMP_ERR_UNMATCHED)
+	CounterNATNewSCTP       = Counter(masqCounterCOUNTER_NAT_NEW_SCTP)
+	CounterNATNewAddrOnly   = Counter(masqCounterCOUNTER_NAT_NEW_ADDR_ONLY)
+	CounterPairTaken        = Counter(masqCounterCOUNTER_PAIR_TAKEN)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -39,7 +44,7 @@ var counterNames = [NumCounters]string{
 	CounterSkipNodeDst:      "skip-node-destination",
 	CounterSkipNotSource:    "skip-not-masq-source",
 	CounterSkipNoSNATAddr:   "skip-no-snat-address",
-	CounterSkipUnsupported:  "skip-unsupported",
+	CounterDropUnparseable:  "drop-unparseable",
 	CounterReverse:          "reverse-translated",
 	CounterICMPErrorReverse: "icmp-error-reverse-translated",
 	CounterNATFull:          "drop-nat-table-full",
@@ -48,6 +53,11 @@ var counterNames = [NumCounters]string{
 	CounterFragUnknown:      "drop-fragment-unknown",
 	CounterError:            "error",
 	CounterNATNewByRule:     "nat-new-by-rule",
+	CounterICMPErrorEgress:  "icmp-error-translated",
+	CounterICMPErrorUnknown: "drop-icmp-error-unmatched",
+	CounterNATNewSCTP:       "nat-new-sctp",
+	CounterNATNewAddrOnly:   "nat-new-address-only",
+	CounterPairTaken:        "drop-pair-taken",
 }
 
 // String returns the counter's name as shown to operators.
@@ -73,8 +83,8 @@ func (c Counter) Description() string {
 		return "not masqueraded: source is not a masquerade source"
 	case CounterSkipNoSNATAddr:
 		return "not masqueraded: egress device has no address of the family"
-	case CounterSkipUnsupported:
-		return "not masqueraded: protocol or IPv6 extension header not handled"
+	case CounterDropUnparseable:
+		return "dropped: a masquerade source's packet to a masqueraded destination whose headers are not parsed (IPv6 extension header chain, fragmented ICMP error)"
 	case CounterReverse:
 		return "replies translated back to the pod on ingress"
 	case CounterICMPErrorReverse:
@@ -91,6 +101,16 @@ func (c Counter) Description() string {
 		return "malformed packets and helper failures"
 	case CounterNATNewByRule:
 		return "new NAT pairs (flows) created for a user masquerade rule's source (also counted in nat-new)"
+	case CounterICMPErrorEgress:
+		return "ICMP errors about translated flows translated on egress: quoted packet, and the source of a pod's own error"
+	case CounterICMPErrorUnknown:
+		return "dropped: ICMP error from a masquerade source to a masqueraded destination that quotes no translated flow"
+	case CounterNATNewSCTP:
+		return "new SCTP pairs, the pod's port kept (also counted in nat-new)"
+	case CounterNATNewAddrOnly:
+		return "new address-only pairs: GRE, ESP and other protocols without ports (also counted in nat-new)"
+	case CounterPairTaken:
+		return "dropped: another source holds the SCTP port or address-only pair to this remote"
 	}
 	return ""
 }

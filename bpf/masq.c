@@ -82,7 +82,7 @@ enum counter {
 	COUNTER_SKIP_NODE_DST,		/* not masqueraded: destination is a node address */
 	COUNTER_SKIP_NOT_SOURCE,	/* not masqueraded: source is not a masquerade source */
 	COUNTER_SKIP_NO_SNAT_ADDR,	/* not masqueraded: device has no address of the family */
-	COUNTER_SKIP_UNSUPPORTED,	/* not masqueraded: protocol or IPv6 extension header not handled */
+	COUNTER_DROP_UNPARSEABLE,	/* dropped: from a masquerade source to a masqueraded destination, headers not parsed (IPv6 extension header chain, fragmented ICMP error) */
 	COUNTER_REVERSE,		/* replies destination-translated on ingress */
 	COUNTER_ICMP_ERR_REVERSE,	/* ICMP errors translated back to the pod on ingress */
 	COUNTER_NAT_FULL,		/* dropped: NAT table full */
@@ -91,6 +91,11 @@ enum counter {
 	COUNTER_FRAG_UNKNOWN,		/* dropped: egress non-first fragment of a masqueraded flow without its first fragment */
 	COUNTER_ERROR,			/* malformed packets and helper failures */
 	COUNTER_NAT_NEW_BY_RULE,	/* new NAT pairs created for a masq_rules_* source (also in COUNTER_NAT_NEW) */
+	COUNTER_ICMP_ERR_EGRESS,	/* ICMP errors about translated flows translated on egress (quote, and the source of a pod's error) */
+	COUNTER_ICMP_ERR_UNMATCHED,	/* dropped: ICMP error from a masquerade source to a masqueraded destination about no translated flow */
+	COUNTER_NAT_NEW_SCTP,		/* new SCTP pairs, port kept (also in COUNTER_NAT_NEW) */
+	COUNTER_NAT_NEW_ADDR_ONLY,	/* new address-only pairs: GRE, ESP, other protocols (also in COUNTER_NAT_NEW) */
+	COUNTER_PAIR_TAKEN,		/* dropped: another source holds the SCTP port or address-only pair to this remote */
 	COUNTER_MAX,
 };
 
@@ -364,7 +369,9 @@ enum frag_kind {
 enum pkt_kind {
 	PKT_OTHER,	/* nothing to translate */
 	PKT_PORTS,	/* TCP, UDP, ICMP echo request (egress) or reply (ingress) */
-	PKT_ICMP_ERR,	/* ICMP error (ingress) */
+	PKT_ICMP_ERR,	/* ICMP error */
+	PKT_SCTP,	/* SCTP: ports, the NAT port is the pod's (see proto.h) */
+	PKT_ADDR,	/* any other protocol, other ICMP types: address-only (proto.h) */
 };
 
 /* A parsed packet; addresses in network byte order. */
@@ -538,7 +545,10 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 	case IPPROTO_ICMPV6:
 		if (bpf_skb_load_bytes(skb, p->l4_off, icmp, 8) < 0)
 			return -1;
-		if (dir == DIR_EGRESS && icmp->type == echo_req) {
+		if (p->proto == IPPROTO_ICMP ? is_icmp_error_v4(icmp->type)
+					     : is_icmp_error_v6(icmp->type)) {
+			p->kind = PKT_ICMP_ERR;
+		} else if (dir == DIR_EGRESS && icmp->type == echo_req) {
 			p->sport = icmp->id;
 			p->dport = 0;
 			p->kind = PKT_PORTS;
@@ -546,11 +556,21 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 			p->sport = 0;
 			p->dport = icmp->id;
 			p->kind = PKT_PORTS;
-		} else if (dir == DIR_INGRESS &&
-			   (p->proto == IPPROTO_ICMP ? is_icmp_error_v4(icmp->type)
-						     : is_icmp_error_v6(icmp->type))) {
-			p->kind = PKT_ICMP_ERR;
+		} else if (dir == DIR_EGRESS || icmp->type != echo_req) {
+			/* Other types (a pod's echo reply, timestamps, ...) are
+			 * address-only; an echo request arriving is for the node. */
+			p->kind = PKT_ADDR;
 		}
+		break;
+	case IPPROTO_SCTP:
+		if (bpf_skb_load_bytes(skb, p->l4_off, &l4, 4) < 0)
+			return -1;
+		p->sport = l4.sport;
+		p->dport = l4.dport;
+		p->kind = PKT_SCTP;
+		break;
+	default:
+		p->kind = PKT_ADDR;
 		break;
 	}
 	return 0;
@@ -1044,11 +1064,14 @@ static __always_inline int icmp_inner_ports(struct __sk_buff *skb, __u8 proto, _
 		__be16 c;
 	} h;
 
-	if (bpf_skb_load_bytes(skb, off, &h, sizeof(h)) < 0)
+	if (bpf_skb_load_bytes(skb, off, &h, sizeof(h)) < 0 &&
+	    (proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP ||
+	     proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6))
 		return -1;
 	switch (proto) {
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
 		/* quoted sport is our NAT port: reversed it is the reply's dport */
 		*sport = h.b;
 		*dport = h.a;
@@ -1064,7 +1087,12 @@ static __always_inline int icmp_inner_ports(struct __sk_buff *skb, __u8 proto, _
 		*port_off = off + 4;
 		return 0;
 	}
-	return -1;
+	/* address-only: no ports (the quote may be shorter than h: GRE, ESP
+	 * quotes hold 8 bytes at least, as RFC 792 promises) */
+	*sport = 0;
+	*dport = 0;
+	*port_off = 0;
+	return 0;
 }
 
 /* icmp_inner_l4_csum returns the offset of the quoted L4 checksum, or 0 when
@@ -1074,6 +1102,10 @@ static __always_inline __u32 icmp_inner_l4_csum(struct __sk_buff *skb, __u8 prot
 	__u32 csum_off = off + l4_csum_off(proto);
 	__be16 csum;
 
+	/* SCTP's CRC32c and GRE's checksum do not cover addresses or change */
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_ICMP &&
+	    proto != IPPROTO_ICMPV6)
+		return 0;
 	if (csum_off + 2 > skb->len)
 		return 0;
 	if (bpf_skb_load_bytes(skb, csum_off, &csum, 2) < 0)
@@ -1085,8 +1117,9 @@ static __always_inline __u32 icmp_inner_l4_csum(struct __sk_buff *skb, __u8 prot
 
 /* icmp_quote_port rewrites the quoted port (or echo id) and the quoted L4
  * checksum, and carries both changes into the outer ICMP checksum. addr_diff
- * is the change of the quoted source address for the quoted pseudo header
- * (0 for ICMP quotes, which have none). */
+ * is the change of the quoted address for the quoted pseudo header (0 for
+ * ICMP quotes, which have none). port_off 0: an address-only quote, no
+ * port. */
 static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csum, __u8 proto,
 					   __u32 l4_off, __u32 port_off, __be16 pfrom, __be16 pto,
 					   __u32 addr_diff)
@@ -1100,7 +1133,7 @@ static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csu
 		if (addr_diff &&
 		    bpf_l3_csum_replace(skb, csum_off, 0, addr_diff, 0) < 0)
 			return -1;
-		if (bpf_l3_csum_replace(skb, csum_off, pfrom, pto, 2) < 0)
+		if (port_off && bpf_l3_csum_replace(skb, csum_off, pfrom, pto, 2) < 0)
 			return -1;
 		if (bpf_skb_load_bytes(skb, csum_off, &new_csum, 2) < 0)
 			return -1;
@@ -1113,6 +1146,8 @@ static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csu
 		if (bpf_l4_csum_replace(skb, icmp_csum, old_csum, new_csum, 2) < 0)
 			return -1;
 	}
+	if (!port_off || pfrom == pto)
+		return 0;
 	if (bpf_l4_csum_replace(skb, icmp_csum, pfrom, pto, 2) < 0)
 		return -1;
 	if (bpf_skb_store_bytes(skb, port_off, &pto, 2, 0) < 0)
@@ -1215,6 +1250,9 @@ err:
 	return TC_ACT_SHOT;
 }
 
+#include "icmp_egress.h"
+#include "proto.h"
+
 /* ---- Egress ------------------------------------------------------------- */
 
 /* A non-first fragment: L3 rewrite from the first fragment's record. */
@@ -1278,12 +1316,17 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	struct pkt p;
 	enum counter c;
 	__be32 snat;
+	int verdict;
 
 	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
 	}
+	/* Before the source check: the node's own errors count too. */
+	if (p.proto == IPPROTO_ICMP && p.frag == FRAG_NONE &&
+	    egress_icmp_error_v4(skb, &p, &verdict) == 0)
+		return verdict;
 	if (!masq_source_v4(skb, p.v4.saddr, &rule)) {
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
@@ -1295,10 +1338,10 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}
-	if (p.kind != PKT_PORTS) {
-		count(COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
-	}
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return egress_fixed_v4(skb, &p, rule);
+	if (p.kind != PKT_PORTS)
+		return egress_unparseable_v4(skb, &p, rule);
 
 	k.src = p.v4.saddr;
 	k.dst = p.v4.daddr;
@@ -1349,7 +1392,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	__u8 snat[16], from[16];
 	struct pkt p;
 	enum counter c;
-	int ret;
+	int ret, verdict;
 
 	p.l3_off = l3_off;
 	ret = parse_l3_v6(skb, &p);
@@ -1357,24 +1400,25 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
 	}
+	if (ret == 0 && p.proto == IPPROTO_ICMPV6 && p.frag == FRAG_NONE &&
+	    egress_icmp_error_v6(skb, &p, &verdict) == 0)
+		return verdict;
 	if (!masq_source_v6(skb, p.v6.saddr, &rule)) {
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
 	}
-	if (ret > 0) {
-		count(COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
-	}
+	if (ret > 0)
+		return egress_unparseable_v6(skb, &p, rule);
 	if (p.frag == FRAG_LATER)
 		return egress_frag_v6(skb, &p, rule);
 	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}
-	if (p.kind != PKT_PORTS) {
-		count(COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
-	}
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return egress_fixed_v6(skb, &p, rule);
+	if (p.kind != PKT_PORTS)
+		return egress_unparseable_v6(skb, &p, rule);
 
 	__builtin_memcpy(k.src, p.v6.saddr, 16);
 	__builtin_memcpy(k.dst, p.v6.daddr, 16);
@@ -1473,6 +1517,8 @@ static __always_inline int ingress_v4(struct __sk_buff *skb, __u32 l3_off)
 		return TC_ACT_UNSPEC;
 	if (p.kind == PKT_ICMP_ERR)
 		return icmp_error_v4(skb, &p);
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return ingress_fixed_v4(skb, &p);
 	if (p.kind != PKT_PORTS)
 		return TC_ACT_UNSPEC;
 
@@ -1526,6 +1572,8 @@ static __always_inline int ingress_v6(struct __sk_buff *skb, __u32 l3_off)
 		return TC_ACT_UNSPEC;
 	if (p.kind == PKT_ICMP_ERR)
 		return icmp_error_v6(skb, &p);
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return ingress_fixed_v6(skb, &p);
 	if (p.kind != PKT_PORTS)
 		return TC_ACT_UNSPEC;
 

@@ -16,22 +16,27 @@ import (
 type masqCounter uint32
 
 const (
-	masqCounterCOUNTER_MASQUERADED       masqCounter = 0
-	masqCounterCOUNTER_NAT_NEW           masqCounter = 1
-	masqCounterCOUNTER_SKIP_NONMASQ_DST  masqCounter = 2
-	masqCounterCOUNTER_SKIP_NODE_DST     masqCounter = 3
-	masqCounterCOUNTER_SKIP_NOT_SOURCE   masqCounter = 4
-	masqCounterCOUNTER_SKIP_NO_SNAT_ADDR masqCounter = 5
-	masqCounterCOUNTER_SKIP_UNSUPPORTED  masqCounter = 6
-	masqCounterCOUNTER_REVERSE           masqCounter = 7
-	masqCounterCOUNTER_ICMP_ERR_REVERSE  masqCounter = 8
-	masqCounterCOUNTER_NAT_FULL          masqCounter = 9
-	masqCounterCOUNTER_NO_PORT           masqCounter = 10
-	masqCounterCOUNTER_FRAGMENTS         masqCounter = 11
-	masqCounterCOUNTER_FRAG_UNKNOWN      masqCounter = 12
-	masqCounterCOUNTER_ERROR             masqCounter = 13
-	masqCounterCOUNTER_NAT_NEW_BY_RULE   masqCounter = 14
-	masqCounterCOUNTER_MAX               masqCounter = 15
+	masqCounterCOUNTER_MASQUERADED        masqCounter = 0
+	masqCounterCOUNTER_NAT_NEW            masqCounter = 1
+	masqCounterCOUNTER_SKIP_NONMASQ_DST   masqCounter = 2
+	masqCounterCOUNTER_SKIP_NODE_DST      masqCounter = 3
+	masqCounterCOUNTER_SKIP_NOT_SOURCE    masqCounter = 4
+	masqCounterCOUNTER_SKIP_NO_SNAT_ADDR  masqCounter = 5
+	masqCounterCOUNTER_DROP_UNPARSEABLE   masqCounter = 6
+	masqCounterCOUNTER_REVERSE            masqCounter = 7
+	masqCounterCOUNTER_ICMP_ERR_REVERSE   masqCounter = 8
+	masqCounterCOUNTER_NAT_FULL           masqCounter = 9
+	masqCounterCOUNTER_NO_PORT            masqCounter = 10
+	masqCounterCOUNTER_FRAGMENTS          masqCounter = 11
+	masqCounterCOUNTER_FRAG_UNKNOWN       masqCounter = 12
+	masqCounterCOUNTER_ERROR              masqCounter = 13
+	masqCounterCOUNTER_NAT_NEW_BY_RULE    masqCounter = 14
+	masqCounterCOUNTER_ICMP_ERR_EGRESS    masqCounter = 15
+	masqCounterCOUNTER_ICMP_ERR_UNMATCHED masqCounter = 16
+	masqCounterCOUNTER_NAT_NEW_SCTP       masqCounter = 17
+	masqCounterCOUNTER_NAT_NEW_ADDR_ONLY  masqCounter = 18
+	masqCounterCOUNTER_PAIR_TAKEN         masqCounter = 19
+	masqCounterCOUNTER_MAX                masqCounter = 20
 )
 
 type masqEgressDev struct {
