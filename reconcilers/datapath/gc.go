@@ -24,6 +24,11 @@ const (
 	TimeoutTCPClosed = 2 * time.Minute
 	TimeoutUDP       = time.Minute
 	TimeoutICMP      = 30 * time.Second
+	// TimeoutOther is for SCTP and the address-only protocols (GRE, ESP,
+	// ...): Linux conntrack's generic timeout. Their pairs hold the pod's
+	// SCTP port or the (remote, protocol) for one pod, so they must not
+	// outlive the traffic by much.
+	TimeoutOther = 10 * time.Minute
 )
 
 const (
@@ -31,6 +36,7 @@ const (
 	protoTCP    = 6
 	protoUDP    = 17
 	protoICMPv6 = 58
+	protoSCTP   = 132
 )
 
 func timeout(proto uint8, flags uint8) time.Duration {
@@ -42,8 +48,10 @@ func timeout(proto uint8, flags uint8) time.Duration {
 		return TimeoutTCP
 	case protoUDP:
 		return TimeoutUDP
+	case protoICMP, protoICMPv6:
+		return TimeoutICMP
 	}
-	return TimeoutICMP
+	return TimeoutOther
 }
 
 // monotonicNow is the clock of bpf_ktime_get_ns.

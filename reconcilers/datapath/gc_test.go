@@ -116,3 +116,20 @@ func TestPortRanges(t *testing.T) {
 		}
 	}
 }
+
+func TestTimeoutPerProtocol(t *testing.T) {
+	for _, c := range []struct {
+		proto uint8
+		want  time.Duration
+	}{
+		{protoTCP, TimeoutTCP}, {protoUDP, TimeoutUDP}, {protoICMP, TimeoutICMP}, {protoICMPv6, TimeoutICMP},
+		{protoSCTP, TimeoutOther}, {47, TimeoutOther}, {50, TimeoutOther}, {253, TimeoutOther},
+	} {
+		if got := timeout(c.proto, 0); got != c.want {
+			t.Errorf("protocol %d: idle timeout %v, want %v", c.proto, got, c.want)
+		}
+	}
+	if got := natLine(47, bpf.DirEgress, netip.AddrPortFrom(netip.MustParseAddr("10.0.0.1"), 0), netip.AddrPortFrom(netip.MustParseAddr("8.8.8.8"), 0), netip.AddrPortFrom(netip.MustParseAddr("1.2.3.4"), 0)); got != "proto-47 egress 10.0.0.1:0 -> 8.8.8.8:0: source becomes 1.2.3.4:0\n" {
+		t.Errorf("natLine for GRE: %q", got)
+	}
+}
