@@ -110,6 +110,9 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 	if err := dp.SetPortRange(o.portMin, o.portMax); err != nil {
 		tb.Fatal(err)
 	}
+	if err := dp.SetLifetimes(DefaultLifetimes); err != nil {
+		tb.Fatal(err)
+	}
 	return e
 }
 
@@ -334,11 +337,11 @@ func TestICMPErrorForTranslatedFlow(t *testing.T) {
 		code     uint8
 		truncate bool
 	}{
-		{"v4 frag needed, full quote", flow{src: pod1, dst: remote4, proto: protoTCP, sport: 41000, dport: 443, tcpFlags: tcpACK, payload: []byte("data")}, router4, snat4, 3, 4, false},
-		{"v4 frag needed, 8 byte quote", flow{src: pod1, dst: remote4, proto: protoTCP, sport: 41001, dport: 443, tcpFlags: tcpACK}, router4, snat4, 3, 4, true},
+		{"v4 frag needed, full quote", flow{src: pod1, dst: remote4, proto: protoTCP, sport: 41000, dport: 443, tcpFlags: tcpSYN, payload: []byte("data")}, router4, snat4, 3, 4, false},
+		{"v4 frag needed, 8 byte quote", flow{src: pod1, dst: remote4, proto: protoTCP, sport: 41001, dport: 443, tcpFlags: tcpSYN}, router4, snat4, 3, 4, true},
 		{"v4 port unreachable, UDP", flow{src: pod1, dst: remote4, proto: protoUDP, sport: 41002, dport: 53, payload: []byte("q")}, remote4, snat4, 3, 3, false},
 		{"v4 time exceeded, echo", flow{src: pod1, dst: remote4, proto: protoICMP, icmpType: 8, sport: 777, payload: []byte("p")}, router4, snat4, 11, 0, false},
-		{"v6 packet too big", flow{src: pod6, dst: remote6, proto: protoTCP, sport: 41000, dport: 443, tcpFlags: tcpACK, payload: []byte("data")}, router6, snat6, 2, 0, false},
+		{"v6 packet too big", flow{src: pod6, dst: remote6, proto: protoTCP, sport: 41000, dport: 443, tcpFlags: tcpSYN, payload: []byte("data")}, router6, snat6, 2, 0, false},
 		{"v6 time exceeded, UDP", flow{src: pod6, dst: remote6, proto: protoUDP, sport: 41002, dport: 53, payload: []byte("q")}, router6, snat6, 3, 0, false},
 	}
 	for _, c := range cases {

@@ -80,7 +80,7 @@ static __always_inline int icmp_error_unmatched(int from_source, enum counter c)
 
 /* egress_icmp_error_v4 returns 1 when the packet is not an ICMP error (the
  * caller goes on), else 0 with the verdict in *verdict. */
-static __always_inline int egress_icmp_error_v4(struct __sk_buff *skb, const struct pkt *p, int *verdict)
+static __noinline int egress_icmp_error_v4(struct __sk_buff *skb, const struct pkt *p, int *verdict)
 {
 	__u32 inner_off = p->l4_off + 8, inner_l4, port_off, addr_diff = 0;
 	__u32 icmp_csum = p->l4_off + 2;
@@ -140,7 +140,7 @@ err:
 	return 0;
 }
 
-static __always_inline int egress_icmp_error_v6(struct __sk_buff *skb, const struct pkt *p, int *verdict)
+static __noinline int egress_icmp_error_v6(struct __sk_buff *skb, const struct pkt *p, int *verdict)
 {
 	__u32 inner_off = p->l4_off + 8, inner_l4 = inner_off + sizeof(struct ipv6hdr), port_off;
 	__u32 icmp_csum = p->l4_off + 2, diff;

@@ -164,12 +164,12 @@ func TestICMPErrorOnEgress(t *testing.T) {
 	}{
 		{"v4 UDP frag needed from the node", flow{src: pod1, dst: remote4, proto: protoUDP, sport: 42000, dport: 7001, payload: []byte("big")}, false, snat4, 3, 4, false, 0},
 		{"v4 UDP port unreachable from the pod", flow{src: pod1, dst: remote4, proto: protoUDP, sport: 42001, dport: 7001, payload: []byte("q")}, false, pod1, 3, 3, true, 0},
-		{"v4 TCP frag needed, 8-byte quote", flow{src: pod1, dst: remote4, proto: protoTCP, sport: 42002, dport: 443, tcpFlags: tcpACK, payload: []byte("data")}, false, nodeLocal4, 3, 4, false, 28},
+		{"v4 TCP frag needed, 8-byte quote", flow{src: pod1, dst: remote4, proto: protoTCP, sport: 42002, dport: 443, payload: []byte("data")}, false, nodeLocal4, 3, 4, false, 28},
 		{"v4 echo reply time exceeded", flow{src: pod1, dst: remote4, proto: protoICMP, icmpType: 8, sport: 4242, payload: []byte("p")}, false, nodeLocal4, 11, 0, false, 0},
 		{"v4 SCTP port unreachable from the pod", flow{src: pod1, dst: remote4, proto: protoSCTP, sport: 5005, dport: 38412}, true, pod1, 3, 3, true, 0},
 		{"v6 UDP packet too big from the node", flow{src: pod6, dst: remote6, proto: protoUDP, sport: 42000, dport: 7001, payload: []byte("big")}, false, snat6, 2, 0, false, 0},
 		{"v6 UDP port unreachable from the pod", flow{src: pod6, dst: remote6, proto: protoUDP, sport: 42001, dport: 7001, payload: []byte("q")}, false, pod6, 1, 4, true, 0},
-		{"v6 TCP packet too big from a node address", flow{src: pod6, dst: remote6, proto: protoTCP, sport: 42002, dport: 443, tcpFlags: tcpACK, payload: []byte("data")}, false, nodeLocal6, 2, 0, false, 0},
+		{"v6 TCP packet too big from a node address", flow{src: pod6, dst: remote6, proto: protoTCP, sport: 42002, dport: 443, payload: []byte("data")}, false, nodeLocal6, 2, 0, false, 0},
 		{"v6 echo reply unreachable from the pod", flow{src: pod6, dst: remote6, proto: protoICMPv6, icmpType: 128, sport: 4243, payload: []byte("p")}, false, pod6, 1, 4, true, 0},
 	}
 	for _, c := range cases {
@@ -279,7 +279,7 @@ func TestUnparseableIsDropped(t *testing.T) {
 	if ret, _ := e.run(e.dp.Egress, build(pod6, remote6)); ret != tcActShot {
 		t.Fatalf("verdict %d, want TC_ACT_SHOT", int32(ret))
 	}
-	e.checkCounters(before, map[Counter]uint64{CounterDropUnparseable: 1})
+	e.checkCounters(before, map[Counter]uint64{CounterDropUntranslatable: 1})
 	in := build(pod6, netip.MustParseAddr("fd00:20::1"))
 	if out := e.egress(in); !bytes.Equal(out, in) {
 		t.Fatal("a packet to a non-masquerade destination was modified")

@@ -67,6 +67,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Linear probes for a free NAT port before giving up on a new flow. */
 #define PORT_PROBES	32
 #define PORT_PROBES_HASHED 8
+/* Probes that may take over an expired or closed pair's port. */
+#define PORT_PROBES_REUSE 16
 /* Extension headers skipped before giving up on an IPv6 packet. */
 #define IPV6_MAX_EXT	4
 /* last_seen_ns is written at most this often per entry: the collector's
@@ -82,7 +84,7 @@ enum counter {
 	COUNTER_SKIP_NODE_DST,		/* not masqueraded: destination is a node address */
 	COUNTER_SKIP_NOT_SOURCE,	/* not masqueraded: source is not a masquerade source */
 	COUNTER_SKIP_NO_SNAT_ADDR,	/* not masqueraded: device has no address of the family */
-	COUNTER_DROP_UNPARSEABLE,	/* dropped: from a masquerade source to a masqueraded destination, headers not parsed (IPv6 extension header chain, fragmented ICMP error) */
+	COUNTER_DROP_UNTRANSLATABLE,	/* dropped: from a masquerade source to a masqueraded destination, cannot be translated (IPv6 extension header chain, fragmented ICMP error, echo reply of no flow) */
 	COUNTER_REVERSE,		/* replies destination-translated on ingress */
 	COUNTER_ICMP_ERR_REVERSE,	/* ICMP errors translated back to the pod on ingress */
 	COUNTER_NAT_FULL,		/* dropped: NAT table full */
@@ -91,6 +93,11 @@ enum counter {
 	COUNTER_FRAG_UNKNOWN,		/* dropped: egress non-first fragment of a masqueraded flow without its first fragment */
 	COUNTER_ERROR,			/* malformed packets and helper failures */
 	COUNTER_NAT_NEW_BY_RULE,	/* new NAT pairs created for a masq_rules_* source (also in COUNTER_NAT_NEW) */
+	COUNTER_INBOUND_NEW,		/* inbound flows to a masquerade source recorded (their replies are not translated) */
+	COUNTER_SKIP_INBOUND_REPLY,	/* not masqueraded: a reply of an inbound flow */
+	COUNTER_SKIP_NOT_FLOW_START,	/* not masqueraded: no NAT pair and the packet does not start a flow (SYN-ACK, RST, mid-stream) */
+	COUNTER_NAT_REOPENED,		/* a new SYN reopened a closed or expired pair */
+	COUNTER_NAT_REUSED,		/* a NAT port taken over from an expired pair or a closed pair of the same source */
 	COUNTER_ICMP_ERR_EGRESS,	/* ICMP errors about translated flows translated on egress (quote, and the source of a pod's error) */
 	COUNTER_ICMP_ERR_UNMATCHED,	/* dropped: ICMP error from a masquerade source to a masqueraded destination about no translated flow */
 	COUNTER_NAT_NEW_SCTP,		/* new SCTP pairs, port kept (also in COUNTER_NAT_NEW) */
@@ -152,10 +159,29 @@ struct egress_dev {
 	__u8 pad[2];
 };
 
-/* Host byte order. */
+/* Connection states, each with its own lifetime (masq_config.timeout_ns).
+ * The state of a pair is derived from the flags both directions recorded. */
+enum nat_state {
+	NAT_TCP_SYN,		/* TCP, not answered yet */
+	NAT_TCP_ESTABLISHED,	/* TCP, answered, no FIN or RST */
+	NAT_TCP_CLOSING,	/* TCP, a FIN seen (either side) */
+	NAT_TCP_RESET,		/* TCP, a RST seen */
+	NAT_UDP,		/* UDP, one way so far */
+	NAT_UDP_REPLIED,	/* UDP, answered */
+	NAT_ICMP,		/* ICMP echo */
+	NAT_STATE_MAX,
+};
+
+/* Exported so that bpf2go emits the enum for Go (-type nat_state). */
+const volatile enum nat_state nat_state_max = NAT_STATE_MAX;
+
+/* Host byte order. timeout_ns: idle lifetime per enum nat_state, written by
+ * the agent (a zero lifetime never expires a pair here). */
 struct masq_config {
 	__u16 port_min;
 	__u16 port_max;
+	__u32 pad;
+	__u64 timeout_ns[NAT_STATE_MAX];
 };
 
 struct nat_v4_key {
@@ -178,9 +204,14 @@ struct nat_v6_key {
 	__u8 pad[2];
 };
 
-/* nat_*_val.flags: what each direction has seen, for the collector. */
-#define NAT_F_FIN	0x01
-#define NAT_F_RST	0x02
+/* nat_*_val.flags: what each direction has seen, for lifetimes. */
+#define NAT_F_FIN	0x01	/* this direction sent a FIN */
+#define NAT_F_RST	0x02	/* this direction sent a RST */
+#define NAT_F_SEEN	0x04	/* dir 1 and 2: the answering side has sent a packet */
+#define NAT_F_STORED	(NAT_F_FIN | NAT_F_RST | NAT_F_SEEN)
+/* pkt.tcp_flags only, never stored. */
+#define PKT_F_SYN	0x40
+#define PKT_F_ACK	0x80
 
 struct nat_v4_val {
 	__be32 addr;
@@ -231,6 +262,9 @@ struct frag_v6_val {
 enum {
 	DIR_EGRESS = 0,
 	DIR_INGRESS = 1,
+	/* An inbound flow: a remote opened it toward a masquerade source. Keyed
+	 * like dir 0 (the source's reply tuple); its replies leave untranslated. */
+	DIR_INBOUND = 2,
 };
 
 /* Maps. Sizes are defaults: the loader overrides them (and the nonmasq
@@ -370,6 +404,7 @@ enum pkt_kind {
 	PKT_OTHER,	/* nothing to translate */
 	PKT_PORTS,	/* TCP, UDP, ICMP echo request (egress) or reply (ingress) */
 	PKT_ICMP_ERR,	/* ICMP error */
+	PKT_ECHO_INBOUND, /* ICMP echo of an inbound flow: request (ingress) or reply (egress) */
 	PKT_SCTP,	/* SCTP: ports, the NAT port is the pod's (see proto.h) */
 	PKT_ADDR,	/* any other protocol, other ICMP types: address-only (proto.h) */
 };
@@ -529,9 +564,11 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 			return -1;
 		p->sport = l4.sport;
 		p->dport = l4.dport;
-		/* FIN 0x01, RST 0x04 */
+		/* FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10 */
 		p->tcp_flags = (l4.flags & 0x01 ? NAT_F_FIN : 0) |
-			       (l4.flags & 0x04 ? NAT_F_RST : 0);
+			       (l4.flags & 0x04 ? NAT_F_RST : 0) |
+			       (l4.flags & 0x02 ? PKT_F_SYN : 0) |
+			       (l4.flags & 0x10 ? PKT_F_ACK : 0);
 		p->kind = PKT_PORTS;
 		break;
 	case IPPROTO_UDP:
@@ -556,9 +593,15 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 			p->sport = 0;
 			p->dport = icmp->id;
 			p->kind = PKT_PORTS;
-		} else if (dir == DIR_EGRESS || icmp->type != echo_req) {
-			/* Other types (a pod's echo reply, timestamps, ...) are
-			 * address-only; an echo request arriving is for the node. */
+		} else if ((dir == DIR_INGRESS && icmp->type == echo_req) ||
+			   (dir == DIR_EGRESS && icmp->type == echo_rep)) {
+			/* laid out so that the dir-2 key comes out like the
+			 * ports': source side id, remote side 0 */
+			p->sport = dir == DIR_EGRESS ? icmp->id : 0;
+			p->dport = dir == DIR_EGRESS ? 0 : icmp->id;
+			p->kind = PKT_ECHO_INBOUND;
+		} else {
+			/* other types (timestamps, ...): address-only */
 			p->kind = PKT_ADDR;
 		}
 		break;
@@ -765,6 +808,84 @@ static __always_inline __u32 probe_offset(__u32 start, __u32 i)
 	return bpf_get_prandom_u32();
 }
 
+/* ---- Flow state and lifetimes --------------------------------------------- */
+
+/*
+ * Like conntrack, a pair lives as long as its state allows without a packet:
+ * an unanswered SYN briefly, an established TCP flow long, a closing or reset
+ * one briefly again. The state is derived from the flags both directions
+ * recorded (FIN and RST per direction, SEEN once the remote answered). The
+ * programs apply the lifetimes themselves, when a SYN meets an old pair and
+ * when a NAT port is wanted, so that nothing waits for the agent's collector
+ * (which only frees the memory of expired pairs, and may be down).
+ */
+
+/* A closed TCP pair's port goes to a new flow of the same source only after
+ * this long, so the last ACK of the old connection still finds its pair. */
+#define NAT_CLOSED_LINGER_NS	2000000000ULL
+
+/* flow_start says whether p may start a flow in direction dir: a SYN without
+ * ACK, any UDP datagram, an ICMP echo request. */
+static __always_inline int flow_start(const struct pkt *p, int dir)
+{
+	switch (p->proto) {
+	case IPPROTO_TCP:
+		return (p->tcp_flags & (PKT_F_SYN | PKT_F_ACK)) == PKT_F_SYN;
+	case IPPROTO_UDP:
+		return 1;
+	}
+	/* egress PKT_PORTS: echo request; ingress PKT_ECHO_INBOUND: echo request */
+	return dir == DIR_EGRESS ? p->kind == PKT_PORTS : p->kind == PKT_ECHO_INBOUND;
+}
+
+static __always_inline int tcp_syn(const struct pkt *p)
+{
+	return p->proto == IPPROTO_TCP && flow_start(p, DIR_EGRESS);
+}
+
+/* nat_state is the state of a pair from the flags of both its directions. */
+static __always_inline __u32 nat_state(__u8 proto, __u8 flags)
+{
+	switch (proto) {
+	case IPPROTO_TCP:
+		if (flags & NAT_F_RST)
+			return NAT_TCP_RESET;
+		if (flags & NAT_F_FIN)
+			return NAT_TCP_CLOSING;
+		return flags & NAT_F_SEEN ? NAT_TCP_ESTABLISHED : NAT_TCP_SYN;
+	case IPPROTO_UDP:
+		return flags & NAT_F_SEEN ? NAT_UDP_REPLIED : NAT_UDP;
+	}
+	return NAT_ICMP;
+}
+
+/* nat_expired says whether a pair last seen at last has outlived its state. */
+static __always_inline int nat_expired(const struct masq_config *cfg, __u8 proto, __u8 flags,
+				       __u64 last, __u64 now)
+{
+	__u32 state = nat_state(proto, flags);
+	__u64 lifetime;
+
+	if (state >= NAT_STATE_MAX)
+		return 0;
+	lifetime = cfg->timeout_ns[state];
+	return lifetime && now > last && now - last > lifetime;
+}
+
+/* nat_closed: both sides sent a FIN, or one a RST (out: the source's side's
+ * flags, in: the remote's). */
+static __always_inline int nat_closed(__u8 out, __u8 in)
+{
+	return ((out | in) & NAT_F_RST) || ((out & in) & NAT_F_FIN);
+}
+
+static __always_inline struct masq_config *masq_cfg(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&config, &zero);
+}
+
 static __always_inline void nat_touch_v4(struct nat_v4_val *v, __u8 flags)
 {
 	__u64 now = bpf_ktime_get_ns();
@@ -785,26 +906,417 @@ static __always_inline void nat_touch_v6(struct nat_v6_val *v, __u8 flags)
 		v->last_seen_ns = now;
 }
 
+/* Restart an entry's life as a new flow's (a reopened pair). */
+#define NAT_RESET(v, now) do {		\
+	(v)->flags = 0;			\
+	(v)->created_ns = (now);	\
+	(v)->last_seen_ns = (now);	\
+} while (0)
+
+/* nat_pair_v4 is the key of the other direction of an entry (dir 0 <-> 1). */
+static __always_inline void nat_pair_v4(const struct nat_v4_key *k, const struct nat_v4_val *v,
+					struct nat_v4_key *peer)
+{
+	__builtin_memset(peer, 0, sizeof(*peer));
+	peer->proto = k->proto;
+	if (k->dir == DIR_EGRESS) {
+		peer->src = k->dst;
+		peer->dst = v->addr;
+		peer->sport = k->dport;
+		peer->dport = v->port;
+		peer->dir = DIR_INGRESS;
+	} else {
+		peer->src = v->addr;
+		peer->dst = k->src;
+		peer->sport = v->port;
+		peer->dport = k->sport;
+		peer->dir = DIR_EGRESS;
+	}
+}
+
+static __always_inline void nat_pair_v6(const struct nat_v6_key *k, const struct nat_v6_val *v,
+					struct nat_v6_key *peer)
+{
+	__builtin_memset(peer, 0, sizeof(*peer));
+	peer->proto = k->proto;
+	if (k->dir == DIR_EGRESS) {
+		__builtin_memcpy(peer->src, k->dst, 16);
+		__builtin_memcpy(peer->dst, v->addr, 16);
+		peer->sport = k->dport;
+		peer->dport = v->port;
+		peer->dir = DIR_INGRESS;
+	} else {
+		__builtin_memcpy(peer->src, v->addr, 16);
+		__builtin_memcpy(peer->dst, k->src, 16);
+		peer->sport = v->port;
+		peer->dport = k->sport;
+		peer->dir = DIR_EGRESS;
+	}
+}
+
+/* nat_established_v4 handles an egress packet of a pair whose dir-0 entry v
+ * exists. Cheap for most packets; once a second per pair, and for every SYN,
+ * it checks the reply entry: one lost (LRU eviction) is put back, one taken
+ * by another flow ends this pair (returns 1: the caller treats the packet
+ * as having no pair). A SYN on a closed or expired pair reopens it. */
+__noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val *v,
+				   const struct pkt *p)
+{
+	struct masq_config *cfg;
+	__u8 flags;
+	struct nat_v4_key peer;
+	struct nat_v4_val *r, nr = {};
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!k || !v || !p)
+		return 0;
+	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
+	if (!tcp_syn(p) && now - v->last_seen_ns <= NAT_REFRESH_NS) {
+		if (flags & ~v->flags)
+			v->flags |= flags;
+		return 0;
+	}
+	nat_pair_v4(k, v, &peer);
+	r = bpf_map_lookup_elem(&nat_v4, &peer);
+	if (!r) {
+		nr.addr = k->src;
+		nr.port = k->sport;
+		nr.last_seen_ns = now;
+		nr.created_ns = v->created_ns;
+		if (bpf_map_update_elem(&nat_v4, &peer, &nr, BPF_NOEXIST) == 0) {
+			nat_touch_v4(v, flags);
+			return 0;
+		}
+		r = bpf_map_lookup_elem(&nat_v4, &peer);
+		if (!r)
+			return 0;
+	}
+	if (r->addr != k->src || r->port != k->sport) {
+		bpf_map_delete_elem(&nat_v4, k);
+		return 1;
+	}
+	cfg = masq_cfg();
+	if (tcp_syn(p) && cfg &&
+	    (nat_closed(v->flags, r->flags) ||
+	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
+			 v->last_seen_ns : r->last_seen_ns, now))) {
+		NAT_RESET(v, now);
+		NAT_RESET(r, now);
+		count(COUNTER_NAT_REOPENED);
+		return 0;
+	}
+	nat_touch_v4(v, flags);
+	return 0;
+}
+
+__noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val *v,
+				   const struct pkt *p)
+{
+	struct masq_config *cfg;
+	__u8 flags;
+	struct nat_v6_key peer;
+	struct nat_v6_val *r, nr = {};
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!k || !v || !p)
+		return 0;
+	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
+	if (!tcp_syn(p) && now - v->last_seen_ns <= NAT_REFRESH_NS) {
+		if (flags & ~v->flags)
+			v->flags |= flags;
+		return 0;
+	}
+	nat_pair_v6(k, v, &peer);
+	r = bpf_map_lookup_elem(&nat_v6, &peer);
+	if (!r) {
+		__builtin_memcpy(nr.addr, k->src, 16);
+		nr.port = k->sport;
+		nr.last_seen_ns = now;
+		nr.created_ns = v->created_ns;
+		if (bpf_map_update_elem(&nat_v6, &peer, &nr, BPF_NOEXIST) == 0) {
+			nat_touch_v6(v, flags);
+			return 0;
+		}
+		r = bpf_map_lookup_elem(&nat_v6, &peer);
+		if (!r)
+			return 0;
+	}
+	if (!addr6_equal(r->addr, k->src) || r->port != k->sport) {
+		bpf_map_delete_elem(&nat_v6, k);
+		return 1;
+	}
+	cfg = masq_cfg();
+	if (tcp_syn(p) && cfg &&
+	    (nat_closed(v->flags, r->flags) ||
+	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
+			 v->last_seen_ns : r->last_seen_ns, now))) {
+		NAT_RESET(v, now);
+		NAT_RESET(r, now);
+		count(COUNTER_NAT_REOPENED);
+		return 0;
+	}
+	nat_touch_v6(v, flags);
+	return 0;
+}
+
+/* nat_reusable_v4 says whether the NAT tuple in (a dir-1 key that exists)
+ * may be given to a new flow from src: its pair expired, lost its other
+ * half, or is a closed TCP pair of the same source address (whose TCP
+ * timestamps keep increasing toward this server, so the server's TIME_WAIT
+ * socket accepts the new SYN: no PAWS drop). The old dir-0 entry is deleted. */
+__noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 now)
+{
+	struct masq_config *cfg = masq_cfg();
+	struct nat_v4_key peer;
+	struct nat_v4_val *r, *o;
+	__u64 last;
+
+	if (!in || !cfg)
+		return 0;
+	r = bpf_map_lookup_elem(&nat_v4, in);
+	if (!r)
+		return 1;
+	nat_pair_v4(in, r, &peer);
+	o = bpf_map_lookup_elem(&nat_v4, &peer);
+	if (!o || o->addr != in->dst || o->port != in->dport)
+		/* half a pair: reusable unless another CPU is creating it */
+		return now - r->created_ns > NAT_REFRESH_NS;
+	last = o->last_seen_ns > r->last_seen_ns ? o->last_seen_ns : r->last_seen_ns;
+	if (nat_expired(cfg, in->proto, o->flags | r->flags, last, now) ||
+	    (in->proto == IPPROTO_TCP && r->addr == src && nat_closed(o->flags, r->flags) &&
+	     now - last > NAT_CLOSED_LINGER_NS)) {
+		bpf_map_delete_elem(&nat_v4, &peer);
+		return 1;
+	}
+	return 0;
+}
+
+__noinline int nat_reusable_v6(const struct nat_v6_key *in, const struct nat_v6_key *out, __u64 now)
+{
+	struct masq_config *cfg = masq_cfg();
+	struct nat_v6_key peer;
+	struct nat_v6_val *r, *o;
+	__u64 last;
+
+	if (!in || !out || !cfg)
+		return 0;
+	r = bpf_map_lookup_elem(&nat_v6, in);
+	if (!r)
+		return 1;
+	nat_pair_v6(in, r, &peer);
+	o = bpf_map_lookup_elem(&nat_v6, &peer);
+	if (!o || !addr6_equal(o->addr, in->dst) || o->port != in->dport)
+		return now - r->created_ns > NAT_REFRESH_NS;
+	last = o->last_seen_ns > r->last_seen_ns ? o->last_seen_ns : r->last_seen_ns;
+	if (nat_expired(cfg, in->proto, o->flags | r->flags, last, now) ||
+	    (in->proto == IPPROTO_TCP && addr6_equal(r->addr, out->src) && nat_closed(o->flags, r->flags) &&
+	     now - last > NAT_CLOSED_LINGER_NS)) {
+		bpf_map_delete_elem(&nat_v6, &peer);
+		return 1;
+	}
+	return 0;
+}
+
+/* ---- Inbound flows ------------------------------------------------------ */
+
+/*
+ * A flow a remote opens toward a masquerade source (a pod reachable by
+ * routing: BGP, a load balancer with IP targets) must be answered from the
+ * pod's own address: Linux never translates the replies of a connection it
+ * did not masquerade. The ingress program records such a flow (dir 2, keyed
+ * by the pod's reply tuple) when its first packet arrives; on egress, a
+ * packet without a NAT pair that matches a record passes untranslated.
+ */
+
+static __always_inline void inbound_key_v4(const struct pkt *p, int dir, struct nat_v4_key *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->proto = p->proto;
+	k->dir = DIR_INBOUND;
+	if (dir == DIR_EGRESS) {
+		k->src = p->v4.saddr;
+		k->dst = p->v4.daddr;
+		k->sport = p->sport;
+		k->dport = p->dport;
+	} else {
+		k->src = p->v4.daddr;
+		k->dst = p->v4.saddr;
+		k->sport = p->dport;
+		k->dport = p->sport;
+	}
+}
+
+static __always_inline void inbound_key_v6(const struct pkt *p, int dir, struct nat_v6_key *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->proto = p->proto;
+	k->dir = DIR_INBOUND;
+	if (dir == DIR_EGRESS) {
+		__builtin_memcpy(k->src, p->v6.saddr, 16);
+		__builtin_memcpy(k->dst, p->v6.daddr, 16);
+		k->sport = p->sport;
+		k->dport = p->dport;
+	} else {
+		__builtin_memcpy(k->src, p->v6.daddr, 16);
+		__builtin_memcpy(k->dst, p->v6.saddr, 16);
+		k->sport = p->dport;
+		k->dport = p->sport;
+	}
+}
+
+/* inbound_track_v4 records (or refreshes, or reopens) the inbound flow of an
+ * ingress packet that matched no NAT pair. Mid-stream TCP segments cost
+ * nothing: only SYN, FIN and RST are looked at. */
+static __always_inline void inbound_track_v4(struct __sk_buff *skb, const struct pkt *p)
+{
+	const struct masq_rule *rule;
+	struct nat_v4_val *v, nv = {};
+	struct masq_config *cfg;
+	struct nat_v4_key k;
+	__u64 now;
+
+	if (p->proto == IPPROTO_TCP && !(p->tcp_flags & (PKT_F_SYN | NAT_F_FIN | NAT_F_RST)))
+		return;
+	if (!masq_source_v4(skb, p->v4.daddr, &rule))
+		return;
+	inbound_key_v4(p, DIR_INGRESS, &k);
+	now = bpf_ktime_get_ns();
+	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (v) {
+		cfg = masq_cfg();
+		if (p->proto == IPPROTO_TCP && flow_start(p, DIR_INGRESS) && cfg &&
+		    (v->flags & (NAT_F_FIN | NAT_F_RST) ||
+		     nat_expired(cfg, k.proto, v->flags, v->last_seen_ns, now))) {
+			NAT_RESET(v, now);
+			return;
+		}
+		nat_touch_v4(v, p->tcp_flags & (NAT_F_FIN | NAT_F_RST));
+		return;
+	}
+	if (!flow_start(p, DIR_INGRESS))
+		return;
+	nv.last_seen_ns = now;
+	nv.created_ns = now;
+	if (bpf_map_update_elem(&nat_v4, &k, &nv, BPF_NOEXIST) == 0)
+		count(COUNTER_INBOUND_NEW);
+}
+
+static __always_inline void inbound_track_v6(struct __sk_buff *skb, const struct pkt *p)
+{
+	const struct masq_rule *rule;
+	struct nat_v6_val *v, nv = {};
+	struct masq_config *cfg;
+	struct nat_v6_key k;
+	__u64 now;
+
+	if (p->proto == IPPROTO_TCP && !(p->tcp_flags & (PKT_F_SYN | NAT_F_FIN | NAT_F_RST)))
+		return;
+	if (!masq_source_v6(skb, p->v6.daddr, &rule))
+		return;
+	inbound_key_v6(p, DIR_INGRESS, &k);
+	now = bpf_ktime_get_ns();
+	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (v) {
+		cfg = masq_cfg();
+		if (p->proto == IPPROTO_TCP && flow_start(p, DIR_INGRESS) && cfg &&
+		    (v->flags & (NAT_F_FIN | NAT_F_RST) ||
+		     nat_expired(cfg, k.proto, v->flags, v->last_seen_ns, now))) {
+			NAT_RESET(v, now);
+			return;
+		}
+		nat_touch_v6(v, p->tcp_flags & (NAT_F_FIN | NAT_F_RST));
+		return;
+	}
+	if (!flow_start(p, DIR_INGRESS))
+		return;
+	nv.last_seen_ns = now;
+	nv.created_ns = now;
+	if (bpf_map_update_elem(&nat_v6, &k, &nv, BPF_NOEXIST) == 0)
+		count(COUNTER_INBOUND_NEW);
+}
+
+/* inbound_reply_v4 says whether an egress packet without a NAT pair answers
+ * a recorded inbound flow (and refreshes the record). */
+static __always_inline int inbound_reply_v4(const struct pkt *p)
+{
+	struct nat_v4_val *v;
+	struct nat_v4_key k;
+
+	inbound_key_v4(p, DIR_EGRESS, &k);
+	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (!v)
+		return 0;
+	nat_touch_v4(v, (p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	return 1;
+}
+
+static __always_inline int inbound_reply_v6(const struct pkt *p)
+{
+	struct nat_v6_val *v;
+	struct nat_v6_key k;
+
+	inbound_key_v6(p, DIR_EGRESS, &k);
+	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (!v)
+		return 0;
+	nat_touch_v6(v, (p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	return 1;
+}
+
+/* egress_no_pair sorts an egress packet from a masquerade source that has no
+ * NAT pair: a reply of an inbound flow or a packet that cannot start a flow
+ * passes untranslated (a NAT pair is only ever made by a flow's first
+ * packet); 0 means "decide and create a pair". */
+static __always_inline int egress_no_pair(const struct pkt *p, int is_v6)
+{
+	if (is_v6 ? inbound_reply_v6(p) : inbound_reply_v4(p)) {
+		count(COUNTER_SKIP_INBOUND_REPLY);
+		return 1;
+	}
+	if (!flow_start(p, DIR_EGRESS)) {
+		count(COUNTER_SKIP_NOT_FLOW_START);
+		return 1;
+	}
+	return 0;
+}
+
+/* ---- NAT port allocation ------------------------------------------------ */
+
+/* first_port is the offset in the range of the first port tried: the
+ * source's own port when the range holds it (as Linux keeps it), else a
+ * hash of the tuple. */
+static __always_inline __u32 first_port(const struct masq_config *cfg, __be16 sport, __u32 hash,
+					__u32 range)
+{
+	__u16 own = bpf_ntohs(sport);
+
+	if (own >= cfg->port_min && own <= cfg->port_max)
+		return own - cfg->port_min;
+	return hash % range;
+}
+
 /* nat_create_v4 allocates a NAT port for the egress tuple out and inserts
  * both entries. The reply (dir 1) entry goes in first with BPF_NOEXIST: its
  * key holds the remote address and port, so a port is taken only for that
- * destination and is not handed to another flow to the same destination
- * while the old pair exists (the collector keeps closed TCP pairs for a
- * TIME_WAIT period). On success *res holds the mapping and the result is
- * COUNTER_NAT_NEW (or COUNTER_MASQUERADED when another CPU created the same
- * flow concurrently); otherwise the counter of the drop reason. */
-static __always_inline enum counter nat_create_v4(const struct nat_v4_key *out, __be32 snat,
-						  __u8 flags, struct nat_v4_val *res)
+ * destination. A port whose dir-1 entry exists is still taken when
+ * nat_reusable_v4 allows it (expired, half, or closed by the same source).
+ * On success *res holds the mapping and the result is COUNTER_NAT_NEW (or
+ * COUNTER_MASQUERADED when another CPU created the same flow concurrently);
+ * otherwise the counter of the drop reason. */
+__noinline enum counter nat_create_v4(const struct nat_v4_key *out, __be32 snat, __u8 flags,
+				      struct nat_v4_val *res)
 {
-	__u32 zero = 0, start, range;
 	struct nat_v4_key in = {};
 	struct nat_v4_val rev = {};
 	struct nat_v4_val *cur;
 	struct masq_config *cfg;
+	__u32 start, range;
 	__u64 now;
 	long ret;
 
-	cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!out || !res)
+		return COUNTER_ERROR;
+	cfg = masq_cfg();
 	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
 		return COUNTER_NO_PORT;
 	range = (__u32)cfg->port_max - cfg->port_min + 1;
@@ -820,7 +1332,8 @@ static __always_inline enum counter nat_create_v4(const struct nat_v4_key *out, 
 	rev.last_seen_ns = now;
 	rev.created_ns = now;
 
-	start = tuple_hash(out->src, out->dst, out->sport, out->dport, out->proto) % range;
+	start = first_port(cfg, out->sport,
+			   tuple_hash(out->src, out->dst, out->sport, out->dport, out->proto), range);
 	for (__u32 i = 0; i < PORT_PROBES; i++) {
 		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
 		ret = bpf_map_update_elem(&nat_v4, &in, &rev, BPF_NOEXIST);
@@ -828,6 +1341,11 @@ static __always_inline enum counter nat_create_v4(const struct nat_v4_key *out, 
 			goto allocated;
 		if (ret != -EEXIST)
 			return COUNTER_NAT_FULL;
+		if (i < PORT_PROBES_REUSE && nat_reusable_v4(&in, out->src, now) &&
+		    bpf_map_update_elem(&nat_v4, &in, &rev, BPF_ANY) == 0) {
+			count(COUNTER_NAT_REUSED);
+			goto allocated;
+		}
 	}
 	return COUNTER_NO_PORT;
 
@@ -851,32 +1369,38 @@ allocated:
 	return COUNTER_MASQUERADED;
 }
 
-static __always_inline enum counter nat_create_v6(const struct nat_v6_key *out, const __u8 *snat,
-						  __u8 flags, struct nat_v6_val *res)
+/* nat_create_v6 is nat_create_v4 for IPv6; res->addr holds the SNAT address
+ * on entry (a global function's pointer must point to a whole struct). */
+__noinline enum counter nat_create_v6(const struct nat_v6_key *out, __u8 flags,
+				      struct nat_v6_val *res)
 {
-	__u32 zero = 0, start, range, s, d, s_hi, d_hi;
+	__u32 start, range, s, d, s_hi, d_hi;
 	struct nat_v6_key in = {};
-	struct nat_v6_val rev = {};
 	struct nat_v6_val *cur;
 	struct masq_config *cfg;
 	__u64 now;
 	long ret;
 
-	cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!out || !res)
+		return COUNTER_ERROR;
+	cfg = masq_cfg();
 	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
 		return COUNTER_NO_PORT;
 	range = (__u32)cfg->port_max - cfg->port_min + 1;
 
 	now = bpf_ktime_get_ns();
 	__builtin_memcpy(in.src, out->dst, 16);
-	__builtin_memcpy(in.dst, snat, 16);
+	__builtin_memcpy(in.dst, res->addr, 16);
 	in.sport = out->dport;
 	in.proto = out->proto;
 	in.dir = DIR_INGRESS;
-	__builtin_memcpy(rev.addr, out->src, 16);
-	rev.port = out->sport;
-	rev.last_seen_ns = now;
-	rev.created_ns = now;
+	/* res is the reply entry's value until a port is found (stack room). */
+	__builtin_memcpy(res->addr, out->src, 16);
+	res->port = out->sport;
+	res->flags = 0;
+	res->pad[0] = res->pad[1] = res->pad[2] = res->pad[3] = res->pad[4] = 0;
+	res->last_seen_ns = now;
+	res->created_ns = now;
 
 	/* The low 64 bits carry the interface identifier: fold them in. */
 	__builtin_memcpy(&s, &out->src[12], 4);
@@ -885,19 +1409,24 @@ static __always_inline enum counter nat_create_v6(const struct nat_v6_key *out, 
 	__builtin_memcpy(&d_hi, &out->dst[8], 4);
 	s ^= mix32(s_hi);
 	d ^= mix32(d_hi);
-	start = tuple_hash(s, d, out->sport, out->dport, out->proto) % range;
+	start = first_port(cfg, out->sport, tuple_hash(s, d, out->sport, out->dport, out->proto), range);
 	for (__u32 i = 0; i < PORT_PROBES; i++) {
 		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
-		ret = bpf_map_update_elem(&nat_v6, &in, &rev, BPF_NOEXIST);
+		ret = bpf_map_update_elem(&nat_v6, &in, res, BPF_NOEXIST);
 		if (ret == 0)
 			goto allocated;
 		if (ret != -EEXIST)
 			return COUNTER_NAT_FULL;
+		if (i < PORT_PROBES_REUSE && nat_reusable_v6(&in, out, now) &&
+		    bpf_map_update_elem(&nat_v6, &in, res, BPF_ANY) == 0) {
+			count(COUNTER_NAT_REUSED);
+			goto allocated;
+		}
 	}
 	return COUNTER_NO_PORT;
 
 allocated:
-	__builtin_memcpy(res->addr, snat, 16);
+	__builtin_memcpy(res->addr, in.dst, 16);
 	res->port = in.dport;
 	res->flags = flags;
 	res->last_seen_ns = now;
@@ -1338,10 +1867,18 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}
+	if (p.kind == PKT_ECHO_INBOUND) {
+		if (inbound_reply_v4(&p)) {
+			count(COUNTER_SKIP_INBOUND_REPLY);
+			return TC_ACT_UNSPEC;
+		}
+		/* an echo reply of no flow we know of */
+		return egress_untranslatable_v4(skb, &p, rule);
+	}
 	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
 		return egress_fixed_v4(skb, &p, rule);
 	if (p.kind != PKT_PORTS)
-		return egress_unparseable_v4(skb, &p, rule);
+		return egress_untranslatable_v4(skb, &p, rule);
 
 	k.src = p.v4.saddr;
 	k.dst = p.v4.daddr;
@@ -1351,17 +1888,20 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	/* Established flows: the decision was taken when the pair was made
 	 * (masq_source_v4 says what happens when a source stops being one). */
 	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (v && nat_established_v4(&k, v, &p))
+		v = NULL;
 	if (v) {
-		nat_touch_v4(v, p.tcp_flags);
 		nv.addr = v->addr;
 		nv.port = v->port;
 	} else {
+		if (egress_no_pair(&p, 0))
+			return TC_ACT_UNSPEC;
 		c = decide_v4(skb, p.v4.daddr, rule, &snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_UNSPEC;
 		}
-		c = nat_create_v4(&k, snat, p.tcp_flags, &nv);
+		c = nat_create_v4(&k, snat, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
@@ -1408,17 +1948,25 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 		return TC_ACT_UNSPEC;
 	}
 	if (ret > 0)
-		return egress_unparseable_v6(skb, &p, rule);
+		return egress_untranslatable_v6(skb, &p, rule);
 	if (p.frag == FRAG_LATER)
 		return egress_frag_v6(skb, &p, rule);
 	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}
+	if (p.kind == PKT_ECHO_INBOUND) {
+		if (inbound_reply_v6(&p)) {
+			count(COUNTER_SKIP_INBOUND_REPLY);
+			return TC_ACT_UNSPEC;
+		}
+		/* an echo reply of no flow we know of */
+		return egress_untranslatable_v6(skb, &p, rule);
+	}
 	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
 		return egress_fixed_v6(skb, &p, rule);
 	if (p.kind != PKT_PORTS)
-		return egress_unparseable_v6(skb, &p, rule);
+		return egress_untranslatable_v6(skb, &p, rule);
 
 	__builtin_memcpy(k.src, p.v6.saddr, 16);
 	__builtin_memcpy(k.dst, p.v6.daddr, 16);
@@ -1426,17 +1974,21 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	k.dport = p.dport;
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (v && nat_established_v6(&k, v, &p))
+		v = NULL;
 	if (v) {
-		nat_touch_v6(v, p.tcp_flags);
 		__builtin_memcpy(nv.addr, v->addr, 16);
 		nv.port = v->port;
 	} else {
+		if (egress_no_pair(&p, 1))
+			return TC_ACT_UNSPEC;
 		c = decide_v6(skb, p.v6.daddr, rule, snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_UNSPEC;
 		}
-		c = nat_create_v6(&k, snat, p.tcp_flags, &nv);
+		__builtin_memcpy(nv.addr, snat, 16);
+		c = nat_create_v6(&k, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
@@ -1519,6 +2071,10 @@ static __always_inline int ingress_v4(struct __sk_buff *skb, __u32 l3_off)
 		return icmp_error_v4(skb, &p);
 	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
 		return ingress_fixed_v4(skb, &p);
+	if (p.kind == PKT_ECHO_INBOUND) {
+		inbound_track_v4(skb, &p);
+		return TC_ACT_UNSPEC;
+	}
 	if (p.kind != PKT_PORTS)
 		return TC_ACT_UNSPEC;
 
@@ -1528,9 +2084,11 @@ static __always_inline int ingress_v4(struct __sk_buff *skb, __u32 l3_off)
 	k.dport = p.dport;
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&nat_v4, &k);
-	if (!v)
+	if (!v) {
+		inbound_track_v4(skb, &p);
 		return TC_ACT_UNSPEC;
-	nat_touch_v4(v, p.tcp_flags);
+	}
+	nat_touch_v4(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	to = v->addr;
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v4(&p, DIR_INGRESS, to);
@@ -1574,6 +2132,10 @@ static __always_inline int ingress_v6(struct __sk_buff *skb, __u32 l3_off)
 		return icmp_error_v6(skb, &p);
 	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
 		return ingress_fixed_v6(skb, &p);
+	if (p.kind == PKT_ECHO_INBOUND) {
+		inbound_track_v6(skb, &p);
+		return TC_ACT_UNSPEC;
+	}
 	if (p.kind != PKT_PORTS)
 		return TC_ACT_UNSPEC;
 
@@ -1583,9 +2145,11 @@ static __always_inline int ingress_v6(struct __sk_buff *skb, __u32 l3_off)
 	k.dport = p.dport;
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&nat_v6, &k);
-	if (!v)
+	if (!v) {
+		inbound_track_v6(skb, &p);
 		return TC_ACT_UNSPEC;
-	nat_touch_v6(v, p.tcp_flags);
+	}
+	nat_touch_v6(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	__builtin_memcpy(to, v->addr, 16);
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_INGRESS, to);

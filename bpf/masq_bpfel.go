@@ -16,27 +16,32 @@ import (
 type masqCounter uint32
 
 const (
-	masqCounterCOUNTER_MASQUERADED        masqCounter = 0
-	masqCounterCOUNTER_NAT_NEW            masqCounter = 1
-	masqCounterCOUNTER_SKIP_NONMASQ_DST   masqCounter = 2
-	masqCounterCOUNTER_SKIP_NODE_DST      masqCounter = 3
-	masqCounterCOUNTER_SKIP_NOT_SOURCE    masqCounter = 4
-	masqCounterCOUNTER_SKIP_NO_SNAT_ADDR  masqCounter = 5
-	masqCounterCOUNTER_DROP_UNPARSEABLE   masqCounter = 6
-	masqCounterCOUNTER_REVERSE            masqCounter = 7
-	masqCounterCOUNTER_ICMP_ERR_REVERSE   masqCounter = 8
-	masqCounterCOUNTER_NAT_FULL           masqCounter = 9
-	masqCounterCOUNTER_NO_PORT            masqCounter = 10
-	masqCounterCOUNTER_FRAGMENTS          masqCounter = 11
-	masqCounterCOUNTER_FRAG_UNKNOWN       masqCounter = 12
-	masqCounterCOUNTER_ERROR              masqCounter = 13
-	masqCounterCOUNTER_NAT_NEW_BY_RULE    masqCounter = 14
-	masqCounterCOUNTER_ICMP_ERR_EGRESS    masqCounter = 15
-	masqCounterCOUNTER_ICMP_ERR_UNMATCHED masqCounter = 16
-	masqCounterCOUNTER_NAT_NEW_SCTP       masqCounter = 17
-	masqCounterCOUNTER_NAT_NEW_ADDR_ONLY  masqCounter = 18
-	masqCounterCOUNTER_PAIR_TAKEN         masqCounter = 19
-	masqCounterCOUNTER_MAX                masqCounter = 20
+	masqCounterCOUNTER_MASQUERADED         masqCounter = 0
+	masqCounterCOUNTER_NAT_NEW             masqCounter = 1
+	masqCounterCOUNTER_SKIP_NONMASQ_DST    masqCounter = 2
+	masqCounterCOUNTER_SKIP_NODE_DST       masqCounter = 3
+	masqCounterCOUNTER_SKIP_NOT_SOURCE     masqCounter = 4
+	masqCounterCOUNTER_SKIP_NO_SNAT_ADDR   masqCounter = 5
+	masqCounterCOUNTER_DROP_UNTRANSLATABLE masqCounter = 6
+	masqCounterCOUNTER_REVERSE             masqCounter = 7
+	masqCounterCOUNTER_ICMP_ERR_REVERSE    masqCounter = 8
+	masqCounterCOUNTER_NAT_FULL            masqCounter = 9
+	masqCounterCOUNTER_NO_PORT             masqCounter = 10
+	masqCounterCOUNTER_FRAGMENTS           masqCounter = 11
+	masqCounterCOUNTER_FRAG_UNKNOWN        masqCounter = 12
+	masqCounterCOUNTER_ERROR               masqCounter = 13
+	masqCounterCOUNTER_NAT_NEW_BY_RULE     masqCounter = 14
+	masqCounterCOUNTER_INBOUND_NEW         masqCounter = 15
+	masqCounterCOUNTER_SKIP_INBOUND_REPLY  masqCounter = 16
+	masqCounterCOUNTER_SKIP_NOT_FLOW_START masqCounter = 17
+	masqCounterCOUNTER_NAT_REOPENED        masqCounter = 18
+	masqCounterCOUNTER_NAT_REUSED          masqCounter = 19
+	masqCounterCOUNTER_ICMP_ERR_EGRESS     masqCounter = 20
+	masqCounterCOUNTER_ICMP_ERR_UNMATCHED  masqCounter = 21
+	masqCounterCOUNTER_NAT_NEW_SCTP        masqCounter = 22
+	masqCounterCOUNTER_NAT_NEW_ADDR_ONLY   masqCounter = 23
+	masqCounterCOUNTER_PAIR_TAKEN          masqCounter = 24
+	masqCounterCOUNTER_MAX                 masqCounter = 25
 )
 
 type masqEgressDev struct {
@@ -91,9 +96,11 @@ type masqLpmV6Key struct {
 }
 
 type masqMasqConfig struct {
-	_       structs.HostLayout
-	PortMin uint16
-	PortMax uint16
+	_         structs.HostLayout
+	PortMin   uint16
+	PortMax   uint16
+	Pad       uint32
+	TimeoutNs [7]uint64
 }
 
 type masqMasqRule struct {
@@ -117,6 +124,19 @@ type masqMasqRuleV6Key struct {
 	Ifindex   uint32
 	Addr      [16]uint8
 }
+
+type masqNatState uint32
+
+const (
+	masqNatStateNAT_TCP_SYN         masqNatState = 0
+	masqNatStateNAT_TCP_ESTABLISHED masqNatState = 1
+	masqNatStateNAT_TCP_CLOSING     masqNatState = 2
+	masqNatStateNAT_TCP_RESET       masqNatState = 3
+	masqNatStateNAT_UDP             masqNatState = 4
+	masqNatStateNAT_UDP_REPLIED     masqNatState = 5
+	masqNatStateNAT_ICMP            masqNatState = 6
+	masqNatStateNAT_STATE_MAX       masqNatState = 7
+)
 
 type masqNatV4Key struct {
 	_     structs.HostLayout
@@ -185,6 +205,7 @@ const (
 	masqProgIpmasqIngressL3 = "ipmasq_ingress_l3"
 	masqVarCounterMax       = "counter_max"
 	masqVarCsumIpv6Flag     = "csum_ipv6_flag"
+	masqVarNatStateMax      = "nat_state_max"
 )
 
 // loadMasq returns the embedded CollectionSpec for masq.
@@ -262,6 +283,7 @@ type masqMapSpecs struct {
 type masqVariableSpecs struct {
 	CounterMax   *ebpf.VariableSpec `ebpf:"counter_max"`
 	CsumIpv6Flag *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
+	NatStateMax  *ebpf.VariableSpec `ebpf:"nat_state_max"`
 }
 
 // masqObjects contains all objects after they have been loaded into the kernel.
@@ -327,6 +349,7 @@ func (m *masqMaps) Close() error {
 type masqVariables struct {
 	CounterMax   *ebpf.Variable `ebpf:"counter_max"`
 	CsumIpv6Flag *ebpf.Variable `ebpf:"csum_ipv6_flag"`
+	NatStateMax  *ebpf.Variable `ebpf:"nat_state_max"`
 }
 
 // masqPrograms contains all programs after they have been loaded into the kernel.

@@ -127,7 +127,7 @@ static __always_inline __u32 fixed_csum_off(const struct pkt *p)
 	return p->proto == IPPROTO_ICMPV6 ? p->l4_off + 2 : 0;
 }
 
-static __always_inline int egress_fixed_v4(struct __sk_buff *skb, const struct pkt *p,
+static __noinline int egress_fixed_v4(struct __sk_buff *skb, const struct pkt *p,
 					   const struct masq_rule *rule)
 {
 	struct nat_v4_key k = {
@@ -167,7 +167,7 @@ static __always_inline int egress_fixed_v4(struct __sk_buff *skb, const struct p
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int egress_fixed_v6(struct __sk_buff *skb, const struct pkt *p,
+static __noinline int egress_fixed_v6(struct __sk_buff *skb, const struct pkt *p,
 					   const struct masq_rule *rule)
 {
 	struct nat_v6_key k = {
@@ -209,7 +209,7 @@ static __always_inline int egress_fixed_v6(struct __sk_buff *skb, const struct p
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int ingress_fixed_v4(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int ingress_fixed_v4(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct nat_v4_key k = {
 		.src = p->v4.saddr, .dst = p->v4.daddr, .sport = p->sport, .dport = p->dport,
@@ -234,7 +234,7 @@ static __always_inline int ingress_fixed_v4(struct __sk_buff *skb, const struct 
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int ingress_fixed_v6(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int ingress_fixed_v6(struct __sk_buff *skb, const struct pkt *p)
 {
 	struct nat_v6_key k = {
 		.sport = p->sport, .dport = p->dport, .proto = p->proto, .dir = DIR_INGRESS,
@@ -261,11 +261,11 @@ static __always_inline int ingress_fixed_v6(struct __sk_buff *skb, const struct 
 	return TC_ACT_UNSPEC;
 }
 
-/* egress_unparseable_* handle a masquerade source's packet the program
+/* egress_untranslatable_* handle a masquerade source's packet the program
  * cannot translate (an IPv6 header chain longer than it walks, a fragmented
- * ICMP error): dropped when its destination would be masqueraded, so the
+ * ICMP error, an echo reply of no flow): dropped when its destination would be masqueraded, so the
  * pod address never leaves; passed otherwise. */
-static __always_inline int egress_unparseable_v4(struct __sk_buff *skb, const struct pkt *p,
+static __always_inline int egress_untranslatable_v4(struct __sk_buff *skb, const struct pkt *p,
 						 const struct masq_rule *rule)
 {
 	enum counter c;
@@ -276,11 +276,11 @@ static __always_inline int egress_unparseable_v4(struct __sk_buff *skb, const st
 		count(c);
 		return TC_ACT_UNSPEC;
 	}
-	count(COUNTER_DROP_UNPARSEABLE);
+	count(COUNTER_DROP_UNTRANSLATABLE);
 	return TC_ACT_SHOT;
 }
 
-static __always_inline int egress_unparseable_v6(struct __sk_buff *skb, const struct pkt *p,
+static __always_inline int egress_untranslatable_v6(struct __sk_buff *skb, const struct pkt *p,
 						 const struct masq_rule *rule)
 {
 	__u8 snat[16];
@@ -291,6 +291,6 @@ static __always_inline int egress_unparseable_v6(struct __sk_buff *skb, const st
 		count(c);
 		return TC_ACT_UNSPEC;
 	}
-	count(COUNTER_DROP_UNPARSEABLE);
+	count(COUNTER_DROP_UNTRANSLATABLE);
 	return TC_ACT_SHOT;
 }

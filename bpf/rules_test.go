@@ -184,7 +184,7 @@ func TestMasqRulePodSources(t *testing.T) {
 func TestMasqRuleChanges(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	e.setRule(loIfindex, clients4, ruleTo4)
-	f := flow{src: client4, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK}
+	f := flow{src: client4, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
 	natPort := ruleFlow(t, e, f, ruleTo4)
 
 	// A new toAddress applies to new flows; established flows keep theirs.

@@ -81,6 +81,10 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
+	lifetimes, err := p.Config.Lifetimes()
+	if err != nil {
+		return err
+	}
 	sources, err := podCIDRs(p.IPAM.PodCIDR, p.Agent)
 	if err != nil {
 		return err
@@ -112,6 +116,10 @@ func register(p params) error {
 				return err
 			}
 			if err := dp.SetPortRange(ports.Min, ports.Max); err != nil {
+				dp.Close()
+				return err
+			}
+			if err := dp.SetLifetimes(lifetimes); err != nil {
 				dp.Close()
 				return err
 			}
@@ -164,7 +172,7 @@ func register(p params) error {
 	if err := registerRuleSources(p, g); err != nil {
 		return err
 	}
-	gc := &collector{log: p.Log, dp: p.Handle, snat: func() (map[netip.Addr]bool, bool) {
+	gc := &collector{log: p.Log, dp: p.Handle, lifetimes: lifetimes, snat: func() (map[netip.Addr]bool, bool) {
 		return currentSNAT(p.DB, p.DPDevices, p.RuleSources)
 	}}
 	g.Add(job.Timer("nat-gc", gc.collect, p.Config.NATGCInterval))

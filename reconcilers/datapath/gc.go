@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -15,44 +16,13 @@ import (
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 )
 
-// Idle timeouts of NAT pairs. A closed TCP pair is kept for longer than
-// TIME_WAIT (60 s on Linux) so its NAT port is not handed to a new flow to
-// the same server while the server may still hold the old connection: such
-// a SYN would be dropped (PAWS).
 const (
-	TimeoutTCP       = 6 * time.Hour
-	TimeoutTCPClosed = 2 * time.Minute
-	TimeoutUDP       = time.Minute
-	TimeoutICMP      = 30 * time.Second
-	// TimeoutOther is for SCTP and the address-only protocols (GRE, ESP,
-	// ...): Linux conntrack's generic timeout. Their pairs hold the pod's
-	// SCTP port or the (remote, protocol) for one pod, so they must not
-	// outlive the traffic by much.
-	TimeoutOther = 10 * time.Minute
-)
-
-const (
-	protoICMP   = 1
-	protoTCP    = 6
-	protoUDP    = 17
-	protoICMPv6 = 58
+	protoICMP   = bpf.ProtoICMP
+	protoTCP    = bpf.ProtoTCP
+	protoUDP    = bpf.ProtoUDP
+	protoICMPv6 = bpf.ProtoICMPv6
 	protoSCTP   = 132
 )
-
-func timeout(proto uint8, flags uint8) time.Duration {
-	switch proto {
-	case protoTCP:
-		if flags&(bpf.NATFlagFIN|bpf.NATFlagRST) != 0 {
-			return TimeoutTCPClosed
-		}
-		return TimeoutTCP
-	case protoUDP:
-		return TimeoutUDP
-	case protoICMP, protoICMPv6:
-		return TimeoutICMP
-	}
-	return TimeoutOther
-}
 
 // monotonicNow is the clock of bpf_ktime_get_ns.
 func monotonicNow() uint64 {
@@ -61,15 +31,19 @@ func monotonicNow() uint64 {
 	return uint64(ts.Nano())
 }
 
-// collector expires idle NAT pairs. Both directions of a pair are judged
-// together: a pair is idle when neither direction has seen a packet for the
-// timeout of its protocol and state. Pairs translated to an address that is
+// collector frees expired NAT pairs and inbound flow records. Both
+// directions of a pair are judged together: a pair has expired when neither
+// direction has seen a packet for the lifetime of the pair's state (the
+// programs apply the same lifetimes on their own, so a late collection never
+// keeps a port or a flow). An entry is read again just before it is deleted,
+// so a packet that arrived since the scan keeps it. Pairs translated to an address that is
 // no longer the SNAT address of any device are removed at once: the
 // programs decide once per flow, so such a flow would keep sending from an
 // address the node no longer has.
 type collector struct {
-	log *slog.Logger
-	dp  *Handle
+	log       *slog.Logger
+	dp        *Handle
+	lifetimes bpf.Lifetimes
 	// snat returns the current SNAT addresses, or ok=false while they are
 	// not known yet (then nothing is removed for that reason).
 	snat func() (addrs map[netip.Addr]bool, ok bool)
@@ -93,8 +67,8 @@ func (c *collector) collectNow() error {
 			snat = addrs
 		}
 	}
-	s4, err4 := collectV4(dp.Maps.NatV4, monotonicNow(), snat)
-	s6, err6 := collectV6(dp.Maps.NatV6, monotonicNow(), snat)
+	s4, err4 := collectV4(dp.Maps.NatV4, c.lifetimes, monotonicNow, snat)
+	s6, err6 := collectV6(dp.Maps.NatV6, c.lifetimes, monotonicNow, snat)
 	if c.log != nil && s4.Expired+s6.Expired > 0 {
 		c.log.Debug("NAT entries expired", "ipv4", s4.Expired, "ipv6", s6.Expired)
 	}
@@ -113,9 +87,12 @@ type natEntry[K comparable] struct {
 
 func describeV4(k bpf.NATKeyV4, v bpf.NATValV4) natEntry[bpf.NATKeyV4] {
 	e := natEntry[bpf.NATKeyV4]{peer: pairV4(k, v), proto: k.Proto, dir: k.Dir, flags: v.Flags, lastSeen: v.LastSeenNs}
-	if k.Dir == bpf.DirEgress {
+	switch k.Dir {
+	case bpf.DirInbound:
+		e.peer = k // no other direction, and no SNAT address
+	case bpf.DirEgress:
 		e.snat = bpf.AddrFrom4(v.Addr)
-	} else {
+	default:
 		e.snat = bpf.AddrFrom4(k.Dst)
 	}
 	return e
@@ -123,27 +100,32 @@ func describeV4(k bpf.NATKeyV4, v bpf.NATValV4) natEntry[bpf.NATKeyV4] {
 
 func describeV6(k bpf.NATKeyV6, v bpf.NATValV6) natEntry[bpf.NATKeyV6] {
 	e := natEntry[bpf.NATKeyV6]{peer: pairV6(k, v), proto: k.Proto, dir: k.Dir, flags: v.Flags, lastSeen: v.LastSeenNs}
-	if k.Dir == bpf.DirEgress {
+	switch k.Dir {
+	case bpf.DirInbound:
+		e.peer = k // no other direction, and no SNAT address
+	case bpf.DirEgress:
 		e.snat = netip.AddrFrom16(v.Addr)
-	} else {
+	default:
 		e.snat = netip.AddrFrom16(k.Dst)
 	}
 	return e
 }
 
-// collectV4 expires idle IPv4 pairs as of now (monotonic ns), and pairs
-// whose SNAT address is not in snat (when snat is not nil).
-func collectV4(m *ebpf.Map, now uint64, snat map[netip.Addr]bool) (GCStats, error) {
-	return collectMap(m, bpf.MapNATV4, now, snat, describeV4)
+// collectV4 expires IPv4 pairs and inbound records that outlived their
+// state's lifetime as of now() (monotonic ns), and pairs whose SNAT address
+// is not in snat (when snat is not nil).
+func collectV4(m *ebpf.Map, l bpf.Lifetimes, now func() uint64, snat map[netip.Addr]bool) (GCStats, error) {
+	return collectMap(m, bpf.MapNATV4, l, now, snat, describeV4)
 }
 
 // collectV6 is collectV4 for IPv6.
-func collectV6(m *ebpf.Map, now uint64, snat map[netip.Addr]bool) (GCStats, error) {
-	return collectMap(m, bpf.MapNATV6, now, snat, describeV6)
+func collectV6(m *ebpf.Map, l bpf.Lifetimes, now func() uint64, snat map[netip.Addr]bool) (GCStats, error) {
+	return collectMap(m, bpf.MapNATV6, l, now, snat, describeV6)
 }
 
-func collectMap[K comparable, V comparable](m *ebpf.Map, name string, now uint64, snat map[netip.Addr]bool,
-	describe func(K, V) natEntry[K]) (GCStats, error) {
+func collectMap[K comparable, V comparable](m *ebpf.Map, name string, l bpf.Lifetimes, clock func() uint64,
+	snat map[netip.Addr]bool, describe func(K, V) natEntry[K]) (GCStats, error) {
+	now := clock()
 	// Batch reads and deletes: one syscall per few hundred entries rather
 	// than two per entry, so a large table costs little CPU per pass.
 	bm, err := bpfmap.NewMap[K, V](m)
@@ -159,13 +141,30 @@ func collectMap[K comparable, V comparable](m *ebpf.Map, name string, now uint64
 	var expired []K
 	for k, e := range all {
 		last, flags := e.lastSeen, e.flags
-		if p, ok := all[e.peer]; ok {
+		if p, ok := all[e.peer]; ok && e.peer != k {
 			last, flags = max(last, p.lastSeen), flags|p.flags
 		}
-		if idle(now, last, e.proto, flags) || (snat != nil && !snat[e.snat]) {
+		gone := e.dir != bpf.DirInbound && snat != nil && !snat[e.snat]
+		if gone || expiredAt(l, now, last, e.proto, flags) {
 			expired = append(expired, k)
 		}
 	}
+	// Read the candidates again: a packet since the scan revives a pair.
+	now = clock()
+	expired = slices.DeleteFunc(expired, func(k K) bool {
+		e, ok := lookupEntry(m, k, describe)
+		if !ok {
+			return true // gone already
+		}
+		if e.dir != bpf.DirInbound && snat != nil && !snat[e.snat] {
+			return false
+		}
+		last, flags := e.lastSeen, e.flags
+		if p, ok := lookupEntry(m, e.peer, describe); ok && e.peer != k {
+			last, flags = max(last, p.lastSeen), flags|p.flags
+		}
+		return !expiredAt(l, now, last, e.proto, flags)
+	})
 	var errs []error
 	for _, err := range bm.Delete(expired) {
 		if err != nil {
@@ -175,8 +174,17 @@ func collectMap[K comparable, V comparable](m *ebpf.Map, name string, now uint64
 	return GCStats{Entries: len(all), Expired: len(expired)}, errors.Join(errs...)
 }
 
-func idle(now, last uint64, proto, flags uint8) bool {
-	return now > last && time.Duration(now-last) > timeout(proto, flags)
+func lookupEntry[K comparable, V comparable](m *ebpf.Map, k K, describe func(K, V) natEntry[K]) (natEntry[K], bool) {
+	var v V
+	if err := m.Lookup(k, &v); err != nil {
+		return natEntry[K]{}, false
+	}
+	return describe(k, v), true
+}
+
+// expiredAt says whether a pair last seen at last has outlived its state.
+func expiredAt(l bpf.Lifetimes, now, last uint64, proto, flags uint8) bool {
+	return now > last && time.Duration(now-last) > l.Of(bpf.StateOf(proto, flags))
 }
 
 // pairV4 is the key of the other direction of a pair. Egress: pod → remote
