@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
 
@@ -203,4 +204,29 @@ func (a *agent) attachedProgram(dev, hook string) string {
 		a.t.Fatal(err)
 	}
 	return pi.Name
+}
+
+// TestLeakWatchSeesPodAddresses: without any masquerade, a pod's datagram
+// reaches ext with the pod's address and the watcher reports it, on an
+// Ethernet and on an L3 link (so its silence in the scenarios means
+// something).
+func TestLeakWatchSeesPodAddresses(t *testing.T) {
+	privtest.Require(t)
+	for _, l3 := range []bool{false, true} {
+		topo, err := topology.NewMasqueradeWith(topology.Options{L3Uplink: l3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { topo.Close() })
+		w := watchLeaks(t, topo.Ext, "eth0", topology.PodCIDR4, topology.PodCIDR6)
+		for _, dst := range []netip.Addr{topology.RemoteIP4, topology.RemoteIP6} {
+			udpSource(topo.Pod, dst) // no answer: ext has no route back
+		}
+		w.mu.Lock()
+		n := len(w.leaked)
+		w.mu.Unlock()
+		if n < 2 {
+			t.Errorf("L3 uplink %v: the watcher saw %d leaked packets, want ≥ 2 (one per family)", l3, n)
+		}
+	}
 }
