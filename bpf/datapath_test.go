@@ -394,7 +394,6 @@ func TestNotMasqueraded(t *testing.T) {
 		{"node address destination", flow{src: pod1, dst: host, proto: protoUDP, sport: 40000, dport: 53}, CounterSkipNodeDst},
 		{"v6 non-masquerade destination", flow{src: pod6, dst: netip.MustParseAddr("fd00:20::1"), proto: protoUDP, sport: 40000, dport: 53}, CounterSkipNonMasqDst},
 		{"v6 not a source", flow{src: snat6, dst: remote6, proto: protoUDP, sport: 40000, dport: 53}, CounterSkipNotSource},
-		{"unsupported protocol", flow{src: pod1, dst: remote4, proto: 47}, CounterSkipUnsupported},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -31,10 +31,10 @@
  * and TC_ACT_SHOT only when a packet of a flow that must be masqueraded
  * cannot be: the pod address is never sent out.
  *
- * Packets are assumed to start with an Ethernet header (the egress devices
- * are uplinks); L3-only devices (tun, wireguard) are not supported yet as
- * egress devices. Traffic that arrived on one (WireGuard clients leaving
- * through eth0) is masqueraded with a masq_rules_* entry.
+ * Each program comes in two variants: ipmasq_egress/ipmasq_ingress for
+ * Ethernet devices (the network header at ETH_HLEN) and *_l3 for devices
+ * without a link-layer header (tun, WireGuard, ipip, ...: the network
+ * header at 0). The agent attaches the variant that fits the device's kind.
  */
 
 #include <linux/bpf.h>
@@ -84,7 +84,7 @@ enum counter {
 	COUNTER_SKIP_NODE_DST,		/* not masqueraded: destination is a node address */
 	COUNTER_SKIP_NOT_SOURCE,	/* not masqueraded: source is not a masquerade source */
 	COUNTER_SKIP_NO_SNAT_ADDR,	/* not masqueraded: the device is not (yet) an egress device */
-	COUNTER_SKIP_UNSUPPORTED,	/* not masqueraded: protocol or IPv6 extension header not handled */
+	COUNTER_DROP_UNTRANSLATABLE,	/* dropped: from a masquerade source to a masqueraded destination, cannot be translated (IPv6 extension header chain, fragmented ICMP error, echo reply of no flow) */
 	COUNTER_REVERSE,		/* replies destination-translated on ingress */
 	COUNTER_ICMP_ERR_REVERSE,	/* ICMP errors translated back to the pod on ingress */
 	COUNTER_NAT_FULL,		/* dropped: NAT table full */
@@ -98,6 +98,11 @@ enum counter {
 	COUNTER_SKIP_NOT_FLOW_START,	/* not masqueraded: no NAT pair and the packet does not start a flow (SYN-ACK, RST, mid-stream) */
 	COUNTER_NAT_REOPENED,		/* a new SYN reopened a closed or expired pair */
 	COUNTER_NAT_REUSED,		/* a NAT port taken over from an expired pair or a closed pair of the same source */
+	COUNTER_ICMP_ERR_EGRESS,	/* ICMP errors about translated flows translated on egress (quote, and the source of a pod's error) */
+	COUNTER_ICMP_ERR_UNMATCHED,	/* dropped: ICMP error from a masquerade source to a masqueraded destination about no translated flow */
+	COUNTER_NAT_NEW_SCTP,		/* new SCTP pairs, port kept (also in COUNTER_NAT_NEW) */
+	COUNTER_NAT_NEW_ADDR_ONLY,	/* new address-only pairs: GRE, ESP, other protocols (also in COUNTER_NAT_NEW) */
+	COUNTER_PAIR_TAKEN,		/* dropped: another source holds the SCTP port or address-only pair to this remote */
 	COUNTER_DROP_NO_SNAT_ADDR,	/* dropped: to be masqueraded, but the device has no address of the family */
 	COUNTER_MAX,
 };
@@ -399,8 +404,10 @@ enum frag_kind {
 enum pkt_kind {
 	PKT_OTHER,	/* nothing to translate */
 	PKT_PORTS,	/* TCP, UDP, ICMP echo request (egress) or reply (ingress) */
-	PKT_ICMP_ERR,	/* ICMP error (ingress) */
+	PKT_ICMP_ERR,	/* ICMP error */
 	PKT_ECHO_INBOUND, /* ICMP echo of an inbound flow: request (ingress) or reply (egress) */
+	PKT_SCTP,	/* SCTP: ports, the NAT port is the pod's (see proto.h) */
+	PKT_ADDR,	/* any other protocol, other ICMP types: address-only (proto.h) */
 };
 
 /* A parsed packet; addresses in network byte order. */
@@ -415,6 +422,7 @@ struct pkt {
 			__u8 daddr[16];
 		} v6;
 	};
+	__u32 l3_off;		/* network header: 0 on L3 devices, ETH_HLEN on Ethernet */
 	__u32 l4_off;
 	__be32 frag_id;
 	__be16 sport;		/* ICMP echo request: the identifier */
@@ -430,14 +438,14 @@ static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
 	struct iphdr ip;
 	__u16 frag_off;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	if (bpf_skb_load_bytes(skb, p->l3_off, &ip, sizeof(ip)) < 0)
 		return -1;
 	if (ip.version != 4 || ip.ihl < 5)
 		return -1;
 	p->v4.saddr = ip.saddr;
 	p->v4.daddr = ip.daddr;
 	p->proto = ip.protocol;
-	p->l4_off = ETH_HLEN + ip.ihl * 4;
+	p->l4_off = p->l3_off + ip.ihl * 4;
 	p->frag_id = ip.id;
 	frag_off = bpf_ntohs(ip.frag_off);
 	if (frag_off & IP_OFFSET)
@@ -454,10 +462,10 @@ static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
 static __always_inline int parse_l3_v6(struct __sk_buff *skb, struct pkt *p)
 {
 	struct ipv6hdr ip;
-	__u32 off = ETH_HLEN + sizeof(ip);
+	__u32 off = p->l3_off + sizeof(ip);
 	__u8 nexthdr;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	if (bpf_skb_load_bytes(skb, p->l3_off, &ip, sizeof(ip)) < 0)
 		return -1;
 	if (ip.version != 6)
 		return -1;
@@ -575,7 +583,10 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 	case IPPROTO_ICMPV6:
 		if (bpf_skb_load_bytes(skb, p->l4_off, icmp, 8) < 0)
 			return -1;
-		if (dir == DIR_EGRESS && icmp->type == echo_req) {
+		if (p->proto == IPPROTO_ICMP ? is_icmp_error_v4(icmp->type)
+					     : is_icmp_error_v6(icmp->type)) {
+			p->kind = PKT_ICMP_ERR;
+		} else if (dir == DIR_EGRESS && icmp->type == echo_req) {
 			p->sport = icmp->id;
 			p->dport = 0;
 			p->kind = PKT_PORTS;
@@ -590,11 +601,20 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 			p->sport = dir == DIR_EGRESS ? icmp->id : 0;
 			p->dport = dir == DIR_EGRESS ? 0 : icmp->id;
 			p->kind = PKT_ECHO_INBOUND;
-		} else if (dir == DIR_INGRESS &&
-			   (p->proto == IPPROTO_ICMP ? is_icmp_error_v4(icmp->type)
-						     : is_icmp_error_v6(icmp->type))) {
-			p->kind = PKT_ICMP_ERR;
+		} else {
+			/* other types (timestamps, ...): address-only */
+			p->kind = PKT_ADDR;
 		}
+		break;
+	case IPPROTO_SCTP:
+		if (bpf_skb_load_bytes(skb, p->l4_off, &l4, 4) < 0)
+			return -1;
+		p->sport = l4.sport;
+		p->dport = l4.dport;
+		p->kind = PKT_SCTP;
+		break;
+	default:
+		p->kind = PKT_ADDR;
 		break;
 	}
 	return 0;
@@ -716,44 +736,67 @@ static __always_inline int masq_source_v6(struct __sk_buff *skb, const __u8 *src
 #define AF_INET_	2
 #define AF_INET6_	10
 
+/* The lookup's parameters (64 bytes) live in a per-CPU scratch value, not on
+ * the stack: the deepest call chains of the programs are near the 512-byte
+ * limit already. */
+/* Opaque to bpf2go, which cannot express the struct's anonymous unions. */
+struct fib_scratch_val {
+	__u8 raw[sizeof(struct bpf_fib_lookup)];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct fib_scratch_val);
+	__uint(max_entries, 1);
+} fib_scratch SEC(".maps");
+
+static __always_inline struct bpf_fib_lookup *fib_params(struct __sk_buff *skb, __u8 family)
+{
+	__u32 zero = 0;
+	struct bpf_fib_lookup *fib = (void *)bpf_map_lookup_elem(&fib_scratch, &zero);
+
+	if (!fib)
+		return NULL;
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = family;
+	fib->ifindex = skb->ifindex;
+	return fib;
+}
+
+#define FIB_SOURCE_FLAGS (BPF_FIB_LOOKUP_OUTPUT | BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH)
+
 /* fib_source_v4 returns 1 with *snat set, 0 when the kernel has no route
  * through this device, -1 when it has one but no source address for it. */
 static __always_inline int fib_source_v4(struct __sk_buff *skb, __be32 src, __be32 dst, __be32 *snat)
 {
-	struct bpf_fib_lookup fib = {
-		.family = AF_INET_,
-		.ifindex = skb->ifindex,
-		.ipv4_src = src,
-		.ipv4_dst = dst,
-	};
-	long ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
-				  BPF_FIB_LOOKUP_OUTPUT | BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH);
+	struct bpf_fib_lookup *fib = fib_params(skb, AF_INET_);
+	long ret;
 
-	if (ret == BPF_FIB_LKUP_RET_SUCCESS && fib.ifindex == skb->ifindex && fib.ipv4_src) {
-		*snat = fib.ipv4_src;
+	if (!fib)
+		return 0;
+	fib->ipv4_src = src;
+	fib->ipv4_dst = dst;
+	ret = bpf_fib_lookup(skb, fib, sizeof(*fib), FIB_SOURCE_FLAGS);
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS && fib->ifindex == skb->ifindex && fib->ipv4_src) {
+		*snat = fib->ipv4_src;
 		return 1;
 	}
 	return ret == BPF_FIB_LKUP_RET_NO_SRC_ADDR ? -1 : 0;
 }
 
-/* A function of its own: the lookup's parameters stay off the stack of the
- * NAT port allocation's call chain. The source goes to res->addr. */
-__noinline int fib_source_v6(struct __sk_buff *skb, const struct pkt *p, struct nat_v6_val *res)
+static __always_inline int fib_source_v6(struct __sk_buff *skb, const struct pkt *p, __u8 *snat)
 {
-	struct bpf_fib_lookup fib = {
-		.family = AF_INET6_,
-	};
+	struct bpf_fib_lookup *fib = fib_params(skb, AF_INET6_);
 	long ret;
 
-	if (!skb || !p || !res)
+	if (!fib)
 		return 0;
-	fib.ifindex = skb->ifindex;
-	__builtin_memcpy(fib.ipv6_src, p->v6.saddr, 16);
-	__builtin_memcpy(fib.ipv6_dst, p->v6.daddr, 16);
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
-			     BPF_FIB_LOOKUP_OUTPUT | BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH);
-	if (ret == BPF_FIB_LKUP_RET_SUCCESS && fib.ifindex == skb->ifindex) {
-		__builtin_memcpy(res->addr, fib.ipv6_src, 16);
+	__builtin_memcpy(fib->ipv6_src, p->v6.saddr, 16);
+	__builtin_memcpy(fib->ipv6_dst, p->v6.daddr, 16);
+	ret = bpf_fib_lookup(skb, fib, sizeof(*fib), FIB_SOURCE_FLAGS);
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS && fib->ifindex == skb->ifindex) {
+		__builtin_memcpy(snat, fib->ipv6_src, 16);
 		return 1;
 	}
 	return ret == BPF_FIB_LKUP_RET_NO_SRC_ADDR ? -1 : 0;
@@ -794,9 +837,9 @@ static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 src,
 	return COUNTER_MASQUERADED;
 }
 
-/* decide_v6 is decide_v4 for IPv6; the SNAT address goes to res->addr. */
+/* decide_v6 is decide_v4 for IPv6. */
 static __always_inline enum counter decide_v6(struct __sk_buff *skb, const struct pkt *p,
-					      const struct masq_rule *rule, struct nat_v6_val *res)
+					      const struct masq_rule *rule, __u8 *snat)
 {
 	const __u8 *dst = p->v6.daddr;
 	struct lpm_v6_key k = { .prefixlen = 128 };
@@ -814,10 +857,10 @@ static __always_inline enum counter decide_v6(struct __sk_buff *skb, const struc
 	if (!dev)
 		return COUNTER_SKIP_NO_SNAT_ADDR;
 	if (rule && rule->has_to) {
-		__builtin_memcpy(res->addr, rule->to_v6, 16);
+		__builtin_memcpy(snat, rule->to_v6, 16);
 		return COUNTER_MASQUERADED;
 	}
-	switch (fib_source_v6(skb, p, res)) {
+	switch (fib_source_v6(skb, p, snat)) {
 	case 1:
 		return COUNTER_MASQUERADED;
 	case -1:
@@ -825,7 +868,7 @@ static __always_inline enum counter decide_v6(struct __sk_buff *skb, const struc
 	}
 	if (!dev->has_v6)
 		return COUNTER_DROP_NO_SNAT_ADDR;
-	__builtin_memcpy(res->addr, dev->snat_v6, 16);
+	__builtin_memcpy(snat, dev->snat_v6, 16);
 	return COUNTER_MASQUERADED;
 }
 
@@ -1145,7 +1188,10 @@ __noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 no
 	return 0;
 }
 
-__noinline int nat_reusable_v6(const struct nat_v6_key *in, const struct nat_v6_key *out, __u64 now)
+/* Inlined into nat_create_v6: a call of its own would take the IPv6 egress
+ * path's stack over 512 bytes. */
+static __always_inline int nat_reusable_v6(const struct nat_v6_key *in, const struct nat_v6_key *out,
+					   __u64 now)
 {
 	struct masq_config *cfg = masq_cfg();
 	struct nat_v6_key peer;
@@ -1514,7 +1560,8 @@ allocated:
  * when port_off is non-zero, the port or echo identifier at port_off, fixing
  * the IPv4 header checksum and the L4 checksum at csum_off (0: this packet
  * carries no L4 header, a non-first fragment). */
-static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 addr_off, __be32 from, __be32 to,
+static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 l3_off, __u32 addr_off,
+				      __be32 from, __be32 to,
 				      __u8 proto, __u32 csum_off, __u32 port_off,
 				      __be16 pfrom, __be16 pto)
 {
@@ -1532,7 +1579,7 @@ static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 addr_off, __b
 				return -1;
 		}
 	}
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, to, 4) < 0)
+	if (bpf_l3_csum_replace(skb, l3_off + offsetof(struct iphdr, check), from, to, 4) < 0)
 		return -1;
 	if (bpf_skb_store_bytes(skb, addr_off, &to, 4, 0) < 0)
 		return -1;
@@ -1646,11 +1693,14 @@ static __always_inline int icmp_inner_ports(struct __sk_buff *skb, __u8 proto, _
 		__be16 c;
 	} h;
 
-	if (bpf_skb_load_bytes(skb, off, &h, sizeof(h)) < 0)
+	if (bpf_skb_load_bytes(skb, off, &h, sizeof(h)) < 0 &&
+	    (proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP ||
+	     proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6))
 		return -1;
 	switch (proto) {
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
 		/* quoted sport is our NAT port: reversed it is the reply's dport */
 		*sport = h.b;
 		*dport = h.a;
@@ -1666,7 +1716,12 @@ static __always_inline int icmp_inner_ports(struct __sk_buff *skb, __u8 proto, _
 		*port_off = off + 4;
 		return 0;
 	}
-	return -1;
+	/* address-only: no ports (the quote may be shorter than h: GRE, ESP
+	 * quotes hold 8 bytes at least, as RFC 792 promises) */
+	*sport = 0;
+	*dport = 0;
+	*port_off = 0;
+	return 0;
 }
 
 /* icmp_inner_l4_csum returns the offset of the quoted L4 checksum, or 0 when
@@ -1676,6 +1731,10 @@ static __always_inline __u32 icmp_inner_l4_csum(struct __sk_buff *skb, __u8 prot
 	__u32 csum_off = off + l4_csum_off(proto);
 	__be16 csum;
 
+	/* SCTP's CRC32c and GRE's checksum do not cover addresses or change */
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_ICMP &&
+	    proto != IPPROTO_ICMPV6)
+		return 0;
 	if (csum_off + 2 > skb->len)
 		return 0;
 	if (bpf_skb_load_bytes(skb, csum_off, &csum, 2) < 0)
@@ -1687,8 +1746,9 @@ static __always_inline __u32 icmp_inner_l4_csum(struct __sk_buff *skb, __u8 prot
 
 /* icmp_quote_port rewrites the quoted port (or echo id) and the quoted L4
  * checksum, and carries both changes into the outer ICMP checksum. addr_diff
- * is the change of the quoted source address for the quoted pseudo header
- * (0 for ICMP quotes, which have none). */
+ * is the change of the quoted address for the quoted pseudo header (0 for
+ * ICMP quotes, which have none). port_off 0: an address-only quote, no
+ * port. */
 static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csum, __u8 proto,
 					   __u32 l4_off, __u32 port_off, __be16 pfrom, __be16 pto,
 					   __u32 addr_diff)
@@ -1702,7 +1762,7 @@ static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csu
 		if (addr_diff &&
 		    bpf_l3_csum_replace(skb, csum_off, 0, addr_diff, 0) < 0)
 			return -1;
-		if (bpf_l3_csum_replace(skb, csum_off, pfrom, pto, 2) < 0)
+		if (port_off && bpf_l3_csum_replace(skb, csum_off, pfrom, pto, 2) < 0)
 			return -1;
 		if (bpf_skb_load_bytes(skb, csum_off, &new_csum, 2) < 0)
 			return -1;
@@ -1715,6 +1775,8 @@ static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csu
 		if (bpf_l4_csum_replace(skb, icmp_csum, old_csum, new_csum, 2) < 0)
 			return -1;
 	}
+	if (!port_off || pfrom == pto)
+		return 0;
 	if (bpf_l4_csum_replace(skb, icmp_csum, pfrom, pto, 2) < 0)
 		return -1;
 	if (bpf_skb_store_bytes(skb, port_off, &pto, 2, 0) < 0)
@@ -1751,8 +1813,8 @@ static __always_inline int icmp_error_v4(struct __sk_buff *skb, const struct pkt
 	pfrom = k.dport;
 
 	/* outer destination: the IPv4 header checksum only */
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, to, 4) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, daddr), &to, 4, 0) < 0)
+	if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), from, to, 4) < 0 ||
+	    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, daddr), &to, 4, 0) < 0)
 		goto err;
 	/* quoted source and quoted header checksum: net zero for the ICMP sum */
 	if (bpf_l3_csum_replace(skb, inner_off + offsetof(struct iphdr, check), from, to, 4) < 0 ||
@@ -1800,7 +1862,7 @@ static __always_inline int icmp_error_v6(struct __sk_buff *skb, const struct pkt
 
 	/* outer destination: in the ICMPv6 pseudo header */
 	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, BPF_F_PSEUDO_HDR | csum_ipv6_flag) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), to, 16, 0) < 0)
+	    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct ipv6hdr, daddr), to, 16, 0) < 0)
 		goto err;
 	/* quoted source: ICMPv6 payload */
 	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, 0) < 0 ||
@@ -1816,6 +1878,9 @@ err:
 	count(COUNTER_ERROR);
 	return TC_ACT_SHOT;
 }
+
+#include "icmp_egress.h"
+#include "proto.h"
 
 /* ---- Egress ------------------------------------------------------------- */
 
@@ -1836,7 +1901,7 @@ static __always_inline int egress_frag_v4(struct __sk_buff *skb, const struct pk
 		count(COUNTER_FRAG_UNKNOWN);
 		return TC_ACT_SHOT;
 	}
-	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, saddr), p->v4.saddr, f->addr,
+	if (rewrite_v4(skb, p->l3_off, p->l3_off + offsetof(struct iphdr, saddr), p->v4.saddr, f->addr,
 		       p->proto, 0, 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
@@ -1850,11 +1915,10 @@ static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pk
 {
 	struct frag_v6_val *f = frag_lookup_v6(p, DIR_EGRESS);
 	__u8 from[16], to[16];
-	struct nat_v6_val res;
 	enum counter c;
 
 	if (!f) {
-		c = decide_v6(skb, p, rule, &res);
+		c = decide_v6(skb, p, rule, to);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
@@ -1864,7 +1928,7 @@ static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pk
 	}
 	__builtin_memcpy(from, p->v6.saddr, 16);
 	__builtin_memcpy(to, f->addr, 16);
-	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), from, to,
+	if (rewrite_v6(skb, p->l3_off + offsetof(struct ipv6hdr, saddr), from, to,
 		       p->proto, 0, 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
@@ -1873,7 +1937,7 @@ static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pk
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int egress_v4(struct __sk_buff *skb)
+static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v4_key k = { .dir = DIR_EGRESS };
 	const struct masq_rule *rule;
@@ -1881,11 +1945,17 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	struct pkt p;
 	enum counter c;
 	__be32 snat;
+	int verdict;
 
+	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
 	}
+	/* Before the source check: the node's own errors count too. */
+	if (p.proto == IPPROTO_ICMP && p.frag == FRAG_NONE &&
+	    egress_icmp_error_v4(skb, &p, &verdict) == 0)
+		return verdict;
 	if (!masq_source_v4(skb, p.v4.saddr, &rule)) {
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
@@ -1898,13 +1968,17 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	if (p.kind == PKT_ECHO_INBOUND) {
-		count(inbound_reply_v4(&p) ? COUNTER_SKIP_INBOUND_REPLY : COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
+		if (inbound_reply_v4(&p)) {
+			count(COUNTER_SKIP_INBOUND_REPLY);
+			return TC_ACT_UNSPEC;
+		}
+		/* an echo reply of no flow we know of */
+		return egress_untranslatable_v4(skb, &p, rule);
 	}
-	if (p.kind != PKT_PORTS) {
-		count(COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
-	}
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return egress_fixed_v4(skb, &p, rule);
+	if (p.kind != PKT_PORTS)
+		return egress_untranslatable_v4(skb, &p, rule);
 
 	k.src = p.v4.saddr;
 	k.dst = p.v4.daddr;
@@ -1940,7 +2014,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	}
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v4(&p, DIR_EGRESS, nv.addr);
-	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, saddr), p.v4.saddr, nv.addr,
+	if (rewrite_v4(skb, p.l3_off, p.l3_off + offsetof(struct iphdr, saddr), p.v4.saddr, nv.addr,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_EGRESS), p.sport, nv.port) < 0) {
 		count(COUNTER_ERROR);
@@ -1950,7 +2024,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int egress_v6(struct __sk_buff *skb)
+static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v6_key k = { .dir = DIR_EGRESS };
 	struct nat_v6_val *v, nv;
@@ -1958,21 +2032,23 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 	__u8 from[16];
 	struct pkt p;
 	enum counter c;
-	int ret;
+	int ret, verdict;
 
+	p.l3_off = l3_off;
 	ret = parse_l3_v6(skb, &p);
 	if (ret < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
 	}
+	if (ret == 0 && p.proto == IPPROTO_ICMPV6 && p.frag == FRAG_NONE &&
+	    egress_icmp_error_v6(skb, &p, &verdict) == 0)
+		return verdict;
 	if (!masq_source_v6(skb, p.v6.saddr, &rule)) {
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
 	}
-	if (ret > 0) {
-		count(COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
-	}
+	if (ret > 0)
+		return egress_untranslatable_v6(skb, &p, rule);
 	if (p.frag == FRAG_LATER)
 		return egress_frag_v6(skb, &p, rule);
 	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
@@ -1980,13 +2056,17 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	if (p.kind == PKT_ECHO_INBOUND) {
-		count(inbound_reply_v6(&p) ? COUNTER_SKIP_INBOUND_REPLY : COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
+		if (inbound_reply_v6(&p)) {
+			count(COUNTER_SKIP_INBOUND_REPLY);
+			return TC_ACT_UNSPEC;
+		}
+		/* an echo reply of no flow we know of */
+		return egress_untranslatable_v6(skb, &p, rule);
 	}
-	if (p.kind != PKT_PORTS) {
-		count(COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
-	}
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return egress_fixed_v6(skb, &p, rule);
+	if (p.kind != PKT_PORTS)
+		return egress_untranslatable_v6(skb, &p, rule);
 
 	__builtin_memcpy(k.src, p.v6.saddr, 16);
 	__builtin_memcpy(k.dst, p.v6.daddr, 16);
@@ -2002,7 +2082,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 	} else {
 		if (egress_no_pair(&p, 1))
 			return TC_ACT_UNSPEC;
-		c = decide_v6(skb, &p, rule, &nv);
+		c = decide_v6(skb, &p, rule, nv.addr);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
@@ -2021,7 +2101,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_EGRESS, nv.addr);
 	__builtin_memcpy(from, p.v6.saddr, 16);
-	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), from, nv.addr,
+	if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, saddr), from, nv.addr,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_EGRESS), p.sport, nv.port) < 0) {
 		count(COUNTER_ERROR);
@@ -2031,23 +2111,39 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-SEC("tc")
-int ipmasq_egress(struct __sk_buff *skb)
+static __always_inline int egress(struct __sk_buff *skb, __u32 l3_off)
 {
 	switch (skb->protocol) {
 	case bpf_htons(ETH_P_IP):
-		return egress_v4(skb);
+		return egress_v4(skb, l3_off);
 	case bpf_htons(ETH_P_IPV6):
-		return egress_v6(skb);
+		return egress_v6(skb, l3_off);
 	}
 	return TC_ACT_UNSPEC;
+}
+
+/* Ethernet devices: the network header follows the Ethernet header. */
+SEC("tc")
+int ipmasq_egress(struct __sk_buff *skb)
+{
+	return egress(skb, ETH_HLEN);
+}
+
+/* Devices without a link-layer header (tun, WireGuard, ipip, sit, ip6tnl,
+ * point-to-point GRE): tc sees the packet from its network header. The
+ * offset is a constant per program, so the verifier and the compiler see
+ * the same code as the Ethernet variant's. */
+SEC("tc")
+int ipmasq_egress_l3(struct __sk_buff *skb)
+{
+	return egress(skb, 0);
 }
 
 /* ---- Ingress ------------------------------------------------------------ */
 
 /* Misses are not counted on ingress: most packets are the host's own. */
 
-static __always_inline int ingress_v4(struct __sk_buff *skb)
+static __always_inline int ingress_v4(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v4_key k = { .dir = DIR_INGRESS };
 	struct frag_v4_val *f;
@@ -2055,13 +2151,14 @@ static __always_inline int ingress_v4(struct __sk_buff *skb)
 	__be32 to;
 	struct pkt p;
 
+	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0)
 		return TC_ACT_UNSPEC;
 	if (p.frag == FRAG_LATER) {
 		f = frag_lookup_v4(&p, DIR_INGRESS);
 		if (!f)
 			return TC_ACT_UNSPEC;
-		if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, daddr), p.v4.daddr, f->addr,
+		if (rewrite_v4(skb, p.l3_off, p.l3_off + offsetof(struct iphdr, daddr), p.v4.daddr, f->addr,
 			       p.proto, 0, 0, 0, 0) < 0)
 			goto err;
 		count(COUNTER_FRAGMENTS);
@@ -2071,6 +2168,8 @@ static __always_inline int ingress_v4(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	if (p.kind == PKT_ICMP_ERR)
 		return icmp_error_v4(skb, &p);
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return ingress_fixed_v4(skb, &p);
 	if (p.kind == PKT_ECHO_INBOUND) {
 		inbound_track_v4(skb, &p);
 		return TC_ACT_UNSPEC;
@@ -2092,7 +2191,7 @@ static __always_inline int ingress_v4(struct __sk_buff *skb)
 	to = v->addr;
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v4(&p, DIR_INGRESS, to);
-	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, daddr), p.v4.daddr, to,
+	if (rewrite_v4(skb, p.l3_off, p.l3_off + offsetof(struct iphdr, daddr), p.v4.daddr, to,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, v->port) < 0)
 		goto err;
@@ -2103,7 +2202,7 @@ err:
 	return TC_ACT_SHOT;
 }
 
-static __always_inline int ingress_v6(struct __sk_buff *skb)
+static __always_inline int ingress_v6(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v6_key k = { .dir = DIR_INGRESS };
 	struct frag_v6_val *f;
@@ -2111,6 +2210,7 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 	__u8 from[16], to[16];
 	struct pkt p;
 
+	p.l3_off = l3_off;
 	if (parse_l3_v6(skb, &p) != 0)
 		return TC_ACT_UNSPEC;
 	__builtin_memcpy(from, p.v6.daddr, 16);
@@ -2119,7 +2219,7 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 		if (!f)
 			return TC_ACT_UNSPEC;
 		__builtin_memcpy(to, f->addr, 16);
-		if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), from, to,
+		if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, daddr), from, to,
 			       p.proto, 0, 0, 0, 0) < 0)
 			goto err;
 		count(COUNTER_FRAGMENTS);
@@ -2129,6 +2229,8 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	if (p.kind == PKT_ICMP_ERR)
 		return icmp_error_v6(skb, &p);
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return ingress_fixed_v6(skb, &p);
 	if (p.kind == PKT_ECHO_INBOUND) {
 		inbound_track_v6(skb, &p);
 		return TC_ACT_UNSPEC;
@@ -2150,7 +2252,7 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 	__builtin_memcpy(to, v->addr, 16);
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_INGRESS, to);
-	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), from, to,
+	if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, daddr), from, to,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, v->port) < 0)
 		goto err;
@@ -2161,14 +2263,25 @@ err:
 	return TC_ACT_SHOT;
 }
 
-SEC("tc")
-int ipmasq_ingress(struct __sk_buff *skb)
+static __always_inline int ingress(struct __sk_buff *skb, __u32 l3_off)
 {
 	switch (skb->protocol) {
 	case bpf_htons(ETH_P_IP):
-		return ingress_v4(skb);
+		return ingress_v4(skb, l3_off);
 	case bpf_htons(ETH_P_IPV6):
-		return ingress_v6(skb);
+		return ingress_v6(skb, l3_off);
 	}
 	return TC_ACT_UNSPEC;
+}
+
+SEC("tc")
+int ipmasq_ingress(struct __sk_buff *skb)
+{
+	return ingress(skb, ETH_HLEN);
+}
+
+SEC("tc")
+int ipmasq_ingress_l3(struct __sk_buff *skb)
+{
+	return ingress(skb, 0);
 }

@@ -22,7 +22,7 @@ const (
 	masqCounterCOUNTER_SKIP_NODE_DST       masqCounter = 3
 	masqCounterCOUNTER_SKIP_NOT_SOURCE     masqCounter = 4
 	masqCounterCOUNTER_SKIP_NO_SNAT_ADDR   masqCounter = 5
-	masqCounterCOUNTER_SKIP_UNSUPPORTED    masqCounter = 6
+	masqCounterCOUNTER_DROP_UNTRANSLATABLE masqCounter = 6
 	masqCounterCOUNTER_REVERSE             masqCounter = 7
 	masqCounterCOUNTER_ICMP_ERR_REVERSE    masqCounter = 8
 	masqCounterCOUNTER_NAT_FULL            masqCounter = 9
@@ -36,8 +36,13 @@ const (
 	masqCounterCOUNTER_SKIP_NOT_FLOW_START masqCounter = 17
 	masqCounterCOUNTER_NAT_REOPENED        masqCounter = 18
 	masqCounterCOUNTER_NAT_REUSED          masqCounter = 19
-	masqCounterCOUNTER_DROP_NO_SNAT_ADDR   masqCounter = 20
-	masqCounterCOUNTER_MAX                 masqCounter = 21
+	masqCounterCOUNTER_ICMP_ERR_EGRESS     masqCounter = 20
+	masqCounterCOUNTER_ICMP_ERR_UNMATCHED  masqCounter = 21
+	masqCounterCOUNTER_NAT_NEW_SCTP        masqCounter = 22
+	masqCounterCOUNTER_NAT_NEW_ADDR_ONLY   masqCounter = 23
+	masqCounterCOUNTER_PAIR_TAKEN          masqCounter = 24
+	masqCounterCOUNTER_DROP_NO_SNAT_ADDR   masqCounter = 25
+	masqCounterCOUNTER_MAX                 masqCounter = 26
 )
 
 type masqEgressDev struct {
@@ -47,6 +52,11 @@ type masqEgressDev struct {
 	HasV4  uint8
 	HasV6  uint8
 	Pad    [2]uint8
+}
+
+type masqFibScratchVal struct {
+	_   structs.HostLayout
+	Raw [64]uint8
 }
 
 type masqFragV4Key struct {
@@ -180,26 +190,29 @@ type masqNatV6Val struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	masqMapConfig         = "config"
-	masqMapCounters       = "counters"
-	masqMapEgressDevs     = "egress_devs"
-	masqMapFragV4         = "frag_v4"
-	masqMapFragV6         = "frag_v6"
-	masqMapMasqRulesV4    = "masq_rules_v4"
-	masqMapMasqRulesV6    = "masq_rules_v6"
-	masqMapMasqSrcV4      = "masq_src_v4"
-	masqMapMasqSrcV6      = "masq_src_v6"
-	masqMapNatV4          = "nat_v4"
-	masqMapNatV6          = "nat_v6"
-	masqMapNodeAddrsV4    = "node_addrs_v4"
-	masqMapNodeAddrsV6    = "node_addrs_v6"
-	masqMapNonmasqV4      = "nonmasq_v4"
-	masqMapNonmasqV6      = "nonmasq_v6"
-	masqProgIpmasqEgress  = "ipmasq_egress"
-	masqProgIpmasqIngress = "ipmasq_ingress"
-	masqVarCounterMax     = "counter_max"
-	masqVarCsumIpv6Flag   = "csum_ipv6_flag"
-	masqVarNatStateMax    = "nat_state_max"
+	masqMapConfig           = "config"
+	masqMapCounters         = "counters"
+	masqMapEgressDevs       = "egress_devs"
+	masqMapFibScratch       = "fib_scratch"
+	masqMapFragV4           = "frag_v4"
+	masqMapFragV6           = "frag_v6"
+	masqMapMasqRulesV4      = "masq_rules_v4"
+	masqMapMasqRulesV6      = "masq_rules_v6"
+	masqMapMasqSrcV4        = "masq_src_v4"
+	masqMapMasqSrcV6        = "masq_src_v6"
+	masqMapNatV4            = "nat_v4"
+	masqMapNatV6            = "nat_v6"
+	masqMapNodeAddrsV4      = "node_addrs_v4"
+	masqMapNodeAddrsV6      = "node_addrs_v6"
+	masqMapNonmasqV4        = "nonmasq_v4"
+	masqMapNonmasqV6        = "nonmasq_v6"
+	masqProgIpmasqEgress    = "ipmasq_egress"
+	masqProgIpmasqEgressL3  = "ipmasq_egress_l3"
+	masqProgIpmasqIngress   = "ipmasq_ingress"
+	masqProgIpmasqIngressL3 = "ipmasq_ingress_l3"
+	masqVarCounterMax       = "counter_max"
+	masqVarCsumIpv6Flag     = "csum_ipv6_flag"
+	masqVarNatStateMax      = "nat_state_max"
 )
 
 // loadMasq returns the embedded CollectionSpec for masq.
@@ -244,8 +257,10 @@ type masqSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqProgramSpecs struct {
-	IpmasqEgress  *ebpf.ProgramSpec `ebpf:"ipmasq_egress"`
-	IpmasqIngress *ebpf.ProgramSpec `ebpf:"ipmasq_ingress"`
+	IpmasqEgress    *ebpf.ProgramSpec `ebpf:"ipmasq_egress"`
+	IpmasqEgressL3  *ebpf.ProgramSpec `ebpf:"ipmasq_egress_l3"`
+	IpmasqIngress   *ebpf.ProgramSpec `ebpf:"ipmasq_ingress"`
+	IpmasqIngressL3 *ebpf.ProgramSpec `ebpf:"ipmasq_ingress_l3"`
 }
 
 // masqMapSpecs contains maps before they are loaded into the kernel.
@@ -255,6 +270,7 @@ type masqMapSpecs struct {
 	Config      *ebpf.MapSpec `ebpf:"config"`
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
 	EgressDevs  *ebpf.MapSpec `ebpf:"egress_devs"`
+	FibScratch  *ebpf.MapSpec `ebpf:"fib_scratch"`
 	FragV4      *ebpf.MapSpec `ebpf:"frag_v4"`
 	FragV6      *ebpf.MapSpec `ebpf:"frag_v6"`
 	MasqRulesV4 *ebpf.MapSpec `ebpf:"masq_rules_v4"`
@@ -301,6 +317,7 @@ type masqMaps struct {
 	Config      *ebpf.Map `ebpf:"config"`
 	Counters    *ebpf.Map `ebpf:"counters"`
 	EgressDevs  *ebpf.Map `ebpf:"egress_devs"`
+	FibScratch  *ebpf.Map `ebpf:"fib_scratch"`
 	FragV4      *ebpf.Map `ebpf:"frag_v4"`
 	FragV6      *ebpf.Map `ebpf:"frag_v6"`
 	MasqRulesV4 *ebpf.Map `ebpf:"masq_rules_v4"`
@@ -320,6 +337,7 @@ func (m *masqMaps) Close() error {
 		m.Config,
 		m.Counters,
 		m.EgressDevs,
+		m.FibScratch,
 		m.FragV4,
 		m.FragV6,
 		m.MasqRulesV4,
@@ -348,14 +366,18 @@ type masqVariables struct {
 //
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqPrograms struct {
-	IpmasqEgress  *ebpf.Program `ebpf:"ipmasq_egress"`
-	IpmasqIngress *ebpf.Program `ebpf:"ipmasq_ingress"`
+	IpmasqEgress    *ebpf.Program `ebpf:"ipmasq_egress"`
+	IpmasqEgressL3  *ebpf.Program `ebpf:"ipmasq_egress_l3"`
+	IpmasqIngress   *ebpf.Program `ebpf:"ipmasq_ingress"`
+	IpmasqIngressL3 *ebpf.Program `ebpf:"ipmasq_ingress_l3"`
 }
 
 func (p *masqPrograms) Close() error {
 	return _MasqClose(
 		p.IpmasqEgress,
+		p.IpmasqEgressL3,
 		p.IpmasqIngress,
+		p.IpmasqIngressL3,
 	)
 }
 

@@ -25,12 +25,24 @@ import (
 type hook struct {
 	name   string
 	attach ebpf.AttachType
-	prog   func(*bpf.Datapath) *ebpf.Program
+	// prog is the program for the device: the L3 variant when its packets
+	// start at the network header.
+	prog func(dp *bpf.Datapath, l3 bool) *ebpf.Program
 }
 
 var hooks = []hook{
-	{"egress", ebpf.AttachTCXEgress, func(d *bpf.Datapath) *ebpf.Program { return d.Egress }},
-	{"ingress", ebpf.AttachTCXIngress, func(d *bpf.Datapath) *ebpf.Program { return d.Ingress }},
+	{"egress", ebpf.AttachTCXEgress, func(dp *bpf.Datapath, l3 bool) *ebpf.Program {
+		if l3 {
+			return dp.EgressL3
+		}
+		return dp.Egress
+	}},
+	{"ingress", ebpf.AttachTCXIngress, func(dp *bpf.Datapath, l3 bool) *ebpf.Program {
+		if l3 {
+			return dp.IngressL3
+		}
+		return dp.Ingress
+	}},
 }
 
 // attachOps reconciles datapath-devices into pinned tcx links and
@@ -64,7 +76,7 @@ func (o *attachOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 	}
 	return o.netns.Do(func() error {
 		for _, h := range hooks {
-			if err := o.attachHook(d, h, h.prog(dp)); err != nil {
+			if err := o.attachHook(d, h, h.prog(dp, d.L3)); err != nil {
 				return err
 			}
 		}

@@ -21,6 +21,7 @@ const (
 	protoTCP    = bpf.ProtoTCP
 	protoUDP    = bpf.ProtoUDP
 	protoICMPv6 = bpf.ProtoICMPv6
+	protoSCTP   = 132
 )
 
 // monotonicNow is the clock of bpf_ktime_get_ns.

@@ -101,7 +101,10 @@ func FormatNAT(dp *bpf.Datapath) (string, error) {
 }
 
 func natLine(proto, dir uint8, src, dst, to netip.AddrPort) string {
-	name := map[uint8]string{protoTCP: "tcp", protoUDP: "udp", protoICMP: "icmp", protoICMPv6: "icmpv6"}[proto]
+	name, ok := map[uint8]string{protoTCP: "tcp", protoUDP: "udp", protoICMP: "icmp", protoICMPv6: "icmpv6", protoSCTP: "sctp"}[proto]
+	if !ok {
+		name = fmt.Sprintf("proto-%d", proto) // address-only: GRE 47, ESP 50, ...
+	}
 	if dir == bpf.DirEgress {
 		return fmt.Sprintf("%s egress %s -> %s: source becomes %s\n", name, src, dst, to)
 	}
