@@ -16,19 +16,10 @@ import (
 // under ipmasq and under Linux MASQUERADE (iptables-nft on the node), each
 // on a topology of its own, in the same test (issue #11's table).
 
-// ipmasqMasquerader starts ipmasq-agent on the node, masquerading
-// everything from the pod CIDRs, with the given extra flags.
-func ipmasqMasquerader(args ...string) masquerader {
-	return masquerader{name: "ipmasq", start: func(t *testing.T, topo *topology.Masquerade) {
-		a := newAgent(t, topo.Node, masqueradeAll)
-		a.args = args
-		a.start()
-	}}
-}
-
-// bothMasqueraders: ipmasq with default flags, and the reference.
-func bothMasqueraders() []masquerader {
-	return []masquerader{linuxMasquerade, ipmasqMasquerader()}
+// masqueradePods is the scenario of these tests: every pod flow to ext is
+// masqueraded, by ipmasq or by MASQUERADE.
+func masqueradePods(agentArgs ...string) setupSpec {
+	return setupSpec{config: masqueradeAll, sources: podSources, agentArgs: agentArgs}
 }
 
 // TestInboundConnections: ext routes to the pod CIDR and opens TCP, UDP and
@@ -37,12 +28,14 @@ func bothMasqueraders() []masquerader {
 // connection would hang otherwise); the pod's own flows are still
 // masqueraded.
 func TestInboundConnections(t *testing.T) {
-	runEach(t, bothMasqueraders(), func(t *testing.T, topo *topology.Masquerade) {
+	spec := masqueradePods()
+	spec.podAddressesOnWire = true // the pod answers ext from its own address
+	underBoth(t, spec, func(t *testing.T, s *scenario) {
+		topo, ext := s.topo, s.ext
 		if err := topo.RouteBack(); err != nil {
 			t.Fatal(err)
 		}
 		startServers(t, topo.Pod, topology.PodIP4, topology.PodIP6)
-		ext := startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
 		for _, c := range []struct{ pod, from netip.Addr }{
 			{topology.PodIP4, topology.ExtIP4}, {topology.PodIP6, topology.ExtIP6},
 		} {
@@ -85,7 +78,8 @@ const shortPort = 7100
 // range); BenchmarkPerDestinationRate has the full figure.
 func TestPerDestinationCapacity(t *testing.T) {
 	const rate, dur = 300, 20 * time.Second
-	runEach(t, bothMasqueraders(), func(t *testing.T, topo *topology.Masquerade) {
+	underBoth(t, masqueradePods(), func(t *testing.T, s *scenario) {
+		topo := s.topo
 		l, err := topology.ServeShort(topo.Ext, shortPort)
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +108,8 @@ func closerName(c byte) string {
 // and the program frees the port on its own, whatever the collector does).
 func TestUnansweredSYNsExpire(t *testing.T) {
 	const attempts = 5000
-	runEach(t, bothMasqueraders(), func(t *testing.T, topo *topology.Masquerade) {
+	underBoth(t, masqueradePods(), func(t *testing.T, s *scenario) {
+		topo := s.topo
 		l, err := topology.ServeShort(topo.Ext, shortPort)
 		if err != nil {
 			t.Fatal(err)
@@ -163,9 +158,8 @@ func TestUnansweredSYNsExpire(t *testing.T) {
 func TestSNATAddressLikeMasquerade(t *testing.T) {
 	// A short collection interval: a collector that wrongly ends flows does
 	// so within the test's wait.
-	ms := []masquerader{linuxMasquerade, ipmasqMasquerader("--nat-gc-interval=500ms")}
-	runEach(t, ms, func(t *testing.T, topo *topology.Masquerade) {
-		ext := startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
+	underBoth(t, masqueradePods("--nat-gc-interval=500ms"), func(t *testing.T, s *scenario) {
+		topo, ext := s.topo, s.ext
 		echo := func(c net.Conn, what string) {
 			t.Helper()
 			c.SetDeadline(time.Now().Add(3 * time.Second))
@@ -212,7 +206,8 @@ func TestSNATAddressLikeMasquerade(t *testing.T) {
 		echo(c4, "IPv4 flow after the default route changed")
 
 		// No address of the family on the device: the pod's address never
-		// leaves (ext would accept it: it routes back to the pods).
+		// leaves (ext would accept it: it routes back to the pods; the leak
+		// watcher sees every packet on ext's link).
 		if err := topo.RouteBack(); err != nil {
 			t.Fatal(err)
 		}
