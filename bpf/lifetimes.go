@@ -27,13 +27,16 @@ type Lifetimes struct {
 	UDPReplied time.Duration
 	// ICMP: an ICMP echo flow.
 	ICMP time.Duration
+	// Other: SCTP and address-only pairs (GRE, ESP and other protocols).
+	Other time.Duration
 }
 
 // DefaultLifetimes are conntrack's and Cilium's orders of magnitude: an
 // unanswered SYN 60 s (Cilium; conntrack 120 s), established TCP 6 h
 // (Cilium; conntrack 5 days), closing 2 min (conntrack's TIME_WAIT), reset
 // 10 s (conntrack's CLOSE), UDP 30 s one way and 2 min answered (conntrack),
-// ICMP 30 s (conntrack).
+// ICMP 30 s (conntrack), other protocols 10 min (conntrack's generic
+// timeout).
 var DefaultLifetimes = Lifetimes{
 	TCPSyn:         60 * time.Second,
 	TCPEstablished: 6 * time.Hour,
@@ -42,6 +45,7 @@ var DefaultLifetimes = Lifetimes{
 	UDP:            30 * time.Second,
 	UDPReplied:     2 * time.Minute,
 	ICMP:           30 * time.Second,
+	Other:          10 * time.Minute,
 }
 
 // NATState is a connection state (enum nat_state in masq.c).
@@ -56,12 +60,14 @@ const (
 	StateUDP            = NATState(masqNatStateNAT_UDP)
 	StateUDPReplied     = NATState(masqNatStateNAT_UDP_REPLIED)
 	StateICMP           = NATState(masqNatStateNAT_ICMP)
+	StateOther          = NATState(masqNatStateNAT_OTHER)
 	numStates           = NATState(masqNatStateNAT_STATE_MAX)
 )
 
 var stateNames = [numStates]string{
 	StateTCPSyn: "tcp-syn", StateTCPEstablished: "tcp-established", StateTCPClosing: "tcp-closing",
 	StateTCPReset: "tcp-reset", StateUDP: "udp", StateUDPReplied: "udp-replied", StateICMP: "icmp",
+	StateOther: "other",
 }
 
 func (s NATState) String() string {
@@ -98,8 +104,10 @@ func StateOf(proto, flags uint8) NATState {
 			return StateUDPReplied
 		}
 		return StateUDP
+	case ProtoICMP, ProtoICMPv6:
+		return StateICMP
 	}
-	return StateICMP
+	return StateOther
 }
 
 // Of returns the lifetime of a state.
@@ -111,6 +119,7 @@ func (l Lifetimes) array() [numStates]time.Duration {
 	return [numStates]time.Duration{
 		StateTCPSyn: l.TCPSyn, StateTCPEstablished: l.TCPEstablished, StateTCPClosing: l.TCPClosing,
 		StateTCPReset: l.TCPReset, StateUDP: l.UDP, StateUDPReplied: l.UDPReplied, StateICMP: l.ICMP,
+		StateOther: l.Other,
 	}
 }
 

@@ -170,6 +170,7 @@ enum nat_state {
 	NAT_UDP,		/* UDP, one way so far */
 	NAT_UDP_REPLIED,	/* UDP, answered */
 	NAT_ICMP,		/* ICMP echo */
+	NAT_OTHER,		/* SCTP and address-only pairs (GRE, ESP, ...) */
 	NAT_STATE_MAX,
 };
 
@@ -952,8 +953,11 @@ static __always_inline __u32 nat_state(__u8 proto, __u8 flags)
 		return flags & NAT_F_SEEN ? NAT_TCP_ESTABLISHED : NAT_TCP_SYN;
 	case IPPROTO_UDP:
 		return flags & NAT_F_SEEN ? NAT_UDP_REPLIED : NAT_UDP;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		return NAT_ICMP;
 	}
-	return NAT_ICMP;
+	return NAT_OTHER;
 }
 
 /* nat_expired says whether a pair last seen at last has outlived its state. */

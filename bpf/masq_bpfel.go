@@ -106,7 +106,7 @@ type masqMasqConfig struct {
 	PortMin   uint16
 	PortMax   uint16
 	Pad       uint32
-	TimeoutNs [7]uint64
+	TimeoutNs [8]uint64
 }
 
 type masqMasqRule struct {
@@ -141,7 +141,8 @@ const (
 	masqNatStateNAT_UDP             masqNatState = 4
 	masqNatStateNAT_UDP_REPLIED     masqNatState = 5
 	masqNatStateNAT_ICMP            masqNatState = 6
-	masqNatStateNAT_STATE_MAX       masqNatState = 7
+	masqNatStateNAT_OTHER           masqNatState = 7
+	masqNatStateNAT_STATE_MAX       masqNatState = 8
 )
 
 type masqNatV4Key struct {

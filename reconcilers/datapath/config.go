@@ -32,6 +32,7 @@ type Config struct {
 	TimeoutUDP            time.Duration `mapstructure:"nat-timeout-udp"`
 	TimeoutUDPReplied     time.Duration `mapstructure:"nat-timeout-udp-replied"`
 	TimeoutICMP           time.Duration `mapstructure:"nat-timeout-icmp"`
+	TimeoutOther          time.Duration `mapstructure:"nat-timeout-other"`
 }
 
 // Lifetimes are the NAT lifetimes of the flags; an error names the flag
@@ -44,7 +45,7 @@ func (c Config) Lifetimes() (bpf.Lifetimes, error) {
 		{"nat-timeout-tcp-syn", c.TimeoutTCPSyn}, {"nat-timeout-tcp-established", c.TimeoutTCPEstablished},
 		{"nat-timeout-tcp-closing", c.TimeoutTCPClosing}, {"nat-timeout-tcp-reset", c.TimeoutTCPReset},
 		{"nat-timeout-udp", c.TimeoutUDP}, {"nat-timeout-udp-replied", c.TimeoutUDPReplied},
-		{"nat-timeout-icmp", c.TimeoutICMP},
+		{"nat-timeout-icmp", c.TimeoutICMP}, {"nat-timeout-other", c.TimeoutOther},
 	} {
 		if f.d <= 0 {
 			return bpf.Lifetimes{}, fmt.Errorf("--%s=%s: want a positive duration, e.g. 30s", f.name, f.d)
@@ -53,6 +54,7 @@ func (c Config) Lifetimes() (bpf.Lifetimes, error) {
 	return bpf.Lifetimes{
 		TCPSyn: c.TimeoutTCPSyn, TCPEstablished: c.TimeoutTCPEstablished, TCPClosing: c.TimeoutTCPClosing,
 		TCPReset: c.TimeoutTCPReset, UDP: c.TimeoutUDP, UDPReplied: c.TimeoutUDPReplied, ICMP: c.TimeoutICMP,
+		Other: c.TimeoutOther,
 	}, nil
 }
 
@@ -72,6 +74,7 @@ var DefaultConfig = Config{
 	TimeoutUDP:            bpf.DefaultLifetimes.UDP,
 	TimeoutUDPReplied:     bpf.DefaultLifetimes.UDPReplied,
 	TimeoutICMP:           bpf.DefaultLifetimes.ICMP,
+	TimeoutOther:          bpf.DefaultLifetimes.Other,
 }
 
 // Flags implements cell.Flagger.
@@ -88,6 +91,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Duration("nat-timeout-udp", def.TimeoutUDP, "Lifetime of an idle UDP flow's NAT pair before the remote answers")
 	flags.Duration("nat-timeout-udp-replied", def.TimeoutUDPReplied, "Lifetime of an idle UDP flow's NAT pair once the remote has answered")
 	flags.Duration("nat-timeout-icmp", def.TimeoutICMP, "Lifetime of an idle ICMP echo flow's NAT pair")
+	flags.Duration("nat-timeout-other", def.TimeoutOther, "Lifetime of an idle SCTP or address-only (GRE, ESP, ...) NAT pair")
 }
 
 // PortRange is an inclusive port range.

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
 const (
@@ -124,30 +123,50 @@ func collectV6(m *ebpf.Map, l bpf.Lifetimes, now func() uint64, snat map[netip.A
 	return collectMap(m, bpf.MapNATV6, l, now, snat, describeV6)
 }
 
+// gcChunk is how many entries one batch read returns, and how many expired
+// entries one pass deletes at most: the collector's memory is bounded by it,
+// whatever the size of the map (the rest go in the next passes).
+const gcChunk = 4096
+
+// gcMaxExpiredPerPass bounds the keys a pass holds for deletion.
+const gcMaxExpiredPerPass = 64 * gcChunk
+
 func collectMap[K comparable, V comparable](m *ebpf.Map, name string, l bpf.Lifetimes, clock func() uint64,
 	snat map[netip.Addr]bool, describe func(K, V) natEntry[K]) (GCStats, error) {
 	now := clock()
-	// Batch reads and deletes: one syscall per few hundred entries rather
-	// than two per entry, so a large table costs little CPU per pass.
-	bm, err := bpfmap.NewMap[K, V](m)
-	if err != nil {
-		return GCStats{}, fmt.Errorf("read %s: %w", name, err)
-	}
-	// NewMap has just read the whole map.
-	entries := bm.Contents()
-	all := make(map[K]natEntry[K], len(entries))
-	for k, v := range entries {
-		all[k] = describe(k, v)
-	}
-	var expired []K
-	for k, e := range all {
-		last, flags := e.lastSeen, e.flags
-		if p, ok := all[e.peer]; ok && e.peer != k {
-			last, flags = max(last, p.lastSeen), flags|p.flags
+	var (
+		stats   GCStats
+		expired []K
+		cursor  ebpf.MapBatchCursor
+		keys    = make([]K, gcChunk)
+		vals    = make([]V, gcChunk)
+	)
+	// The map is read in batches and judged as it goes: an entry's own
+	// idle time against the shortest lifetime its pair can have says
+	// whether its other half is worth a lookup. Memory stays at one batch
+	// plus the expired keys, however large the map.
+	for len(expired) < gcMaxExpiredPerPass {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		done := errors.Is(err, ebpf.ErrKeyNotExist)
+		if err != nil && !done {
+			return stats, fmt.Errorf("read %s: %w", name, err)
 		}
-		gone := e.dir != bpf.DirInbound && snat != nil && !snat[e.snat]
-		if gone || expiredAt(l, now, last, e.proto, flags) {
-			expired = append(expired, k)
+		for i := range n {
+			stats.Entries++
+			e := describe(keys[i], vals[i])
+			if e.dir != bpf.DirInbound && snat != nil && !snat[e.snat] {
+				expired = append(expired, keys[i])
+				continue
+			}
+			if now <= e.lastSeen || time.Duration(now-e.lastSeen) <= shortestLifetime(l, e.proto, e.flags) {
+				continue
+			}
+			if pairExpired(m, l, now, keys[i], e, describe) {
+				expired = append(expired, keys[i])
+			}
+		}
+		if done {
+			break
 		}
 	}
 	// Read the candidates again: a packet since the scan revives a pair.
@@ -160,19 +179,65 @@ func collectMap[K comparable, V comparable](m *ebpf.Map, name string, l bpf.Life
 		if e.dir != bpf.DirInbound && snat != nil && !snat[e.snat] {
 			return false
 		}
-		last, flags := e.lastSeen, e.flags
-		if p, ok := lookupEntry(m, e.peer, describe); ok && e.peer != k {
-			last, flags = max(last, p.lastSeen), flags|p.flags
-		}
-		return !expiredAt(l, now, last, e.proto, flags)
+		return !pairExpired(m, l, now, k, e, describe)
 	})
+	stats.Expired = len(expired)
 	var errs []error
-	for _, err := range bm.Delete(expired) {
-		if err != nil {
-			errs = append(errs, err)
+	for chunk := range slices.Chunk(expired, gcChunk) {
+		if _, err := m.BatchDelete(chunk, nil); err != nil {
+			// Some were gone already (deleted by the programs): one by one.
+			for _, k := range chunk {
+				if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					errs = append(errs, fmt.Errorf("delete from %s: %w", name, err))
+				}
+			}
 		}
 	}
-	return GCStats{Entries: len(all), Expired: len(expired)}, errors.Join(errs...)
+	return stats, errors.Join(errs...)
+}
+
+// pairExpired judges an entry together with its other half, read now.
+func pairExpired[K comparable, V comparable](m *ebpf.Map, l bpf.Lifetimes, now uint64, k K, e natEntry[K],
+	describe func(K, V) natEntry[K]) bool {
+	last, flags := e.lastSeen, e.flags
+	if e.peer != k {
+		if p, ok := lookupEntry(m, e.peer, describe); ok {
+			last, flags = max(last, p.lastSeen), flags|p.flags
+		}
+	}
+	return expiredAt(l, now, last, e.proto, flags)
+}
+
+// shortestLifetime is the shortest lifetime a pair can have given the flags
+// one of its entries carries (the other half may add flags): an entry idle
+// for less than that cannot belong to an expired pair.
+func shortestLifetime(l bpf.Lifetimes, proto, flags uint8) time.Duration {
+	var states []bpf.NATState
+	switch proto {
+	case protoTCP:
+		states = []bpf.NATState{bpf.StateTCPReset}
+		if flags&bpf.NATFlagRST == 0 {
+			states = append(states, bpf.StateTCPClosing)
+			if flags&bpf.NATFlagFIN == 0 {
+				states = append(states, bpf.StateTCPEstablished)
+				if flags&bpf.NATFlagSeen == 0 {
+					states = append(states, bpf.StateTCPSyn)
+				}
+			}
+		}
+	case protoUDP:
+		states = []bpf.NATState{bpf.StateUDPReplied}
+		if flags&bpf.NATFlagSeen == 0 {
+			states = append(states, bpf.StateUDP)
+		}
+	default:
+		states = []bpf.NATState{bpf.StateOf(proto, flags)}
+	}
+	shortest := l.Of(states[0])
+	for _, s := range states[1:] {
+		shortest = min(shortest, l.Of(s))
+	}
+	return shortest
 }
 
 func lookupEntry[K comparable, V comparable](m *ebpf.Map, k K, describe func(K, V) natEntry[K]) (natEntry[K], bool) {
