@@ -7,7 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
@@ -256,4 +260,54 @@ func replaceDefault(t *testing.T, n *topology.Netns, gw string) {
 		Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}); err != nil {
 		t.Fatalf("default route via %s: %v", gw, err)
 	}
+}
+
+// TestForeignTCProgramsFirst: another tcx program (attached before the
+// masquerader started) and a clsact filter on the node's uplink both
+// return "pass" for every packet, in both directions. Pods are still
+// masqueraded and their replies translated back: ipmasq's programs run at
+// the head of the tcx chain.
+func TestForeignTCProgramsFirst(t *testing.T) {
+	spec := masqueradePods()
+	spec.beforeStart = func(t *testing.T, topo *topology.Masquerade) {
+		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+			Name: "foreign_pass", Type: ebpf.SchedCLS, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}, // TC_ACT_OK
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { prog.Close() })
+		eth0, err := topo.Node.NL.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, attach := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			err := topo.Node.Do(func() error {
+				l, err := link.AttachTCX(link.TCXOptions{Interface: eth0.Attrs().Index, Program: prog, Attach: attach, Anchor: link.Head()})
+				if err == nil {
+					t.Cleanup(func() { l.Close() })
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatalf("foreign tcx program: %v", err)
+			}
+		}
+		if err := topo.Node.NL.QdiscAdd(&netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{
+			LinkIndex: eth0.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}); err != nil {
+			t.Fatalf("clsact qdisc: %v", err)
+		}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			if err := topo.Node.NL.FilterAdd(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{
+				LinkIndex: eth0.Attrs().Index, Parent: parent, Handle: netlink.MakeHandle(0, 1), Protocol: unix.ETH_P_ALL, Priority: 1},
+				Fd: prog.FD(), Name: "foreign_pass", DirectAction: true}); err != nil {
+				t.Fatalf("foreign clsact filter: %v", err)
+			}
+		}
+	}
+	underBoth(t, spec, func(t *testing.T, s *scenario) {
+		checkSource(t, s.topo, s.ext, topology.RemoteIP4, topology.NodeIP4, 3)
+		checkSource(t, s.topo, s.ext, topology.RemoteIP6, topology.NodeIP6, 3)
+	})
 }

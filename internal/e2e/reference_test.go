@@ -44,6 +44,8 @@ type setupSpec struct {
 	// podAddressesOnWire: the scenario sends pod addresses to ext on
 	// purpose (answers to flows ext opened), so there is no leak watcher.
 	podAddressesOnWire bool
+	// beforeStart runs on the topology before the masquerader starts.
+	beforeStart func(t *testing.T, topo *topology.Masquerade)
 }
 
 var podSources = []string{topology.PodCIDR4, topology.PodCIDR6}
@@ -71,6 +73,9 @@ func underBoth(t *testing.T, spec setupSpec, fn func(t *testing.T, s *scenario))
 			var leaks *leakWatch
 			if !spec.podAddressesOnWire {
 				leaks = watchLeaks(t, topo.Ext, "eth0", topology.PodCIDR4, topology.PodCIDR6, topology.ClientCIDR4, topology.ClientCIDR6)
+			}
+			if spec.beforeStart != nil {
+				spec.beforeStart(t, topo)
 			}
 			if name == "ipmasq" {
 				s.agent = newAgent(t, topo.Node, spec.config)

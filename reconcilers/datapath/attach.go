@@ -124,8 +124,13 @@ func (o *attachOps) attach(d *tables.DatapathDevice, h hook, prog *ebpf.Program)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		os.Remove(path)
 	}
-	// The index is resolved in the caller's namespace (see Update).
-	l, err := link.AttachTCX(link.TCXOptions{Interface: d.Index, Program: prog, Attach: h.attach})
+	// The index is resolved in the caller's namespace (see Update). At the
+	// head of the device's tcx chain: a program before ours that returns
+	// "pass" (another CNI, a monitoring program) would otherwise keep a
+	// reply from being translated back, or a pod's packet from being
+	// masqueraded. Ours returns "next", so the others still see every
+	// packet, translated. An existing pinned link keeps its place.
+	l, err := link.AttachTCX(link.TCXOptions{Interface: d.Index, Program: prog, Attach: h.attach, Anchor: link.Head()})
 	if err != nil {
 		return fmt.Errorf("%s %s: attach tcx program: %w", d.Name, h.name, err)
 	}
