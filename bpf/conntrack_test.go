@@ -247,3 +247,37 @@ func TestLostReplyEntryRestored(t *testing.T) {
 		t.Fatalf("reply went to %v:%d", p.dst, p.dport)
 	}
 }
+
+// TestResizedNATMapKeepsPairs: loading with another --nat-max-entries
+// replaces the pinned NAT maps, copying their pairs first: established
+// flows keep their ports and their replies are still translated.
+func TestResizedNATMapKeepsPairs(t *testing.T) {
+	e := newEnv(t, envOptions{natMax: 64})
+	f4 := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}
+	port4 := masqueraded(t, e.egress(f4.packet()), f4, snat4)
+	f6 := flow{src: pod6, dst: remote6, proto: protoUDP, sport: 40000, dport: 53}
+	port6 := masqueraded(t, e.egress(f6.packet()), f6, snat6)
+
+	for _, size := range []uint32{4096, 32} {
+		dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: size})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.dp.Close()
+		e.dp = dp2
+		if got := e.dp.Maps.NatV4.MaxEntries(); got != size {
+			t.Fatalf("nat_v4 holds %d entries, want %d", got, size)
+		}
+		e.tb.Cleanup(func() { dp2.Close() })
+		f4.tcpFlags = tcpACK
+		if got := masqueraded(t, e.egress(f4.packet()), f4, snat4); got != port4 {
+			t.Fatalf("size %d: NAT port %d, before %d", size, got, port4)
+		}
+		if p := parse(t, e.ingress(reply(f4, snat4, port4).packet())); p.dst != pod1 || p.dport != 40000 {
+			t.Fatalf("size %d: reply went to %v:%d", size, p.dst, p.dport)
+		}
+		if got := masqueraded(t, e.egress(f6.packet()), f6, snat6); got != port6 {
+			t.Fatalf("size %d: IPv6 NAT port %d, before %d", size, got, port6)
+		}
+	}
+}

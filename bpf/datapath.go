@@ -132,7 +132,13 @@ func Load(opts LoadOptions) (*Datapath, error) {
 			MapNodeAddrsV4, MapNodeAddrsV6, MapEgressDevs, MapConfig,
 			MapNATV4, MapNATV6, MapFragV4, MapFragV6, MapCounters,
 		} {
-			m, err := bpfmap.OpenPinned(opts.Logger, opts.PinDir, spec.Maps[name])
+			open := bpfmap.OpenPinned
+			if name == MapNATV4 || name == MapNATV6 {
+				// A resized NAT map keeps its pairs: established flows
+				// survive a changed --nat-max-entries.
+				open = bpfmap.OpenPinnedKeep
+			}
+			m, err := open(opts.Logger, opts.PinDir, spec.Maps[name])
 			if err != nil {
 				return nil, err
 			}
