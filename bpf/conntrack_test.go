@@ -281,3 +281,38 @@ func TestResizedNATMapKeepsPairs(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeFlowPortHeldFromNAT: a node socket that bound a port of the NAT
+// range talks to a remote; no pod flow to that remote gets that port, and
+// the remote's replies reach the node untranslated.
+func TestNodeFlowPortHeldFromNAT(t *testing.T) {
+	e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+	if err := e.dp.Maps.NodeAddrsV4.Put(snat4.As4(), uint8(1)); err != nil {
+		t.Fatal(err)
+	}
+	node := flow{src: snat4, dst: remote4, proto: protoUDP, sport: 61000, dport: 53}
+	before := e.counters()
+	in := node.packet()
+	unchanged(t, in, e.egress(in))
+	e.checkCounters(before, map[Counter]uint64{CounterSkipNotSource: 1, CounterHostFlowNew: 1})
+
+	pod := flow{src: pod1, dst: remote4, proto: protoUDP, sport: 5000, dport: 53}
+	before = e.counters()
+	if ret, _ := e.run(e.dp.Egress, pod.packet()); ret != tcActShot {
+		t.Fatalf("pod flow while the node holds the only port: verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterNoPort: 1})
+
+	r := flow{src: remote4, dst: snat4, proto: protoUDP, sport: 53, dport: 61000}
+	before = e.counters()
+	in = r.packet()
+	unchanged(t, in, e.ingress(in))
+	e.checkCounters(before, map[Counter]uint64{})
+
+	// Another remote is free to use the port.
+	other := flow{src: pod1, dst: netip.MustParseAddr("1.1.1.1"), proto: protoUDP, sport: 5000, dport: 53}
+	masqueradedRange(t, e.egress(other.packet()), 61000, 61000)
+	// Once the node flow is idle past its lifetime, the port is free again.
+	e.age(DefaultLifetimes.UDPReplied + time.Second)
+	masqueradedRange(t, e.egress(pod.packet()), 61000, 61000)
+}

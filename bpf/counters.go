@@ -38,6 +38,7 @@ const (
 	CounterNATNewAddrOnly     = Counter(masqCounterCOUNTER_NAT_NEW_ADDR_ONLY)
 	CounterPairTaken          = Counter(masqCounterCOUNTER_PAIR_TAKEN)
 	CounterDropNoSNATAddr     = Counter(masqCounterCOUNTER_DROP_NO_SNAT_ADDR)
+	CounterHostFlowNew        = Counter(masqCounterCOUNTER_HOST_FLOW_NEW)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -70,6 +71,7 @@ var counterNames = [NumCounters]string{
 	CounterNATNewAddrOnly:     "nat-new-address-only",
 	CounterPairTaken:          "drop-pair-taken",
 	CounterDropNoSNATAddr:     "drop-no-snat-address",
+	CounterHostFlowNew:        "host-flow-new",
 }
 
 // String returns the counter's name as shown to operators.
@@ -135,6 +137,8 @@ func (c Counter) Description() string {
 		return "dropped: another source holds the SCTP port or address-only pair to this remote"
 	case CounterDropNoSNATAddr:
 		return "dropped: to be masqueraded, but the egress device has no address of the family"
+	case CounterHostFlowNew:
+		return "node flows from a port of the NAT range whose tuple is held so no NAT pair takes it"
 	}
 	return ""
 }

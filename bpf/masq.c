@@ -104,6 +104,7 @@ enum counter {
 	COUNTER_NAT_NEW_ADDR_ONLY,	/* new address-only pairs: GRE, ESP, other protocols (also in COUNTER_NAT_NEW) */
 	COUNTER_PAIR_TAKEN,		/* dropped: another source holds the SCTP port or address-only pair to this remote */
 	COUNTER_DROP_NO_SNAT_ADDR,	/* dropped: to be masqueraded, but the device has no address of the family */
+	COUNTER_HOST_FLOW_NEW,		/* node flows whose tuple is held from NAT (a node socket's port in the NAT range) */
 	COUNTER_MAX,
 };
 
@@ -210,7 +211,8 @@ struct nat_v6_key {
 #define NAT_F_FIN	0x01	/* this direction sent a FIN */
 #define NAT_F_RST	0x02	/* this direction sent a RST */
 #define NAT_F_SEEN	0x04	/* dir 1 and 2: the answering side has sent a packet */
-#define NAT_F_STORED	(NAT_F_FIN | NAT_F_RST | NAT_F_SEEN)
+#define NAT_F_HOST	0x08	/* dir 1: a node flow's tuple, held so no NAT pair takes it */
+#define NAT_F_STORED	(NAT_F_FIN | NAT_F_RST | NAT_F_SEEN | NAT_F_HOST)
 /* pkt.tcp_flags only, never stored. */
 #define PKT_F_SYN	0x40
 #define PKT_F_ACK	0x80
@@ -1177,6 +1179,8 @@ __noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 no
 	r = bpf_map_lookup_elem(&nat_v4, in);
 	if (!r)
 		return 1;
+	if (r->flags & NAT_F_HOST)
+		return nat_expired(cfg, in->proto, r->flags, r->last_seen_ns, now);
 	nat_pair_v4(in, r, &peer);
 	o = bpf_map_lookup_elem(&nat_v4, &peer);
 	if (!o || o->addr != in->dst || o->port != in->dport)
@@ -1207,6 +1211,8 @@ static __always_inline int nat_reusable_v6(const struct nat_v6_key *in, const st
 	r = bpf_map_lookup_elem(&nat_v6, in);
 	if (!r)
 		return 1;
+	if (r->flags & NAT_F_HOST)
+		return nat_expired(cfg, in->proto, r->flags, r->last_seen_ns, now);
 	nat_pair_v6(in, r, &peer);
 	o = bpf_map_lookup_elem(&nat_v6, &peer);
 	if (!o || !addr6_equal(o->addr, in->dst) || o->port != in->dport)
@@ -1381,6 +1387,97 @@ static __always_inline int egress_no_pair(const struct pkt *p, int is_v6)
 		count(COUNTER_SKIP_NOT_FLOW_START);
 		return 1;
 	}
+	return 0;
+}
+
+/* ---- The node's own flows ---------------------------------------------- */
+
+/*
+ * A node socket may bind a port of the NAT range by itself (resolvers that
+ * pick random ports do; the kernel's automatic choice avoids the range,
+ * which the agent reserves). Like nf_nat_used_tuple, a node flow toward a
+ * remote holds its reply tuple in the NAT map (a dir-1 entry marked
+ * NAT_F_HOST, created by the flow's first packet), so no NAT pair takes
+ * that port toward that remote, and its replies pass the ingress program
+ * untouched. The entry lives by the flow's state, refreshed by its replies
+ * (the ingress lookup happens anyway) and its first packets. Only packets
+ * that can start a flow look it up: the node's other packets cost no map
+ * operation.
+ */
+
+__noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
+{
+	struct nat_v4_key k = { .dir = DIR_INGRESS };
+	struct nat_v4_val *v, nv = { .flags = NAT_F_HOST };
+	struct masq_config *cfg = masq_cfg();
+	__u16 port;
+
+	if (!skb || !p || !cfg || p->frag == FRAG_LATER)
+		return 0;
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return 0;
+	if (parse_l4(skb, p, DIR_EGRESS) < 0 || !flow_start(p, DIR_EGRESS))
+		return 0;
+	port = bpf_ntohs(p->sport);
+	if (port < cfg->port_min || port > cfg->port_max)
+		return 0;
+	if (!bpf_map_lookup_elem(&node_addrs_v4, &p->v4.saddr))
+		return 0;
+	k.src = p->v4.daddr;
+	k.dst = p->v4.saddr;
+	k.sport = p->dport;
+	k.dport = p->sport;
+	k.proto = p->proto;
+	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (v) {
+		if (v->flags & NAT_F_HOST)
+			nat_touch_v4(v, 0);
+		return 0;
+	}
+	nv.addr = p->v4.saddr;
+	nv.port = p->sport;
+	nv.last_seen_ns = bpf_ktime_get_ns();
+	nv.created_ns = nv.last_seen_ns;
+	if (bpf_map_update_elem(&nat_v4, &k, &nv, BPF_NOEXIST) == 0)
+		count(COUNTER_HOST_FLOW_NEW);
+	return 0;
+}
+
+__noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
+{
+	struct nat_v6_key k = { .dir = DIR_INGRESS };
+	struct nat_v6_val *v, nv = { .flags = NAT_F_HOST };
+	struct masq_config *cfg = masq_cfg();
+	__u16 port;
+
+	if (!skb || !p || !cfg || p->frag == FRAG_LATER)
+		return 0;
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return 0;
+	if (parse_l4(skb, p, DIR_EGRESS) < 0 || !flow_start(p, DIR_EGRESS))
+		return 0;
+	port = bpf_ntohs(p->sport);
+	if (port < cfg->port_min || port > cfg->port_max)
+		return 0;
+	if (!bpf_map_lookup_elem(&node_addrs_v6, p->v6.saddr))
+		return 0;
+	__builtin_memcpy(k.src, p->v6.daddr, 16);
+	__builtin_memcpy(k.dst, p->v6.saddr, 16);
+	k.sport = p->dport;
+	k.dport = p->sport;
+	k.proto = p->proto;
+	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (v) {
+		if (v->flags & NAT_F_HOST)
+			nat_touch_v6(v, 0);
+		return 0;
+	}
+	__builtin_memcpy(nv.addr, p->v6.saddr, 16);
+	nv.port = p->sport;
+	nv.last_seen_ns = bpf_ktime_get_ns();
+	nv.created_ns = nv.last_seen_ns;
+	if (bpf_map_update_elem(&nat_v6, &k, &nv, BPF_NOEXIST) == 0)
+		count(COUNTER_HOST_FLOW_NEW);
 	return 0;
 }
 
@@ -1961,6 +2058,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	    egress_icmp_error_v4(skb, &p, &verdict) == 0)
 		return verdict;
 	if (!masq_source_v4(skb, p.v4.saddr, &rule)) {
+		host_flow_v4(skb, &p);
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
 	}
@@ -2048,6 +2146,8 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	    egress_icmp_error_v6(skb, &p, &verdict) == 0)
 		return verdict;
 	if (!masq_source_v6(skb, p.v6.saddr, &rule)) {
+		if (ret == 0)
+			host_flow_v6(skb, &p);
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
 	}
@@ -2192,6 +2292,8 @@ static __always_inline int ingress_v4(struct __sk_buff *skb, __u32 l3_off)
 		return TC_ACT_UNSPEC;
 	}
 	nat_touch_v4(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	if (v->flags & NAT_F_HOST)
+		return TC_ACT_UNSPEC; /* a node flow's reply */
 	to = v->addr;
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v4(&p, DIR_INGRESS, to);
@@ -2253,6 +2355,8 @@ static __always_inline int ingress_v6(struct __sk_buff *skb, __u32 l3_off)
 		return TC_ACT_UNSPEC;
 	}
 	nat_touch_v6(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	if (v->flags & NAT_F_HOST)
+		return TC_ACT_UNSPEC; /* a node flow's reply */
 	__builtin_memcpy(to, v->addr, 16);
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_INGRESS, to);

@@ -42,7 +42,8 @@ const (
 	masqCounterCOUNTER_NAT_NEW_ADDR_ONLY   masqCounter = 23
 	masqCounterCOUNTER_PAIR_TAKEN          masqCounter = 24
 	masqCounterCOUNTER_DROP_NO_SNAT_ADDR   masqCounter = 25
-	masqCounterCOUNTER_MAX                 masqCounter = 26
+	masqCounterCOUNTER_HOST_FLOW_NEW       masqCounter = 26
+	masqCounterCOUNTER_MAX                 masqCounter = 27
 )
 
 type masqEgressDev struct {

@@ -42,6 +42,9 @@ const (
 	// NATFlagSeen: the reply direction (or an inbound flow's source) has
 	// sent a packet, the flow is answered.
 	NATFlagSeen = 0x04
+	// NATFlagHost marks a dir-1 entry that holds a node flow's reply tuple
+	// (a node socket's port in the NAT range), so no NAT pair takes it.
+	NATFlagHost = 0x08
 )
 
 // Addr4 returns an IPv4 address as the uint32 the maps hold (network byte

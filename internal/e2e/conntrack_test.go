@@ -311,3 +311,70 @@ func TestForeignTCProgramsFirst(t *testing.T) {
 		checkSource(t, s.topo, s.ext, topology.RemoteIP6, topology.NodeIP6, 3)
 	})
 }
+
+// TestNodeSocketInNATRange: a node socket bound to a port of the NAT range
+// (as resolvers that pick random ports do) talks to a server; a pod then
+// talks to the same server from the same port number. Both get every
+// answer: the pod's flow gets another NAT port, as MASQUERADE remaps it
+// around the node's conntrack entry.
+func TestNodeSocketInNATRange(t *testing.T) {
+	const port = 61000
+	underBoth(t, masqueradePods(), func(t *testing.T, s *scenario) {
+		for _, c := range []struct{ node, pod, remote netip.Addr }{
+			{topology.NodeIP4, topology.PodIP4, topology.RemoteIP4},
+			{topology.NodeIP6, topology.PodIP6, topology.RemoteIP6},
+		} {
+			nodeSock := bindUDP(t, s.topo.Node, netip.AddrPortFrom(c.node, port))
+			podSock := bindUDP(t, s.topo.Pod, netip.AddrPortFrom(c.pod, port))
+			dst := netip.AddrPortFrom(c.remote, udpPort)
+			if seen := askUDP(t, nodeSock, dst); seen != c.node.String() {
+				t.Fatalf("node socket: server saw %q", seen)
+			}
+			for i := range 3 {
+				if seen := askUDP(t, podSock, dst); seen != c.node.String() {
+					t.Fatalf("pod socket, query %d: server saw %q, want %s", i, seen, c.node)
+				}
+				if seen := askUDP(t, nodeSock, dst); seen != c.node.String() {
+					t.Fatalf("node socket after the pod's query %d: server saw %q", i, seen)
+				}
+			}
+		}
+	})
+}
+
+// bindUDP opens a UDP socket bound to a in n.
+func bindUDP(t *testing.T, n *topology.Netns, a netip.AddrPort) *net.UDPConn {
+	t.Helper()
+	var c *net.UDPConn
+	if err := n.Do(func() (err error) {
+		c, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(a))
+		return err
+	}); err != nil {
+		t.Fatalf("bind %s in %s: %v", a, n.Name, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// askUDP sends a query to a udpPort server and returns the source it saw;
+// the answer must come from dst.
+func askUDP(t *testing.T, c *net.UDPConn, dst netip.AddrPort) string {
+	t.Helper()
+	buf := make([]byte, 128)
+	for try := 0; try < 3; try++ {
+		if _, err := c.WriteToUDPAddrPort([]byte("who am i"), dst); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			continue
+		}
+		if from.Addr().Unmap() != dst.Addr() || from.Port() != dst.Port() {
+			t.Fatalf("answer from %s, want %s", from, dst)
+		}
+		return string(buf[:n])
+	}
+	t.Fatalf("%s: no answer from %s", c.LocalAddr(), dst)
+	return ""
+}
