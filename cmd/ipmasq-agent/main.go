@@ -59,7 +59,7 @@ func newRootCommand() *cobra.Command {
 	h.RegisterFlags(root.Flags())
 	root.AddCommand(h.Command(), newMapsCommand(),
 		shell.ShellCmd(agent.DefaultShellSock, "ipmasq> ", func(w io.Writer) {
-			fmt.Fprintln(w, "ipmasq agent shell: db/show <table>, maps/dump, datapath/nat, datapath/counters, config/status, ipmasq/status; help lists all")
+			fmt.Fprintln(w, "ipmasq agent shell (read-only): db/show <table>, maps/dump, datapath/nat, datapath/counters, config/status, ipmasq/status; help lists all")
 		}),
 		newStatusCommand())
 	return root
