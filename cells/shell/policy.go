@@ -33,7 +33,7 @@ var (
 	writesFileRows = map[string]string{"out": whyOut, "delete": whyDelete}
 )
 
-// Allowed is the shell's allow-list: every command an operator may run on a
+// allowed is the shell's allow-list: every command an operator may run on a
 // live agent. Each one only reads (tables, maps, the kernel's rules, health)
 // or is an operator action that is safe by design: it makes the kernel match
 // the desired state sooner than it would anyway (maps/resync, datapath/gc).

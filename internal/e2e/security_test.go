@@ -112,6 +112,18 @@ func TestShellReadOnly(t *testing.T) {
 		t.Errorf("maps after refused writes:\n%s", out)
 	}
 
+	// An interactive session (hive's client, commands on stdin) gets the
+	// same answers and goes on after a refusal.
+	session := exec.Command(agentBin, "shell", "--shell-sock-path="+filepath.Join(a.dir, "shell.sock"))
+	// The client reads a terminal: Enter is a carriage return.
+	session.Stdin = strings.NewReader("exec id\rdb/show endpoints\rhelp -a datapath/\r")
+	out, err := session.CombinedOutput()
+	for _, want := range []string{"exec: not available in the agent's read-only shell", "pod-a", "datapath/nat"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("interactive session (%v) lacks %q:\n%s", err, want, out)
+		}
+	}
+
 	// db/watch streams until the client goes away: an allocation shows up.
 	conn, err := net.Dial("unix", filepath.Join(a.dir, "shell.sock"))
 	if err != nil {
@@ -151,20 +163,13 @@ func TestShellReadOnly(t *testing.T) {
 // the mode of every path it created: sockets and files 0600, directories
 // 0700, so nothing the agent makes is readable by anyone but root.
 func TestCreatedPathModes(t *testing.T) {
-	topo, err := topology.NewMasquerade()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { topo.Close() })
-	ext := startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
-	a := newAgent(t, topo.Node, securityConfig)
-	run := filepath.Join(a.dir, "run") // the agent creates it for both sockets
-	a.args = []string{"--egress-route-table=11",
-		"--api-socket=" + filepath.Join(run, "api.sock"),
-		"--shell-sock-path=" + filepath.Join(run, "shell.sock")}
+	// The agent creates this directory for both sockets.
+	run := filepath.Join(t.TempDir(), "run")
 	// The agent must not rely on the umask for any mode.
 	defer syscall.Umask(syscall.Umask(0))
-	a.start()
+	topo, a, ext := setup(t, securityConfig, "--egress-route-table=11",
+		"--api-socket="+filepath.Join(run, "api.sock"),
+		"--shell-sock-path="+filepath.Join(run, "shell.sock"))
 	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 1)
 	client := api.NewClient(filepath.Join(run, "api.sock"))
 	if _, err := client.Allocate(context.Background(), api.AllocationRequest{Owner: "pod-a", Family: "ipv4"}); err != nil {
@@ -173,8 +178,11 @@ func TestCreatedPathModes(t *testing.T) {
 	// A restart snapshots the state and reopens every pin.
 	a.stop(syscall.SIGTERM)
 	a.start()
-	a.waitFor("the API socket after the restart", func() bool {
-		_, err := os.Stat(filepath.Join(run, "api.sock"))
+	a.waitFor("the API after the restart", func() bool {
+		c, err := net.Dial("unix", filepath.Join(run, "api.sock"))
+		if err == nil {
+			c.Close()
+		}
 		return err == nil
 	})
 	if _, err := client.Allocate(context.Background(), api.AllocationRequest{Owner: "pod-b", Family: "ipv6"}); err != nil {
@@ -184,9 +192,9 @@ func TestCreatedPathModes(t *testing.T) {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
 
-	roots := []string{run, filepath.Join(a.dir, "state"), filepath.Join(a.bpfRoot, "ipmasq")}
+	roots := map[string]string{"run": run, "state": filepath.Join(a.dir, "state"), "<bpffs>/ipmasq": filepath.Join(a.bpfRoot, "ipmasq")}
 	var created []string
-	for _, root := range roots {
+	for label, root := range roots {
 		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return err
@@ -195,12 +203,8 @@ func TestCreatedPathModes(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			rel, _ := filepath.Rel(a.dir, path)
-			if strings.HasPrefix(path, a.bpfRoot) {
-				rel, _ = filepath.Rel(a.bpfRoot, path)
-				rel = "<bpffs>/" + rel
-			}
-			created = append(created, rel+" "+fi.Mode().String())
+			rel, _ := filepath.Rel(root, path)
+			created = append(created, filepath.Join(label, rel)+" "+fi.Mode().String())
 			var want fs.FileMode
 			switch fi.Mode().Type() {
 			case fs.ModeDir:
@@ -225,6 +229,7 @@ func TestCreatedPathModes(t *testing.T) {
 			t.Fatalf("walk %s: %v", root, err)
 		}
 	}
+	slices.Sort(created)
 	t.Logf("paths the agent created:\n%s", strings.Join(created, "\n"))
 	// The walk saw what it had to: the check above cannot pass on an empty tree.
 	for _, want := range []string{"run/api.sock", "run/shell.sock", "state/endpoints.journal",
