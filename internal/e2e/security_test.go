@@ -28,6 +28,19 @@ func shellCmd(a *agent, line string) (string, error) {
 	return string(out), err
 }
 
+// waitAnswers waits until the agent accepts connections on the unix socket
+// at path (the file appears at bind, a moment before the agent listens).
+func waitAnswers(a *agent, path string) {
+	a.t.Helper()
+	a.waitFor(path+" to answer", func() bool {
+		c, err := net.Dial("unix", path)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
 // TestShellReadOnly: the built agent's shell refuses every command that
 // executes, touches files or writes tables with one line naming it, and
 // answers every inspection command.
@@ -40,6 +53,7 @@ func TestShellReadOnly(t *testing.T) {
 		t.Fatalf("allocate: %v", err)
 	}
 	written := filepath.Join(a.dir, "written-by-shell")
+	waitAnswers(a, filepath.Join(a.dir, "shell.sock"))
 
 	for line, want := range map[string]string{
 		"exec id":                                     "exec: not available in the agent's read-only shell; it runs programs as the agent",
@@ -178,13 +192,8 @@ func TestCreatedPathModes(t *testing.T) {
 	// A restart snapshots the state and reopens every pin.
 	a.stop(syscall.SIGTERM)
 	a.start()
-	a.waitFor("the API after the restart", func() bool {
-		c, err := net.Dial("unix", filepath.Join(run, "api.sock"))
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
-	})
+	waitAnswers(a, filepath.Join(run, "api.sock"))
+	waitAnswers(a, filepath.Join(run, "shell.sock"))
 	if _, err := client.Allocate(context.Background(), api.AllocationRequest{Owner: "pod-b", Family: "ipv6"}); err != nil {
 		t.Fatalf("allocate after restart: %v", err)
 	}
