@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
@@ -41,6 +42,11 @@ const (
 // maxLine bounds a command line, so a client cannot make the agent buffer
 // an endless one.
 const maxLine = 64 << 10
+
+// writeTimeout is how long a client may leave output unread before its
+// session ends. A db/watch whose client stopped reading would otherwise
+// block forever and keep the table's deleted rows in memory for it.
+const writeTimeout = 30 * time.Second
 
 // Config is the shell cell's command-line configuration.
 type Config struct {
@@ -73,14 +79,17 @@ func register(lc cell.Lifecycle, log *slog.Logger, cfg Config, in hive.ScriptCmd
 		path:   cfg.ShellSockPath,
 		engine: &script.Engine{Cmds: Commands(in.Map())},
 		conns:  map[net.Conn]struct{}{},
+
+		writeTimeout: writeTimeout,
 	}
 	lc.Append(cell.Hook{OnStart: s.start, OnStop: s.stop})
 }
 
 type server struct {
-	log    *slog.Logger
-	path   string
-	engine *script.Engine
+	log          *slog.Logger
+	path         string
+	engine       *script.Engine
+	writeTimeout time.Duration
 
 	ln     net.Listener
 	ctx    context.Context
@@ -151,9 +160,9 @@ func (s *server) serve(conn net.Conn) {
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
-	// A failed write (client gone) cancels the running command, e.g. an
-	// endless db/watch.
-	w := &cancelOnError{w: conn, cancel: cancel}
+	// A failed write (client gone, or not reading for writeTimeout) cancels
+	// the running command, e.g. an endless db/watch, and ends the session.
+	w := &sessionWriter{conn: conn, timeout: s.writeTimeout, cancel: cancel}
 	// No command of the read-only shell touches files, so the working
 	// directory is never used.
 	st, err := script.NewState(ctx, "/", nil)
@@ -213,15 +222,19 @@ func describe(err error) string {
 	return strings.ReplaceAll(strings.TrimRight(err.Error(), "\n"), "\n", "; ")
 }
 
-type cancelOnError struct {
-	w      io.Writer
-	cancel context.CancelFunc
+// sessionWriter writes a session's output with a deadline and cancels the
+// session on the first failed write.
+type sessionWriter struct {
+	conn    net.Conn
+	timeout time.Duration
+	cancel  context.CancelFunc
 }
 
-func (c *cancelOnError) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
+func (w *sessionWriter) Write(p []byte) (int, error) {
+	w.conn.SetWriteDeadline(time.Now().Add(w.timeout))
+	n, err := w.conn.Write(p)
 	if err != nil {
-		c.cancel()
+		w.cancel()
 	}
 	return n, err
 }
