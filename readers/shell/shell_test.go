@@ -22,8 +22,8 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
-	"github.com/ipmasq/ipmasq/cells/agent"
-	"github.com/ipmasq/ipmasq/cells/shell"
+	"github.com/ipmasq/ipmasq/agent"
+	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -61,7 +61,7 @@ func TestEveryCommandDecided(t *testing.T) {
 		case shell.Allowed(name) && shell.Refused(name):
 			t.Errorf("%s is both allowed and refused", name)
 		case !shell.Allowed(name) && !shell.Refused(name):
-			t.Errorf("%s is registered but neither allowed nor refused: decide whether it is safe on a live agent (cells/shell/policy.go)", name)
+			t.Errorf("%s is registered but neither allowed nor refused: decide whether it is safe on a live agent (readers/shell/policy.go)", name)
 		}
 	}
 	for _, name := range shell.AllowList() {
