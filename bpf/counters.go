@@ -32,6 +32,7 @@ const (
 	CounterSkipNotFlowStart   = Counter(masqCounterCOUNTER_SKIP_NOT_FLOW_START)
 	CounterNATReopened        = Counter(masqCounterCOUNTER_NAT_REOPENED)
 	CounterNATReused          = Counter(masqCounterCOUNTER_NAT_REUSED)
+	CounterDropNoSNATAddr     = Counter(masqCounterCOUNTER_DROP_NO_SNAT_ADDR)
 	CounterICMPErrorEgress    = Counter(masqCounterCOUNTER_ICMP_ERR_EGRESS)
 	CounterICMPErrorUnknown   = Counter(masqCounterCOUNTER_ICMP_ERR_UNMATCHED)
 	CounterNATNewSCTP         = Counter(masqCounterCOUNTER_NAT_NEW_SCTP)
@@ -63,6 +64,7 @@ var counterNames = [NumCounters]string{
 	CounterSkipNotFlowStart:   "skip-not-flow-start",
 	CounterNATReopened:        "nat-reopened",
 	CounterNATReused:          "nat-port-reused",
+	CounterDropNoSNATAddr:     "drop-no-snat-address",
 	CounterICMPErrorEgress:    "icmp-error-translated",
 	CounterICMPErrorUnknown:   "drop-icmp-error-unmatched",
 	CounterNATNewSCTP:         "nat-new-sctp",
@@ -92,7 +94,7 @@ func (c Counter) Description() string {
 	case CounterSkipNotSource:
 		return "not masqueraded: source is not a masquerade source"
 	case CounterSkipNoSNATAddr:
-		return "not masqueraded: egress device has no address of the family"
+		return "not masqueraded: the device is not an egress device (yet)"
 	case CounterDropUntranslatable:
 		return "dropped: a masquerade source's packet to a masqueraded destination that cannot be translated (IPv6 extension header chain too long, fragmented ICMP error, echo reply of no flow)"
 	case CounterReverse:
@@ -121,6 +123,8 @@ func (c Counter) Description() string {
 		return "a new SYN reopened a closed or expired NAT pair"
 	case CounterNATReused:
 		return "NAT ports taken over from an expired pair or a closed pair of the same source"
+	case CounterDropNoSNATAddr:
+		return "dropped: to be masqueraded, but the egress device has no address of the family"
 	case CounterICMPErrorEgress:
 		return "ICMP errors about translated flows translated on egress: quoted packet, and the source of a pod's own error"
 	case CounterICMPErrorUnknown:

@@ -83,7 +83,7 @@ enum counter {
 	COUNTER_SKIP_NONMASQ_DST,	/* not masqueraded: destination is a non-masquerade CIDR */
 	COUNTER_SKIP_NODE_DST,		/* not masqueraded: destination is a node address */
 	COUNTER_SKIP_NOT_SOURCE,	/* not masqueraded: source is not a masquerade source */
-	COUNTER_SKIP_NO_SNAT_ADDR,	/* not masqueraded: device has no address of the family */
+	COUNTER_SKIP_NO_SNAT_ADDR,	/* not masqueraded: the device is not (yet) an egress device */
 	COUNTER_DROP_UNTRANSLATABLE,	/* dropped: from a masquerade source to a masqueraded destination, cannot be translated (IPv6 extension header chain, fragmented ICMP error, echo reply of no flow) */
 	COUNTER_REVERSE,		/* replies destination-translated on ingress */
 	COUNTER_ICMP_ERR_REVERSE,	/* ICMP errors translated back to the pod on ingress */
@@ -98,6 +98,7 @@ enum counter {
 	COUNTER_SKIP_NOT_FLOW_START,	/* not masqueraded: no NAT pair and the packet does not start a flow (SYN-ACK, RST, mid-stream) */
 	COUNTER_NAT_REOPENED,		/* a new SYN reopened a closed or expired pair */
 	COUNTER_NAT_REUSED,		/* a NAT port taken over from an expired pair or a closed pair of the same source */
+	COUNTER_DROP_NO_SNAT_ADDR,	/* dropped: to be masqueraded, but the device has no address of the family */
 	COUNTER_ICMP_ERR_EGRESS,	/* ICMP errors about translated flows translated on egress (quote, and the source of a pod's error) */
 	COUNTER_ICMP_ERR_UNMATCHED,	/* dropped: ICMP error from a masquerade source to a masqueraded destination about no translated flow */
 	COUNTER_NAT_NEW_SCTP,		/* new SCTP pairs, port kept (also in COUNTER_NAT_NEW) */
@@ -719,7 +720,66 @@ static __always_inline int masq_source_v6(struct __sk_buff *skb, const __u8 *src
  * masq_source_v4, which found rule (NULL for a pod source). The device must
  * be an egress device even when the rule names its own address: the agent
  * writes an entry for every device it attached, with or without addresses. */
-static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 dst,
+/* ---- SNAT address ------------------------------------------------------- */
+
+/*
+ * The SNAT address of a new flow is the kernel's own source selection for
+ * the route the packet takes through this device (bpf_fib_lookup with
+ * BPF_FIB_LOOKUP_SRC, from the source's point of view so ip rules apply):
+ * the route's preferred source, else the device's address that fits the
+ * next hop (IPv4) or RFC 6724's choice (IPv6), exactly what MASQUERADE
+ * asks the kernel for. The pair keeps it for the flow's life. When the
+ * lookup finds no route through the device, the device's primary address
+ * (egress_devs) is used.
+ */
+
+#define AF_INET_	2
+#define AF_INET6_	10
+
+/* fib_source_v4 returns 1 with *snat set, 0 when the kernel has no route
+ * through this device, -1 when it has one but no source address for it. */
+static __always_inline int fib_source_v4(struct __sk_buff *skb, __be32 src, __be32 dst, __be32 *snat)
+{
+	struct bpf_fib_lookup fib = {
+		.family = AF_INET_,
+		.ifindex = skb->ifindex,
+		.ipv4_src = src,
+		.ipv4_dst = dst,
+	};
+	long ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
+				  BPF_FIB_LOOKUP_OUTPUT | BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH);
+
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS && fib.ifindex == skb->ifindex && fib.ipv4_src) {
+		*snat = fib.ipv4_src;
+		return 1;
+	}
+	return ret == BPF_FIB_LKUP_RET_NO_SRC_ADDR ? -1 : 0;
+}
+
+/* A function of its own: the lookup's parameters stay off the stack of the
+ * NAT port allocation's call chain. The source goes to res->addr. */
+__noinline int fib_source_v6(struct __sk_buff *skb, const struct pkt *p, struct nat_v6_val *res)
+{
+	struct bpf_fib_lookup fib = {
+		.family = AF_INET6_,
+	};
+	long ret;
+
+	if (!skb || !p || !res)
+		return 0;
+	fib.ifindex = skb->ifindex;
+	__builtin_memcpy(fib.ipv6_src, p->v6.saddr, 16);
+	__builtin_memcpy(fib.ipv6_dst, p->v6.daddr, 16);
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
+			     BPF_FIB_LOOKUP_OUTPUT | BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH);
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS && fib.ifindex == skb->ifindex) {
+		__builtin_memcpy(res->addr, fib.ipv6_src, 16);
+		return 1;
+	}
+	return ret == BPF_FIB_LKUP_RET_NO_SRC_ADDR ? -1 : 0;
+}
+
+static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 src, __be32 dst,
 					      const struct masq_rule *rule, __be32 *snat)
 {
 	struct lpm_v4_key k = { .prefixlen = 32 };
@@ -742,15 +802,23 @@ static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 dst,
 		*snat = rule->to_v4;
 		return COUNTER_MASQUERADED;
 	}
+	switch (fib_source_v4(skb, src, dst, snat)) {
+	case 1:
+		return COUNTER_MASQUERADED;
+	case -1:
+		return COUNTER_DROP_NO_SNAT_ADDR;
+	}
 	if (!dev->has_v4)
-		return COUNTER_SKIP_NO_SNAT_ADDR;
+		return COUNTER_DROP_NO_SNAT_ADDR;
 	*snat = dev->snat_v4;
 	return COUNTER_MASQUERADED;
 }
 
-static __always_inline enum counter decide_v6(struct __sk_buff *skb, const __u8 *dst,
-					      const struct masq_rule *rule, __u8 *snat)
+/* decide_v6 is decide_v4 for IPv6; the SNAT address goes to res->addr. */
+static __always_inline enum counter decide_v6(struct __sk_buff *skb, const struct pkt *p,
+					      const struct masq_rule *rule, struct nat_v6_val *res)
 {
+	const __u8 *dst = p->v6.daddr;
 	struct lpm_v6_key k = { .prefixlen = 128 };
 	struct egress_dev *dev;
 	__u32 ifindex = skb->ifindex;
@@ -766,12 +834,18 @@ static __always_inline enum counter decide_v6(struct __sk_buff *skb, const __u8 
 	if (!dev)
 		return COUNTER_SKIP_NO_SNAT_ADDR;
 	if (rule && rule->has_to) {
-		__builtin_memcpy(snat, rule->to_v6, 16);
+		__builtin_memcpy(res->addr, rule->to_v6, 16);
 		return COUNTER_MASQUERADED;
 	}
+	switch (fib_source_v6(skb, p, res)) {
+	case 1:
+		return COUNTER_MASQUERADED;
+	case -1:
+		return COUNTER_DROP_NO_SNAT_ADDR;
+	}
 	if (!dev->has_v6)
-		return COUNTER_SKIP_NO_SNAT_ADDR;
-	__builtin_memcpy(snat, dev->snat_v6, 16);
+		return COUNTER_DROP_NO_SNAT_ADDR;
+	__builtin_memcpy(res->addr, dev->snat_v6, 16);
 	return COUNTER_MASQUERADED;
 }
 
@@ -1684,7 +1758,7 @@ static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csu
 	return 0;
 }
 
-static __always_inline int icmp_error_v4(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int icmp_error_v4(struct __sk_buff *skb, const struct pkt *p)
 {
 	__u32 inner_off = p->l4_off + 8, inner_l4, port_off, addr_diff = 0;
 	__u32 icmp_csum = p->l4_off + 2;
@@ -1732,7 +1806,7 @@ err:
 	return TC_ACT_SHOT;
 }
 
-static __always_inline int icmp_error_v6(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int icmp_error_v6(struct __sk_buff *skb, const struct pkt *p)
 {
 	__u32 inner_off = p->l4_off + 8, inner_l4 = inner_off + sizeof(struct ipv6hdr), port_off;
 	__u32 icmp_csum = p->l4_off + 2, diff;
@@ -1793,10 +1867,10 @@ static __always_inline int egress_frag_v4(struct __sk_buff *skb, const struct pk
 	__be32 snat;
 
 	if (!f) {
-		c = decide_v4(skb, p->v4.daddr, rule, &snat);
+		c = decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
-			return TC_ACT_UNSPEC;
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
 		count(COUNTER_FRAG_UNKNOWN);
 		return TC_ACT_SHOT;
@@ -1815,13 +1889,14 @@ static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pk
 {
 	struct frag_v6_val *f = frag_lookup_v6(p, DIR_EGRESS);
 	__u8 from[16], to[16];
+	struct nat_v6_val res;
 	enum counter c;
 
 	if (!f) {
-		c = decide_v6(skb, p->v6.daddr, rule, to);
+		c = decide_v6(skb, p, rule, &res);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
-			return TC_ACT_UNSPEC;
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
 		count(COUNTER_FRAG_UNKNOWN);
 		return TC_ACT_SHOT;
@@ -1853,9 +1928,11 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 		return TC_ACT_UNSPEC;
 	}
 	/* Before the source check: the node's own errors count too. */
-	if (p.proto == IPPROTO_ICMP && p.frag == FRAG_NONE &&
-	    egress_icmp_error_v4(skb, &p, &verdict) == 0)
-		return verdict;
+	if (p.proto == IPPROTO_ICMP && p.frag == FRAG_NONE) {
+		verdict = egress_icmp_error_v4(skb, &p);
+		if (verdict != NOT_TRANSLATED_ERROR)
+			return verdict;
+	}
 	if (!masq_source_v4(skb, p.v4.saddr, &rule)) {
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
@@ -1877,6 +1954,8 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	}
 	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
 		return egress_fixed_v4(skb, &p, rule);
+	if (p.kind == PKT_ICMP_ERR)
+		return icmp_error_unmatched_v4(skb, &p, rule);
 	if (p.kind != PKT_PORTS)
 		return egress_untranslatable_v4(skb, &p, rule);
 
@@ -1896,10 +1975,10 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	} else {
 		if (egress_no_pair(&p, 0))
 			return TC_ACT_UNSPEC;
-		c = decide_v4(skb, p.v4.daddr, rule, &snat);
+		c = decide_v4(skb, p.v4.saddr, p.v4.daddr, rule, &snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
-			return TC_ACT_UNSPEC;
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
 		c = nat_create_v4(&k, snat, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
@@ -1929,7 +2008,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	struct nat_v6_key k = { .dir = DIR_EGRESS };
 	struct nat_v6_val *v, nv;
 	const struct masq_rule *rule;
-	__u8 snat[16], from[16];
+	__u8 from[16];
 	struct pkt p;
 	enum counter c;
 	int ret, verdict;
@@ -1940,9 +2019,11 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
 	}
-	if (ret == 0 && p.proto == IPPROTO_ICMPV6 && p.frag == FRAG_NONE &&
-	    egress_icmp_error_v6(skb, &p, &verdict) == 0)
-		return verdict;
+	if (ret == 0 && p.proto == IPPROTO_ICMPV6 && p.frag == FRAG_NONE) {
+		verdict = egress_icmp_error_v6(skb, &p);
+		if (verdict != NOT_TRANSLATED_ERROR)
+			return verdict;
+	}
 	if (!masq_source_v6(skb, p.v6.saddr, &rule)) {
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
@@ -1965,6 +2046,8 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	}
 	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
 		return egress_fixed_v6(skb, &p, rule);
+	if (p.kind == PKT_ICMP_ERR)
+		return icmp_error_unmatched_v6(skb, &p, rule);
 	if (p.kind != PKT_PORTS)
 		return egress_untranslatable_v6(skb, &p, rule);
 
@@ -1982,12 +2065,11 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	} else {
 		if (egress_no_pair(&p, 1))
 			return TC_ACT_UNSPEC;
-		c = decide_v6(skb, p.v6.daddr, rule, snat);
+		c = decide_v6(skb, &p, rule, &nv);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
-			return TC_ACT_UNSPEC;
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
-		__builtin_memcpy(nv.addr, snat, 16);
 		c = nat_create_v6(&k, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);

@@ -27,7 +27,7 @@ type flow struct {
 	proto        uint8
 	sport, dport uint16 // ICMP echo: sport is the identifier
 	icmpType     uint8  // ICMP/ICMPv6 echo request or reply
-	tcpFlags     uint8 // 0: a SYN, the packet that starts a flow
+	tcpFlags     uint8  // 0: a SYN, the packet that starts a flow
 	zeroUDPCsum  bool
 	payload      []byte
 	ipID         uint16

@@ -26,7 +26,7 @@
 
 /* nat_create_fixed_v4 inserts both entries of a pair whose NAT port is the
  * pod's own (out->sport: the SCTP port, or 0 for address-only). */
-static __always_inline enum counter nat_create_fixed_v4(const struct nat_v4_key *out, __be32 snat,
+static __noinline enum counter nat_create_fixed_v4(const struct nat_v4_key *out, __be32 snat,
 							struct nat_v4_val *res)
 {
 	struct nat_v4_key in = {
@@ -69,22 +69,28 @@ static __always_inline enum counter nat_create_fixed_v4(const struct nat_v4_key 
 	return COUNTER_MASQUERADED;
 }
 
-static __always_inline enum counter nat_create_fixed_v6(const struct nat_v6_key *out, const __u8 *snat,
-							struct nat_v6_val *res)
+static __noinline enum counter nat_create_fixed_v6(const struct nat_v6_key *out, const __u8 *snat,
+						struct nat_v6_val *res)
 {
 	struct nat_v6_key in = {
 		.sport = out->dport, .dport = out->sport, .proto = out->proto, .dir = DIR_INGRESS,
 	};
-	struct nat_v6_val rev = { .port = out->sport };
 	struct nat_v6_val *cur;
 	int created = 1;
+	__u64 now;
 	long ret;
 
+	/* snat may point into *res, which first holds the reply entry's value
+	 * and then the pair's: one 48-byte value less on a stack the verifier
+	 * limits for the whole call chain. */
 	__builtin_memcpy(in.src, out->dst, 16);
 	__builtin_memcpy(in.dst, snat, 16);
-	__builtin_memcpy(rev.addr, out->src, 16);
-	rev.last_seen_ns = rev.created_ns = bpf_ktime_get_ns();
-	ret = bpf_map_update_elem(&nat_v6, &in, &rev, BPF_NOEXIST);
+	now = bpf_ktime_get_ns();
+	__builtin_memset(res, 0, sizeof(*res));
+	__builtin_memcpy(res->addr, out->src, 16);
+	res->port = out->sport;
+	res->last_seen_ns = res->created_ns = now;
+	ret = bpf_map_update_elem(&nat_v6, &in, res, BPF_NOEXIST);
 	if (ret == -EEXIST) {
 		cur = bpf_map_lookup_elem(&nat_v6, &in);
 		if (!cur || !addr6_equal(cur->addr, out->src) || cur->port != out->sport)
@@ -93,11 +99,7 @@ static __always_inline enum counter nat_create_fixed_v6(const struct nat_v6_key 
 	} else if (ret) {
 		return COUNTER_NAT_FULL;
 	}
-	__builtin_memcpy(res->addr, snat, 16);
-	res->port = out->sport;
-	res->flags = 0;
-	res->last_seen_ns = rev.last_seen_ns;
-	res->created_ns = rev.created_ns;
+	__builtin_memcpy(res->addr, in.dst, 16);
 	ret = bpf_map_update_elem(&nat_v6, out, res, BPF_NOEXIST);
 	if (ret == 0)
 		return COUNTER_NAT_NEW;
@@ -143,10 +145,10 @@ static __noinline int egress_fixed_v4(struct __sk_buff *skb, const struct pkt *p
 		nat_touch_v4(v, 0);
 		nv.addr = v->addr;
 	} else {
-		c = decide_v4(skb, p->v4.daddr, rule, &snat);
+		c = decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
-			return TC_ACT_UNSPEC;
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
 		c = nat_create_fixed_v4(&k, snat, &nv);
 		if (c == COUNTER_NAT_NEW) {
@@ -174,7 +176,6 @@ static __noinline int egress_fixed_v6(struct __sk_buff *skb, const struct pkt *p
 		.sport = p->sport, .dport = p->dport, .proto = p->proto, .dir = DIR_EGRESS,
 	};
 	struct nat_v6_val *v, nv;
-	__u8 snat[16], from[16];
 	enum counter c;
 
 	__builtin_memcpy(k.src, p->v6.saddr, 16);
@@ -184,12 +185,13 @@ static __noinline int egress_fixed_v6(struct __sk_buff *skb, const struct pkt *p
 		nat_touch_v6(v, 0);
 		__builtin_memcpy(nv.addr, v->addr, 16);
 	} else {
-		c = decide_v6(skb, p->v6.daddr, rule, snat);
+		c = decide_v6(skb, p, rule, &nv);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
-			return TC_ACT_UNSPEC;
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
-		c = nat_create_fixed_v6(&k, snat, &nv);
+		/* the SNAT address decide_v6 chose is in nv.addr */
+		c = nat_create_fixed_v6(&k, nv.addr, &nv);
 		if (c == COUNTER_NAT_NEW) {
 			count_fixed_new(p, rule);
 		} else if (c != COUNTER_MASQUERADED) {
@@ -199,8 +201,7 @@ static __noinline int egress_fixed_v6(struct __sk_buff *skb, const struct pkt *p
 	}
 	if (p->frag == FRAG_FIRST)
 		frag_remember_v6(p, DIR_EGRESS, nv.addr);
-	__builtin_memcpy(from, p->v6.saddr, 16);
-	if (rewrite_v6(skb, p->l3_off + offsetof(struct ipv6hdr, saddr), from, nv.addr, p->proto,
+	if (rewrite_v6(skb, p->l3_off + offsetof(struct ipv6hdr, saddr), (__u8 *)p->v6.saddr, nv.addr, p->proto,
 		       fixed_csum_off(p), 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
@@ -265,31 +266,31 @@ static __noinline int ingress_fixed_v6(struct __sk_buff *skb, const struct pkt *
  * cannot translate (an IPv6 header chain longer than it walks, a fragmented
  * ICMP error, an echo reply of no flow): dropped when its destination would be masqueraded, so the
  * pod address never leaves; passed otherwise. */
-static __always_inline int egress_untranslatable_v4(struct __sk_buff *skb, const struct pkt *p,
+static __noinline int egress_untranslatable_v4(struct __sk_buff *skb, const struct pkt *p,
 						 const struct masq_rule *rule)
 {
 	enum counter c;
 	__be32 snat;
 
-	c = decide_v4(skb, p->v4.daddr, rule, &snat);
+	c = decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat);
 	if (c != COUNTER_MASQUERADED) {
 		count(c);
-		return TC_ACT_UNSPEC;
+		return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 	}
 	count(COUNTER_DROP_UNTRANSLATABLE);
 	return TC_ACT_SHOT;
 }
 
-static __always_inline int egress_untranslatable_v6(struct __sk_buff *skb, const struct pkt *p,
+static __noinline int egress_untranslatable_v6(struct __sk_buff *skb, const struct pkt *p,
 						 const struct masq_rule *rule)
 {
-	__u8 snat[16];
+	struct nat_v6_val snat;
 	enum counter c;
 
-	c = decide_v6(skb, p->v6.daddr, rule, snat);
+	c = decide_v6(skb, p, rule, &snat);
 	if (c != COUNTER_MASQUERADED) {
 		count(c);
-		return TC_ACT_UNSPEC;
+		return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 	}
 	count(COUNTER_DROP_UNTRANSLATABLE);
 	return TC_ACT_SHOT;

@@ -169,7 +169,7 @@ func register(p params) error {
 		return err
 	}
 	gc := &collector{log: p.Log, dp: p.Handle, lifetimes: lifetimes, snat: func() (map[netip.Addr]bool, bool) {
-		return currentSNAT(p.DB, p.DPDevices, p.RuleSources)
+		return liveSNATAddrs(p.DB, p.Devices, p.DPDevices, p.RuleSources)
 	}}
 	g.Add(job.Timer("nat-gc", gc.collect, p.Config.NATGCInterval))
 	return nil
@@ -254,20 +254,24 @@ func (d *deriver) syncNodeAddrs(devs []*tables.EgressDevice) error {
 	return syncMap(d.nodeV6, want6)
 }
 
-// currentSNAT lists the SNAT addresses in use: the datapath devices' and
-// the masquerade rules' toAddress, once the tables have been derived.
-func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rules statedb.Table[*tables.MasqueradeRuleSource]) (map[netip.Addr]bool, bool) {
+// liveSNATAddrs lists the addresses a NAT pair may keep: every address of
+// every device (a flow keeps the address it started with until that address
+// is deleted, as with MASQUERADE; adding or reordering addresses changes
+// only the choice for new flows) and the masquerade rules' toAddress, once
+// the tables have been derived.
+func liveSNATAddrs(db *statedb.DB, devs statedb.Table[*tables.EgressDevice], tbl statedb.Table[*tables.DatapathDevice],
+	rules statedb.Table[*tables.MasqueradeRuleSource]) (map[netip.Addr]bool, bool) {
 	txn := db.ReadTxn()
 	if init, _ := tbl.Initialized(txn); !init {
 		return nil, false
 	}
+	if init, _ := devs.Initialized(txn); !init {
+		return nil, false
+	}
 	out := map[netip.Addr]bool{}
-	for d := range tbl.All(txn) {
-		if d.SNATv4.IsValid() {
-			out[d.SNATv4] = true
-		}
-		if d.SNATv6.IsValid() {
-			out[d.SNATv6] = true
+	for d := range devs.All(txn) {
+		for _, a := range d.Addresses {
+			out[a] = true
 		}
 	}
 	for r := range rules.All(txn) {

@@ -36,16 +36,17 @@ func monotonicNow() uint64 {
 // direction has seen a packet for the lifetime of the pair's state (the
 // programs apply the same lifetimes on their own, so a late collection never
 // keeps a port or a flow). An entry is read again just before it is deleted,
-// so a packet that arrived since the scan keeps it. Pairs translated to an address that is
-// no longer the SNAT address of any device are removed at once: the
-// programs decide once per flow, so such a flow would keep sending from an
-// address the node no longer has.
+// so a packet that arrived since the scan keeps it. Pairs translated to an
+// address the node no longer has (deleted from its device) are removed at
+// once, as MASQUERADE ends such flows: they would keep sending from an
+// address nobody answers. Adding or reordering addresses ends nothing.
 type collector struct {
 	log       *slog.Logger
 	dp        *Handle
 	lifetimes bpf.Lifetimes
-	// snat returns the current SNAT addresses, or ok=false while they are
-	// not known yet (then nothing is removed for that reason).
+	// snat returns the addresses pairs may keep (the node's addresses and
+	// the rules' toAddress), or ok=false while they are not known yet (then
+	// nothing is removed for that reason).
 	snat func() (addrs map[netip.Addr]bool, ok bool)
 }
 
