@@ -18,6 +18,8 @@ const (
 	protoESP  = 50
 	protoSCTP = 132
 	protoTest = 253 // RFC 3692 experimentation
+	protoDCCP = 33
+	protoLite = 136 // UDP-Lite
 )
 
 // sctpPacket builds an SCTP packet (common header and one DATA-like chunk)
@@ -47,10 +49,17 @@ func checkSCTP(t *testing.T, frame []byte) parsed {
 	return p
 }
 
-// opaque builds a packet of a protocol without ports; ICMPv6 gets its
-// checksum.
+// opaque builds a packet of a protocol translated address-only; ICMPv6,
+// DCCP and UDP-Lite get their checksums (pseudo header included).
 func opaque(src, dst netip.Addr, proto uint8) []byte {
 	f := flow{src: src, dst: dst, proto: proto, payload: []byte("opaque payload")}
+	if proto == protoDCCP || proto == protoLite {
+		b := append(make([]byte, 16), f.payload...)
+		binary.BigEndian.PutUint16(b[0:], 1234)
+		binary.BigEndian.PutUint16(b[2:], 5678)
+		binary.BigEndian.PutUint16(b[6:], csumFold(csumAdd(pseudoSum(src, dst, proto, len(b)), b)))
+		return ether(ipPacket(src, dst, proto, 1, 0, b))
+	}
 	if proto == protoICMP || proto == protoICMPv6 {
 		f.icmpType = 13 // ICMPv4 timestamp; ICMPv6: unassigned informational
 		if proto == protoICMPv6 {
@@ -111,6 +120,8 @@ func TestAddressOnlyProtocols(t *testing.T) {
 		{"ESP v4", protoESP, pod1, pod2, remote4, snat4, other4},
 		{"protocol 253 v4", protoTest, pod1, pod2, remote4, snat4, other4},
 		{"ICMP timestamp v4", protoICMP, pod1, pod2, remote4, snat4, other4},
+		{"DCCP v4", protoDCCP, pod1, pod2, remote4, snat4, other4},
+		{"UDP-Lite v6", protoLite, pod6, netip.MustParseAddr("fd00:10::6"), remote6, snat6, other6},
 		{"ESP v6", protoESP, pod6, netip.MustParseAddr("fd00:10::6"), remote6, snat6, other6},
 		{"ICMPv6 informational", protoICMPv6, pod6, netip.MustParseAddr("fd00:10::6"), remote6, snat6, other6},
 	} {

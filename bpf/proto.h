@@ -17,8 +17,8 @@
  * proto} can belong to one pod only, so a second pod talking the same
  * protocol to the same remote is dropped and counted (pair-taken) rather
  * than sent out with a translation whose answers would reach the first
- * pod. None of these protocols has a checksum over the IP addresses except
- * ICMPv6 (pseudo header), which is kept right.
+ * pod. Of these, ICMPv6, DCCP and UDP-Lite have a checksum over a pseudo
+ * header, which is kept right (DCCP and UDP-Lite ports are left alone).
  *
  * Entries carry the NAT "port" (the pod's SCTP port, or 0) so that the
  * collector and the dumps treat them like the other pairs.
@@ -123,10 +123,18 @@ static __always_inline void count_fixed_new(const struct pkt *p, const struct ma
 		count(COUNTER_NAT_NEW_BY_RULE);
 }
 
-/* The L4 checksum an address-only rewrite must fix: ICMPv6's pseudo header. */
+/* The L4 checksum an address-only rewrite must fix: those that cover a
+ * pseudo header (ICMPv6; DCCP and UDP-Lite, whose ports are left alone). */
 static __always_inline __u32 fixed_csum_off(const struct pkt *p)
 {
-	return p->proto == IPPROTO_ICMPV6 ? p->l4_off + 2 : 0;
+	switch (p->proto) {
+	case IPPROTO_ICMPV6:
+		return p->l4_off + 2;
+	case IPPROTO_DCCP:
+	case IPPROTO_UDPLITE:
+		return p->l4_off + 6;
+	}
+	return 0;
 }
 
 static __noinline int egress_fixed_v4(struct __sk_buff *skb, const struct pkt *p,
@@ -161,7 +169,7 @@ static __noinline int egress_fixed_v4(struct __sk_buff *skb, const struct pkt *p
 	if (p->frag == FRAG_FIRST)
 		frag_remember_v4(p, DIR_EGRESS, nv.addr);
 	if (rewrite_v4(skb, p->l3_off, p->l3_off + offsetof(struct iphdr, saddr), p->v4.saddr,
-		       nv.addr, p->proto, 0, 0, 0, 0) < 0) {
+		       nv.addr, p->proto, fixed_csum_off(p), 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}
@@ -227,7 +235,7 @@ static __noinline int ingress_fixed_v4(struct __sk_buff *skb, const struct pkt *
 	if (p->frag == FRAG_FIRST)
 		frag_remember_v4(p, DIR_INGRESS, to);
 	if (rewrite_v4(skb, p->l3_off, p->l3_off + offsetof(struct iphdr, daddr), p->v4.daddr, to,
-		       p->proto, 0, 0, 0, 0) < 0) {
+		       p->proto, fixed_csum_off(p), 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}
