@@ -296,3 +296,36 @@ func TestUnparseableIsDropped(t *testing.T) {
 		t.Fatal("a packet to a non-masquerade destination was modified")
 	}
 }
+
+// TestICMPErrorOnIngressForFixedPairs: an error about an SCTP or
+// address-only flow (a router's "unreachable" quoting the translated
+// packet) reaches the pod with the quote in the pod's view.
+func TestICMPErrorOnIngressForFixedPairs(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	cases := []struct {
+		name         string
+		pod, snat    netip.Addr
+		remote, from netip.Addr
+		typ, code    uint8
+		packet       func(src, dst netip.Addr) []byte
+	}{
+		{"SCTP v4", pod1, snat4, remote4, router4, 3, 1, func(s, d netip.Addr) []byte { return sctpPacket(s, d, 5100, 38412) }},
+		{"GRE v4", pod1, snat4, remote4, router4, 3, 1, func(s, d netip.Addr) []byte { return opaque(s, d, protoGRE) }},
+		{"ESP v6", pod6, snat6, remote6, router6, 1, 3, func(s, d netip.Addr) []byte { return opaque(s, d, protoESP) }},
+		{"SCTP v6", pod6, snat6, remote6, router6, 1, 3, func(s, d netip.Addr) []byte { return sctpPacket(s, d, 5100, 38412) }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			sent := e.egress(c.packet(c.pod, c.remote))
+			if want := c.packet(c.snat, c.remote); !bytes.Equal(sent, want) {
+				t.Fatalf("egress:\n got %x\nwant %x", sent, want)
+			}
+			before := e.counters()
+			got := e.ingress(icmpError(c.from, c.snat, c.typ, c.code, sent[14:]))
+			if want := icmpError(c.from, c.pod, c.typ, c.code, c.packet(c.pod, c.remote)[14:]); !bytes.Equal(got, want) {
+				t.Fatalf("ICMP error to the pod:\n got %x\nwant %x", got, want)
+			}
+			e.checkCounters(before, map[Counter]uint64{CounterICMPErrorReverse: 1})
+		})
+	}
+}

@@ -39,6 +39,8 @@ type setupSpec struct {
 	// (-o eth0).
 	config  string
 	sources []string
+	// agentArgs are extra ipmasq-agent flags.
+	agentArgs []string
 }
 
 var podSources = []string{topology.PodCIDR4, topology.PodCIDR6}
@@ -58,6 +60,7 @@ func underBoth(t *testing.T, spec setupSpec, fn func(t *testing.T, s *scenario))
 			t.Fatal("the reference (Linux MASQUERADE) failed on this topology: the scenario proves nothing")
 		}
 		a = newAgent(t, topo.Node, spec.config)
+		a.args = spec.agentArgs
 		a.start()
 	}}
 	ms := []masquerader{linuxMasqueradeOf(spec.sources...), ipmasq}
