@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -328,4 +329,63 @@ func TestICMPErrorOnIngressForFixedPairs(t *testing.T) {
 			e.checkCounters(before, map[Counter]uint64{CounterICMPErrorReverse: 1})
 		})
 	}
+}
+
+// BenchmarkNewPaths reports the per-packet cost of the paths added for
+// L3 devices and all protocols as ratios to an established TCP flow's
+// egress, measured in the same run, interleaved in rounds (median of the
+// per-round ratios): an established address-only (GRE) flow, and an ICMP
+// error the node sends about a translated UDP flow (quote rewritten).
+func BenchmarkNewPaths(b *testing.B) {
+	e := newEnv(b, envOptions{})
+	tcp := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK, payload: make([]byte, 1400)}
+	pingPong(b, e, tcp) // the SNAT address is now a masquerade source too
+
+	// GRE: the output (from the SNAT address) maps back to the pod.
+	gre := opaque(pod1, remote4, protoGRE)
+	e.egress(gre)
+	if err := e.dp.Maps.NatV4.Put(NATKeyV4{Src: Addr4(snat4), Dst: Addr4(remote4), Proto: protoGRE, Dir: DirEgress},
+		NATValV4{Addr: Addr4(pod1)}); err != nil {
+		b.Fatal(err)
+	}
+
+	// The node's "fragmentation needed" about the remote's UDP answer to the
+	// pod: translated, its quote is remote -> SNAT:NAT port, which an extra
+	// dir-0 entry maps back to the pod's view.
+	udp := flow{src: pod1, dst: remote4, proto: protoUDP, sport: 42000, dport: 7001, payload: []byte("q")}
+	natPort := masqueradedB(b, e, udp)
+	if err := e.dp.Maps.NatV4.Put(NATKeyV4{Src: Addr4(snat4), Dst: Addr4(remote4), Sport: Port(natPort), Dport: Port(7001), Proto: protoUDP, Dir: DirEgress},
+		NATValV4{Addr: Addr4(pod1), Port: Port(42000)}); err != nil {
+		b.Fatal(err)
+	}
+	quote := e.ingress(reply(udp, snat4, natPort).packet())[14:]
+	icmpErr := icmpError(host, remote4, 3, 4, quote)
+
+	const rounds, perRound = 7, 20000
+	perPkt := func(frame []byte) float64 {
+		ret, d, err := e.dp.Egress.Benchmark(frame, perRound, nil)
+		if err != nil || ret != tcActUnspec {
+			b.Fatalf("verdict %d, %v", int32(ret), err)
+		}
+		return float64(d.Nanoseconds())
+	}
+	var greRatio, icmpRatio []float64
+	var base []float64
+	for range b.N {
+		for range rounds {
+			t := perPkt(tcp.packet())
+			base = append(base, t)
+			greRatio = append(greRatio, perPkt(gre)/t)
+			icmpRatio = append(icmpRatio, perPkt(icmpErr)/t)
+		}
+	}
+	b.ReportMetric(median(base), "tcp-ns/pkt")
+	b.ReportMetric(median(greRatio), "gre/tcp")
+	b.ReportMetric(median(icmpRatio), "icmp-error/tcp")
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
