@@ -32,12 +32,12 @@ const (
 	CounterSkipNotFlowStart   = Counter(masqCounterCOUNTER_SKIP_NOT_FLOW_START)
 	CounterNATReopened        = Counter(masqCounterCOUNTER_NAT_REOPENED)
 	CounterNATReused          = Counter(masqCounterCOUNTER_NAT_REUSED)
+	CounterDropNoSNATAddr     = Counter(masqCounterCOUNTER_DROP_NO_SNAT_ADDR)
 	CounterICMPErrorEgress    = Counter(masqCounterCOUNTER_ICMP_ERR_EGRESS)
 	CounterICMPErrorUnknown   = Counter(masqCounterCOUNTER_ICMP_ERR_UNMATCHED)
 	CounterNATNewSCTP         = Counter(masqCounterCOUNTER_NAT_NEW_SCTP)
 	CounterNATNewAddrOnly     = Counter(masqCounterCOUNTER_NAT_NEW_ADDR_ONLY)
 	CounterPairTaken          = Counter(masqCounterCOUNTER_PAIR_TAKEN)
-	CounterDropNoSNATAddr     = Counter(masqCounterCOUNTER_DROP_NO_SNAT_ADDR)
 	CounterHostFlowNew        = Counter(masqCounterCOUNTER_HOST_FLOW_NEW)
 
 	// NumCounters is the number of counters (the map's max_entries).
@@ -65,12 +65,12 @@ var counterNames = [NumCounters]string{
 	CounterSkipNotFlowStart:   "skip-not-flow-start",
 	CounterNATReopened:        "nat-reopened",
 	CounterNATReused:          "nat-port-reused",
+	CounterDropNoSNATAddr:     "drop-no-snat-address",
 	CounterICMPErrorEgress:    "icmp-error-translated",
 	CounterICMPErrorUnknown:   "drop-icmp-error-unmatched",
 	CounterNATNewSCTP:         "nat-new-sctp",
 	CounterNATNewAddrOnly:     "nat-new-address-only",
 	CounterPairTaken:          "drop-pair-taken",
-	CounterDropNoSNATAddr:     "drop-no-snat-address",
 	CounterHostFlowNew:        "host-flow-new",
 }
 
@@ -125,6 +125,8 @@ func (c Counter) Description() string {
 		return "a new SYN reopened a closed or expired NAT pair"
 	case CounterNATReused:
 		return "NAT ports taken over from an expired pair or a closed pair of the same source"
+	case CounterDropNoSNATAddr:
+		return "dropped: to be masqueraded, but the egress device has no address of the family"
 	case CounterICMPErrorEgress:
 		return "ICMP errors about translated flows translated on egress: quoted packet, and the source of a pod's own error"
 	case CounterICMPErrorUnknown:
@@ -135,8 +137,6 @@ func (c Counter) Description() string {
 		return "new address-only pairs: GRE, ESP and other protocols without ports (also counted in nat-new)"
 	case CounterPairTaken:
 		return "dropped: another source holds the SCTP port or address-only pair to this remote"
-	case CounterDropNoSNATAddr:
-		return "dropped: to be masqueraded, but the egress device has no address of the family"
 	case CounterHostFlowNew:
 		return "node flows from a port of the NAT range whose tuple is held so no NAT pair takes it"
 	}

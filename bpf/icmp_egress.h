@@ -63,24 +63,45 @@ static __always_inline int quote_egress_ports(struct __sk_buff *skb, __u8 proto,
 
 /* icmp_error_unmatched decides what happens to an ICMP error that quotes no
  * translated flow: the node's own pass, a masquerade source's is dropped
- * when its destination would be masqueraded. */
-static __always_inline int icmp_error_unmatched(int from_source, enum counter c)
+ * when its destination would be masqueraded. Subprograms of their own keep
+ * decide_*'s stack out of the callers' frames. */
+static __always_inline int icmp_error_unmatched(enum counter c)
 {
-	if (!from_source) {
-		count(COUNTER_SKIP_NOT_SOURCE);
-		return TC_ACT_UNSPEC;
-	}
-	if (c != COUNTER_MASQUERADED && c != COUNTER_DROP_NO_SNAT_ADDR) {
+	if (c != COUNTER_MASQUERADED) {
 		count(c);
-		return TC_ACT_UNSPEC;
+		return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 	}
 	count(COUNTER_ICMP_ERR_UNMATCHED);
 	return TC_ACT_SHOT;
 }
 
-/* egress_icmp_error_v4 returns 1 when the packet is not an ICMP error (the
- * caller goes on), else 0 with the verdict in *verdict. */
-static __noinline int egress_icmp_error_v4(struct __sk_buff *skb, const struct pkt *p, int *verdict)
+static __noinline int icmp_error_unmatched_v4(struct __sk_buff *skb, const struct pkt *p,
+					      const struct masq_rule *rule)
+{
+	__be32 snat;
+
+	return icmp_error_unmatched(decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat));
+}
+
+static __noinline int icmp_error_unmatched_v6(struct __sk_buff *skb, const struct pkt *p,
+					      const struct masq_rule *rule)
+{
+	struct nat_v6_val snat;
+
+	return icmp_error_unmatched(decide_v6(skb, p, rule, snat.addr));
+}
+
+/* NOT_TRANSLATED_ERROR is returned by egress_icmp_error_* for a packet that
+ * is not an ICMP error about a translated flow: the caller goes on, and
+ * drops it (icmp_error_unmatched_*) if it is an error from a masquerade
+ * source to a masqueraded destination. It is no tc action. Returning
+ * instead of calling keeps decide_*'s frames out of this one's chain
+ * (the verifier's 512-byte limit covers the whole call chain). */
+#define NOT_TRANSLATED_ERROR (-2)
+
+/* egress_icmp_error_v4 returns the tc action for an ICMP error about a
+ * translated flow, or NOT_TRANSLATED_ERROR. */
+static __noinline int egress_icmp_error_v4(struct __sk_buff *skb, const struct pkt *p)
 {
 	__u32 inner_off = p->l4_off + 8, inner_l4, port_off, addr_diff = 0;
 	__u32 icmp_csum = p->l4_off + 2;
@@ -88,13 +109,13 @@ static __noinline int egress_icmp_error_v4(struct __sk_buff *skb, const struct p
 	const struct masq_rule *rule;
 	struct nat_v4_val *v;
 	struct iphdr ip;
-	__be32 from, to, snat;
+	__be32 from, to;
 	__be16 pto;
 	int from_source;
 	__u8 type;
 
 	if (bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0 || !is_icmp_error_v4(type))
-		return 1;
+		return NOT_TRANSLATED_ERROR;
 	from_source = masq_source_v4(skb, p->v4.saddr, &rule);
 	if (bpf_skb_load_bytes(skb, inner_off, &ip, sizeof(ip)) < 0 || ip.version != 4 ||
 	    ip.ihl < 5 || ip.saddr != p->v4.daddr || (bpf_ntohs(ip.frag_off) & IP_OFFSET))
@@ -127,20 +148,15 @@ static __noinline int egress_icmp_error_v4(struct __sk_buff *skb, const struct p
 			    addr_diff) < 0)
 		goto err;
 	count(COUNTER_ICMP_ERR_EGRESS);
-	*verdict = TC_ACT_UNSPEC;
-	return 0;
+	return TC_ACT_UNSPEC;
 unmatched:
-	*verdict = icmp_error_unmatched(from_source,
-					from_source ? decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat)
-						    : COUNTER_SKIP_NOT_SOURCE);
-	return 0;
+	return NOT_TRANSLATED_ERROR;
 err:
 	count(COUNTER_ERROR);
-	*verdict = TC_ACT_SHOT;
-	return 0;
+	return TC_ACT_SHOT;
 }
 
-static __noinline int egress_icmp_error_v6(struct __sk_buff *skb, const struct pkt *p, int *verdict)
+static __noinline int egress_icmp_error_v6(struct __sk_buff *skb, const struct pkt *p)
 {
 	__u32 inner_off = p->l4_off + 8, inner_l4 = inner_off + sizeof(struct ipv6hdr), port_off;
 	__u32 icmp_csum = p->l4_off + 2, diff;
@@ -148,13 +164,13 @@ static __noinline int egress_icmp_error_v6(struct __sk_buff *skb, const struct p
 	const struct masq_rule *rule;
 	struct nat_v6_val *v;
 	struct ipv6hdr ip;
-	__u8 from[16], to[16], src[16], snat[16];
+	__u8 from[16], to[16], src[16];
 	int from_source;
 	__be16 pto;
 	__u8 type;
 
 	if (bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0 || !is_icmp_error_v6(type))
-		return 1;
+		return NOT_TRANSLATED_ERROR;
 	from_source = masq_source_v6(skb, p->v6.saddr, &rule);
 	/* Quotes with extension headers are not translated. */
 	if (bpf_skb_load_bytes(skb, inner_off, &ip, sizeof(ip)) < 0 || ip.version != 6 ||
@@ -187,15 +203,10 @@ static __noinline int egress_icmp_error_v6(struct __sk_buff *skb, const struct p
 	if (icmp_quote_port(skb, icmp_csum, ip.nexthdr, inner_l4, port_off, k.sport, pto, diff) < 0)
 		goto err;
 	count(COUNTER_ICMP_ERR_EGRESS);
-	*verdict = TC_ACT_UNSPEC;
-	return 0;
+	return TC_ACT_UNSPEC;
 unmatched:
-	*verdict = icmp_error_unmatched(from_source,
-					from_source ? decide_v6(skb, p, rule, snat)
-						    : COUNTER_SKIP_NOT_SOURCE);
-	return 0;
+	return NOT_TRANSLATED_ERROR;
 err:
 	count(COUNTER_ERROR);
-	*verdict = TC_ACT_SHOT;
-	return 0;
+	return TC_ACT_SHOT;
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -18,6 +19,8 @@ const (
 	protoESP  = 50
 	protoSCTP = 132
 	protoTest = 253 // RFC 3692 experimentation
+	protoDCCP = 33
+	protoLite = 136 // UDP-Lite
 )
 
 // sctpPacket builds an SCTP packet (common header and one DATA-like chunk)
@@ -47,10 +50,17 @@ func checkSCTP(t *testing.T, frame []byte) parsed {
 	return p
 }
 
-// opaque builds a packet of a protocol without ports; ICMPv6 gets its
-// checksum.
+// opaque builds a packet of a protocol translated address-only; ICMPv6,
+// DCCP and UDP-Lite get their checksums (pseudo header included).
 func opaque(src, dst netip.Addr, proto uint8) []byte {
 	f := flow{src: src, dst: dst, proto: proto, payload: []byte("opaque payload")}
+	if proto == protoDCCP || proto == protoLite {
+		b := append(make([]byte, 16), f.payload...)
+		binary.BigEndian.PutUint16(b[0:], 1234)
+		binary.BigEndian.PutUint16(b[2:], 5678)
+		binary.BigEndian.PutUint16(b[6:], csumFold(csumAdd(pseudoSum(src, dst, proto, len(b)), b)))
+		return ether(ipPacket(src, dst, proto, 1, 0, b))
+	}
 	if proto == protoICMP || proto == protoICMPv6 {
 		f.icmpType = 13 // ICMPv4 timestamp; ICMPv6: unassigned informational
 		if proto == protoICMPv6 {
@@ -111,6 +121,8 @@ func TestAddressOnlyProtocols(t *testing.T) {
 		{"ESP v4", protoESP, pod1, pod2, remote4, snat4, other4},
 		{"protocol 253 v4", protoTest, pod1, pod2, remote4, snat4, other4},
 		{"ICMP timestamp v4", protoICMP, pod1, pod2, remote4, snat4, other4},
+		{"DCCP v4", protoDCCP, pod1, pod2, remote4, snat4, other4},
+		{"UDP-Lite v6", protoLite, pod6, netip.MustParseAddr("fd00:10::6"), remote6, snat6, other6},
 		{"ESP v6", protoESP, pod6, netip.MustParseAddr("fd00:10::6"), remote6, snat6, other6},
 		{"ICMPv6 informational", protoICMPv6, pod6, netip.MustParseAddr("fd00:10::6"), remote6, snat6, other6},
 	} {
@@ -284,4 +296,96 @@ func TestUnparseableIsDropped(t *testing.T) {
 	if out := e.egress(in); !bytes.Equal(out, in) {
 		t.Fatal("a packet to a non-masquerade destination was modified")
 	}
+}
+
+// TestICMPErrorOnIngressForFixedPairs: an error about an SCTP or
+// address-only flow (a router's "unreachable" quoting the translated
+// packet) reaches the pod with the quote in the pod's view.
+func TestICMPErrorOnIngressForFixedPairs(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	cases := []struct {
+		name         string
+		pod, snat    netip.Addr
+		remote, from netip.Addr
+		typ, code    uint8
+		packet       func(src, dst netip.Addr) []byte
+	}{
+		{"SCTP v4", pod1, snat4, remote4, router4, 3, 1, func(s, d netip.Addr) []byte { return sctpPacket(s, d, 5100, 38412) }},
+		{"GRE v4", pod1, snat4, remote4, router4, 3, 1, func(s, d netip.Addr) []byte { return opaque(s, d, protoGRE) }},
+		{"ESP v6", pod6, snat6, remote6, router6, 1, 3, func(s, d netip.Addr) []byte { return opaque(s, d, protoESP) }},
+		{"SCTP v6", pod6, snat6, remote6, router6, 1, 3, func(s, d netip.Addr) []byte { return sctpPacket(s, d, 5100, 38412) }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			sent := e.egress(c.packet(c.pod, c.remote))
+			if want := c.packet(c.snat, c.remote); !bytes.Equal(sent, want) {
+				t.Fatalf("egress:\n got %x\nwant %x", sent, want)
+			}
+			before := e.counters()
+			got := e.ingress(icmpError(c.from, c.snat, c.typ, c.code, sent[14:]))
+			if want := icmpError(c.from, c.pod, c.typ, c.code, c.packet(c.pod, c.remote)[14:]); !bytes.Equal(got, want) {
+				t.Fatalf("ICMP error to the pod:\n got %x\nwant %x", got, want)
+			}
+			e.checkCounters(before, map[Counter]uint64{CounterICMPErrorReverse: 1})
+		})
+	}
+}
+
+// BenchmarkNewPaths reports the per-packet cost of the paths added for
+// L3 devices and all protocols as ratios to an established TCP flow's
+// egress, measured in the same run, interleaved in rounds (median of the
+// per-round ratios): an established address-only (GRE) flow, and an ICMP
+// error the node sends about a translated UDP flow (quote rewritten).
+func BenchmarkNewPaths(b *testing.B) {
+	e := newEnv(b, envOptions{})
+	tcp := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK, payload: make([]byte, 1400)}
+	pingPong(b, e, tcp) // the SNAT address is now a masquerade source too
+
+	// GRE: the output (from the SNAT address) maps back to the pod.
+	gre := opaque(pod1, remote4, protoGRE)
+	e.egress(gre)
+	if err := e.dp.Maps.NatV4.Put(NATKeyV4{Src: Addr4(snat4), Dst: Addr4(remote4), Proto: protoGRE, Dir: DirEgress},
+		NATValV4{Addr: Addr4(pod1)}); err != nil {
+		b.Fatal(err)
+	}
+
+	// The node's "fragmentation needed" about the remote's UDP answer to the
+	// pod: translated, its quote is remote -> SNAT:NAT port, which an extra
+	// dir-0 entry maps back to the pod's view.
+	udp := flow{src: pod1, dst: remote4, proto: protoUDP, sport: 42000, dport: 7001, payload: []byte("q")}
+	natPort := masqueradedB(b, e, udp)
+	if err := e.dp.Maps.NatV4.Put(NATKeyV4{Src: Addr4(snat4), Dst: Addr4(remote4), Sport: Port(natPort), Dport: Port(7001), Proto: protoUDP, Dir: DirEgress},
+		NATValV4{Addr: Addr4(pod1), Port: Port(42000)}); err != nil {
+		b.Fatal(err)
+	}
+	quote := e.ingress(reply(udp, snat4, natPort).packet())[14:]
+	icmpErr := icmpError(host, remote4, 3, 4, quote)
+
+	const rounds, perRound = 7, 20000
+	perPkt := func(frame []byte) float64 {
+		ret, d, err := e.dp.Egress.Benchmark(frame, perRound, nil)
+		if err != nil || ret != tcActUnspec {
+			b.Fatalf("verdict %d, %v", int32(ret), err)
+		}
+		return float64(d.Nanoseconds())
+	}
+	var greRatio, icmpRatio []float64
+	var base []float64
+	for range b.N {
+		for range rounds {
+			t := perPkt(tcp.packet())
+			base = append(base, t)
+			greRatio = append(greRatio, perPkt(gre)/t)
+			icmpRatio = append(icmpRatio, perPkt(icmpErr)/t)
+		}
+	}
+	b.ReportMetric(median(base), "tcp-ns/pkt")
+	b.ReportMetric(median(greRatio), "gre/tcp")
+	b.ReportMetric(median(icmpRatio), "icmp-error/tcp")
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

@@ -98,12 +98,12 @@ enum counter {
 	COUNTER_SKIP_NOT_FLOW_START,	/* not masqueraded: no NAT pair and the packet does not start a flow (SYN-ACK, RST, mid-stream) */
 	COUNTER_NAT_REOPENED,		/* a new SYN reopened a closed or expired pair */
 	COUNTER_NAT_REUSED,		/* a NAT port taken over from an expired pair or a closed pair of the same source */
+	COUNTER_DROP_NO_SNAT_ADDR,	/* dropped: to be masqueraded, but the device has no address of the family */
 	COUNTER_ICMP_ERR_EGRESS,	/* ICMP errors about translated flows translated on egress (quote, and the source of a pod's error) */
 	COUNTER_ICMP_ERR_UNMATCHED,	/* dropped: ICMP error from a masquerade source to a masqueraded destination about no translated flow */
 	COUNTER_NAT_NEW_SCTP,		/* new SCTP pairs, port kept (also in COUNTER_NAT_NEW) */
 	COUNTER_NAT_NEW_ADDR_ONLY,	/* new address-only pairs: GRE, ESP, other protocols (also in COUNTER_NAT_NEW) */
 	COUNTER_PAIR_TAKEN,		/* dropped: another source holds the SCTP port or address-only pair to this remote */
-	COUNTER_DROP_NO_SNAT_ADDR,	/* dropped: to be masqueraded, but the device has no address of the family */
 	COUNTER_HOST_FLOW_NEW,		/* node flows whose tuple is held from NAT (a node socket's port in the NAT range) */
 	COUNTER_MAX,
 };
@@ -1885,7 +1885,7 @@ static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csu
 	return 0;
 }
 
-static __always_inline int icmp_error_v4(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int icmp_error_v4(struct __sk_buff *skb, const struct pkt *p)
 {
 	__u32 inner_off = p->l4_off + 8, inner_l4, port_off, addr_diff = 0;
 	__u32 icmp_csum = p->l4_off + 2;
@@ -1933,7 +1933,7 @@ err:
 	return TC_ACT_SHOT;
 }
 
-static __always_inline int icmp_error_v6(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int icmp_error_v6(struct __sk_buff *skb, const struct pkt *p)
 {
 	__u32 inner_off = p->l4_off + 8, inner_l4 = inner_off + sizeof(struct ipv6hdr), port_off;
 	__u32 icmp_csum = p->l4_off + 2, diff;
@@ -2054,9 +2054,11 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 		return TC_ACT_UNSPEC;
 	}
 	/* Before the source check: the node's own errors count too. */
-	if (p.proto == IPPROTO_ICMP && p.frag == FRAG_NONE &&
-	    egress_icmp_error_v4(skb, &p, &verdict) == 0)
-		return verdict;
+	if (p.proto == IPPROTO_ICMP && p.frag == FRAG_NONE) {
+		verdict = egress_icmp_error_v4(skb, &p);
+		if (verdict != NOT_TRANSLATED_ERROR)
+			return verdict;
+	}
 	if (!masq_source_v4(skb, p.v4.saddr, &rule)) {
 		host_flow_v4(skb, &p);
 		count(COUNTER_SKIP_NOT_SOURCE);
@@ -2079,6 +2081,8 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	}
 	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
 		return egress_fixed_v4(skb, &p, rule);
+	if (p.kind == PKT_ICMP_ERR)
+		return icmp_error_unmatched_v4(skb, &p, rule);
 	if (p.kind != PKT_PORTS)
 		return egress_untranslatable_v4(skb, &p, rule);
 
@@ -2142,9 +2146,11 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
 	}
-	if (ret == 0 && p.proto == IPPROTO_ICMPV6 && p.frag == FRAG_NONE &&
-	    egress_icmp_error_v6(skb, &p, &verdict) == 0)
-		return verdict;
+	if (ret == 0 && p.proto == IPPROTO_ICMPV6 && p.frag == FRAG_NONE) {
+		verdict = egress_icmp_error_v6(skb, &p);
+		if (verdict != NOT_TRANSLATED_ERROR)
+			return verdict;
+	}
 	if (!masq_source_v6(skb, p.v6.saddr, &rule)) {
 		if (ret == 0)
 			host_flow_v6(skb, &p);
@@ -2169,6 +2175,8 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	}
 	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
 		return egress_fixed_v6(skb, &p, rule);
+	if (p.kind == PKT_ICMP_ERR)
+		return icmp_error_unmatched_v6(skb, &p, rule);
 	if (p.kind != PKT_PORTS)
 		return egress_untranslatable_v6(skb, &p, rule);
 

@@ -36,12 +36,12 @@ const (
 	masqCounterCOUNTER_SKIP_NOT_FLOW_START masqCounter = 17
 	masqCounterCOUNTER_NAT_REOPENED        masqCounter = 18
 	masqCounterCOUNTER_NAT_REUSED          masqCounter = 19
-	masqCounterCOUNTER_ICMP_ERR_EGRESS     masqCounter = 20
-	masqCounterCOUNTER_ICMP_ERR_UNMATCHED  masqCounter = 21
-	masqCounterCOUNTER_NAT_NEW_SCTP        masqCounter = 22
-	masqCounterCOUNTER_NAT_NEW_ADDR_ONLY   masqCounter = 23
-	masqCounterCOUNTER_PAIR_TAKEN          masqCounter = 24
-	masqCounterCOUNTER_DROP_NO_SNAT_ADDR   masqCounter = 25
+	masqCounterCOUNTER_DROP_NO_SNAT_ADDR   masqCounter = 20
+	masqCounterCOUNTER_ICMP_ERR_EGRESS     masqCounter = 21
+	masqCounterCOUNTER_ICMP_ERR_UNMATCHED  masqCounter = 22
+	masqCounterCOUNTER_NAT_NEW_SCTP        masqCounter = 23
+	masqCounterCOUNTER_NAT_NEW_ADDR_ONLY   masqCounter = 24
+	masqCounterCOUNTER_PAIR_TAKEN          masqCounter = 25
 	masqCounterCOUNTER_HOST_FLOW_NEW       masqCounter = 26
 	masqCounterCOUNTER_MAX                 masqCounter = 27
 )

@@ -17,8 +17,8 @@
  * proto} can belong to one pod only, so a second pod talking the same
  * protocol to the same remote is dropped and counted (pair-taken) rather
  * than sent out with a translation whose answers would reach the first
- * pod. None of these protocols has a checksum over the IP addresses except
- * ICMPv6 (pseudo header), which is kept right.
+ * pod. Of these, ICMPv6, DCCP and UDP-Lite have a checksum over a pseudo
+ * header, which is kept right (DCCP and UDP-Lite ports are left alone).
  *
  * Entries carry the NAT "port" (the pod's SCTP port, or 0) so that the
  * collector and the dumps treat them like the other pairs.
@@ -26,7 +26,7 @@
 
 /* nat_create_fixed_v4 inserts both entries of a pair whose NAT port is the
  * pod's own (out->sport: the SCTP port, or 0 for address-only). */
-static __always_inline enum counter nat_create_fixed_v4(const struct nat_v4_key *out, __be32 snat,
+static __noinline enum counter nat_create_fixed_v4(const struct nat_v4_key *out, __be32 snat,
 							struct nat_v4_val *res)
 {
 	struct nat_v4_key in = {
@@ -69,22 +69,28 @@ static __always_inline enum counter nat_create_fixed_v4(const struct nat_v4_key 
 	return COUNTER_MASQUERADED;
 }
 
-static __always_inline enum counter nat_create_fixed_v6(const struct nat_v6_key *out, const __u8 *snat,
-							struct nat_v6_val *res)
+static __noinline enum counter nat_create_fixed_v6(const struct nat_v6_key *out, const __u8 *snat,
+						struct nat_v6_val *res)
 {
 	struct nat_v6_key in = {
 		.sport = out->dport, .dport = out->sport, .proto = out->proto, .dir = DIR_INGRESS,
 	};
-	struct nat_v6_val rev = { .port = out->sport };
 	struct nat_v6_val *cur;
 	int created = 1;
+	__u64 now;
 	long ret;
 
+	/* snat may point into *res, which first holds the reply entry's value
+	 * and then the pair's: one 48-byte value less on a stack the verifier
+	 * limits for the whole call chain. */
 	__builtin_memcpy(in.src, out->dst, 16);
 	__builtin_memcpy(in.dst, snat, 16);
-	__builtin_memcpy(rev.addr, out->src, 16);
-	rev.last_seen_ns = rev.created_ns = bpf_ktime_get_ns();
-	ret = bpf_map_update_elem(&nat_v6, &in, &rev, BPF_NOEXIST);
+	now = bpf_ktime_get_ns();
+	__builtin_memset(res, 0, sizeof(*res));
+	__builtin_memcpy(res->addr, out->src, 16);
+	res->port = out->sport;
+	res->last_seen_ns = res->created_ns = now;
+	ret = bpf_map_update_elem(&nat_v6, &in, res, BPF_NOEXIST);
 	if (ret == -EEXIST) {
 		cur = bpf_map_lookup_elem(&nat_v6, &in);
 		if (!cur || !addr6_equal(cur->addr, out->src) || cur->port != out->sport)
@@ -93,11 +99,7 @@ static __always_inline enum counter nat_create_fixed_v6(const struct nat_v6_key 
 	} else if (ret) {
 		return COUNTER_NAT_FULL;
 	}
-	__builtin_memcpy(res->addr, snat, 16);
-	res->port = out->sport;
-	res->flags = 0;
-	res->last_seen_ns = rev.last_seen_ns;
-	res->created_ns = rev.created_ns;
+	__builtin_memcpy(res->addr, in.dst, 16);
 	ret = bpf_map_update_elem(&nat_v6, out, res, BPF_NOEXIST);
 	if (ret == 0)
 		return COUNTER_NAT_NEW;
@@ -121,10 +123,18 @@ static __always_inline void count_fixed_new(const struct pkt *p, const struct ma
 		count(COUNTER_NAT_NEW_BY_RULE);
 }
 
-/* The L4 checksum an address-only rewrite must fix: ICMPv6's pseudo header. */
+/* The L4 checksum an address-only rewrite must fix: those that cover a
+ * pseudo header (ICMPv6; DCCP and UDP-Lite, whose ports are left alone). */
 static __always_inline __u32 fixed_csum_off(const struct pkt *p)
 {
-	return p->proto == IPPROTO_ICMPV6 ? p->l4_off + 2 : 0;
+	switch (p->proto) {
+	case IPPROTO_ICMPV6:
+		return p->l4_off + 2;
+	case IPPROTO_DCCP:
+	case IPPROTO_UDPLITE:
+		return p->l4_off + 6;
+	}
+	return 0;
 }
 
 static __noinline int egress_fixed_v4(struct __sk_buff *skb, const struct pkt *p,
@@ -159,7 +169,7 @@ static __noinline int egress_fixed_v4(struct __sk_buff *skb, const struct pkt *p
 	if (p->frag == FRAG_FIRST)
 		frag_remember_v4(p, DIR_EGRESS, nv.addr);
 	if (rewrite_v4(skb, p->l3_off, p->l3_off + offsetof(struct iphdr, saddr), p->v4.saddr,
-		       nv.addr, p->proto, 0, 0, 0, 0) < 0) {
+		       nv.addr, p->proto, fixed_csum_off(p), 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}
@@ -174,7 +184,6 @@ static __noinline int egress_fixed_v6(struct __sk_buff *skb, const struct pkt *p
 		.sport = p->sport, .dport = p->dport, .proto = p->proto, .dir = DIR_EGRESS,
 	};
 	struct nat_v6_val *v, nv;
-	__u8 snat[16], from[16];
 	enum counter c;
 
 	__builtin_memcpy(k.src, p->v6.saddr, 16);
@@ -184,12 +193,13 @@ static __noinline int egress_fixed_v6(struct __sk_buff *skb, const struct pkt *p
 		nat_touch_v6(v, 0);
 		__builtin_memcpy(nv.addr, v->addr, 16);
 	} else {
-		c = decide_v6(skb, p, rule, snat);
+		c = decide_v6(skb, p, rule, nv.addr);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
-		c = nat_create_fixed_v6(&k, snat, &nv);
+		/* the SNAT address decide_v6 chose is in nv.addr */
+		c = nat_create_fixed_v6(&k, nv.addr, &nv);
 		if (c == COUNTER_NAT_NEW) {
 			count_fixed_new(p, rule);
 		} else if (c != COUNTER_MASQUERADED) {
@@ -199,8 +209,7 @@ static __noinline int egress_fixed_v6(struct __sk_buff *skb, const struct pkt *p
 	}
 	if (p->frag == FRAG_FIRST)
 		frag_remember_v6(p, DIR_EGRESS, nv.addr);
-	__builtin_memcpy(from, p->v6.saddr, 16);
-	if (rewrite_v6(skb, p->l3_off + offsetof(struct ipv6hdr, saddr), from, nv.addr, p->proto,
+	if (rewrite_v6(skb, p->l3_off + offsetof(struct ipv6hdr, saddr), (__u8 *)p->v6.saddr, nv.addr, p->proto,
 		       fixed_csum_off(p), 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
@@ -226,7 +235,7 @@ static __noinline int ingress_fixed_v4(struct __sk_buff *skb, const struct pkt *
 	if (p->frag == FRAG_FIRST)
 		frag_remember_v4(p, DIR_INGRESS, to);
 	if (rewrite_v4(skb, p->l3_off, p->l3_off + offsetof(struct iphdr, daddr), p->v4.daddr, to,
-		       p->proto, 0, 0, 0, 0) < 0) {
+		       p->proto, fixed_csum_off(p), 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}
@@ -265,7 +274,7 @@ static __noinline int ingress_fixed_v6(struct __sk_buff *skb, const struct pkt *
  * cannot translate (an IPv6 header chain longer than it walks, a fragmented
  * ICMP error, an echo reply of no flow): dropped when its destination would be masqueraded, so the
  * pod address never leaves; passed otherwise. */
-static __always_inline int egress_untranslatable_v4(struct __sk_buff *skb, const struct pkt *p,
+static __noinline int egress_untranslatable_v4(struct __sk_buff *skb, const struct pkt *p,
 						 const struct masq_rule *rule)
 {
 	enum counter c;
@@ -280,13 +289,13 @@ static __always_inline int egress_untranslatable_v4(struct __sk_buff *skb, const
 	return TC_ACT_SHOT;
 }
 
-static __always_inline int egress_untranslatable_v6(struct __sk_buff *skb, const struct pkt *p,
+static __noinline int egress_untranslatable_v6(struct __sk_buff *skb, const struct pkt *p,
 						 const struct masq_rule *rule)
 {
-	__u8 snat[16];
+	struct nat_v6_val snat;
 	enum counter c;
 
-	c = decide_v6(skb, p, rule, snat);
+	c = decide_v6(skb, p, rule, snat.addr);
 	if (c != COUNTER_MASQUERADED) {
 		count(c);
 		return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;

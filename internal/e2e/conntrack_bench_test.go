@@ -55,8 +55,13 @@ func BenchmarkPerDestinationRate(b *testing.B) {
 					if name == "ipmasq" {
 						a := newAgent(b, topo.Node, masqueradeAll)
 						a.start()
-					} else if err := topology.LinuxMasquerade(topo.Node, "eth0", podSources...); err != nil {
-						b.Fatal(err)
+					} else {
+						for _, src := range podSources {
+							v6 := netip.MustParsePrefix(src).Addr().Is6()
+							if err := topo.Node.Iptables(v6, "-t", "nat", "-A", "POSTROUTING", "-s", src, "-o", "eth0", "-j", "MASQUERADE"); err != nil {
+								b.Fatal(err)
+							}
+						}
 					}
 					l, err := topology.ServeShort(topo.Ext, shortPort)
 					if err != nil {

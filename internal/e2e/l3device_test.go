@@ -49,6 +49,20 @@ func TestL3Uplink(t *testing.T) {
 	})
 }
 
+// TestL3UplinkClsact: the same with the programs attached as clsact
+// filters (kernels without tcx).
+func TestL3UplinkClsact(t *testing.T) {
+	spec := setupSpec{opts: topology.Options{L3Uplink: true}, config: masqueradeAll, sources: podSources,
+		agentArgs: []string{"--tc-attach-mode=clsact"}}
+	underBoth(t, spec, func(t *testing.T, s *scenario) {
+		checkSource(t, s.topo, s.ext, topology.RemoteIP4, topology.NodeIP4, 4)
+		checkSource(t, s.topo, s.ext, topology.RemoteIP6, topology.NodeIP6, 4)
+		if a := s.agent; a != nil && a.counter(bpf.CounterMasqueraded) == 0 {
+			t.Error("no packet counted as masqueraded")
+		}
+	})
+}
+
 // TestL3TunnelClients: the Calico seed (a masquerade rule for the clients
 // behind wg0, leaving through eth0) with wg0 an L3 device: 20 pings, TCP
 // and UDP flows, IPv4 and IPv6, all answered, the remote sees the node.

@@ -50,49 +50,52 @@ type setupSpec struct {
 
 var podSources = []string{topology.PodCIDR4, topology.PodCIDR6}
 
-// underBoth runs fn under Linux MASQUERADE and then under ipmasq. Under
-// both, a watcher on ext's eth0 fails the run if any packet arrives with a
-// pod or tunnel client address: nothing from a masquerade source to a
-// masqueraded destination may leave untranslated.
+// underBoth runs fn under Linux MASQUERADE and then under ipmasq
+// (runEachWith). If the reference fails, the ipmasq run fails at
+// once: the scenario proves nothing. Under both, a watcher on ext's eth0
+// fails the run if any packet arrives with a pod or tunnel client address:
+// nothing from a masquerade source to a masqueraded destination may leave
+// untranslated.
 func underBoth(t *testing.T, spec setupSpec, fn func(t *testing.T, s *scenario)) {
 	t.Helper()
-	for _, name := range []string{"linux-masquerade", "ipmasq"} {
-		ok := t.Run(name, func(t *testing.T) {
-			topo, err := topology.NewMasqueradeWith(spec.opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { topo.Close() })
-			if spec.client {
-				if _, err := topo.AddTunnelClient(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			s := &scenario{topo: topo}
-			s.ext = startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
-			var leaks *leakWatch
-			if !spec.podAddressesOnWire {
-				leaks = watchLeaks(t, topo.Ext, "eth0", topology.PodCIDR4, topology.PodCIDR6, topology.ClientCIDR4, topology.ClientCIDR6)
-			}
-			if spec.beforeStart != nil {
-				spec.beforeStart(t, topo)
-			}
-			if name == "ipmasq" {
-				s.agent = newAgent(t, topo.Node, spec.config)
-				s.agent.args = spec.agentArgs
-				s.agent.start()
-			} else if err := topology.LinuxMasquerade(topo.Node, "eth0", spec.sources...); err != nil {
-				t.Fatal(err)
-			}
-			fn(t, s)
-			if leaks != nil {
-				leaks.check(t)
-			}
-		})
-		if !ok && name == "linux-masquerade" {
+	var a *agent
+	referenceFailed := false
+	ipmasq := masquerader{name: "ipmasq", start: func(t *testing.T, topo *topology.Masquerade) {
+		if referenceFailed {
 			t.Fatal("the reference (Linux MASQUERADE) failed on this topology: the scenario proves nothing")
 		}
+		a = newAgent(t, topo.Node, spec.config)
+		a.args = spec.agentArgs
+		a.start()
+	}}
+	ms := []masquerader{linuxMasqueradeOf(spec.sources...), ipmasq}
+	if spec.beforeStart != nil {
+		for i, m := range ms {
+			ms[i].start = func(t *testing.T, topo *topology.Masquerade) {
+				spec.beforeStart(t, topo)
+				m.start(t, topo)
+			}
+		}
 	}
+	runEachWith(t, spec.opts, ms, func(t *testing.T, topo *topology.Masquerade) {
+		s := &scenario{topo: topo, agent: a}
+		if a == nil {
+			t.Cleanup(func() { referenceFailed = t.Failed() })
+		}
+		if spec.client {
+			if _, err := topo.AddTunnelClient(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.ext = startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
+		if spec.podAddressesOnWire {
+			fn(t, s)
+			return
+		}
+		leaks := watchLeaks(t, topo.Ext, "eth0", topology.PodCIDR4, topology.PodCIDR6, topology.ClientCIDR4, topology.ClientCIDR6)
+		fn(t, s)
+		leaks.check(t)
+	})
 }
 
 // leakWatch records packets seen on a device whose source is one of the
