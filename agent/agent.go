@@ -14,6 +14,7 @@ import (
 
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
+	datapathtables "github.com/ipmasq/ipmasq/cells/datapath"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/iprules"
@@ -58,6 +59,7 @@ var Cell = cell.Group(
 	metrics.Cell,
 	podcidrs.Cell,
 	devices.Cell,
+	datapathtables.Cell,
 	datapath.Cell,
 	ipam.Cell,
 	api.Cell,

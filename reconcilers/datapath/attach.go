@@ -42,6 +42,9 @@ type attachOps struct {
 	// mode is AttachAuto, AttachTCX or AttachClsact; auto becomes one of
 	// the others at the first attach.
 	mode string
+	// waitMaps waits (bounded) until the maps the programs read besides
+	// the device's own entry are written; nil: no wait.
+	waitMaps func(context.Context)
 }
 
 var _ reconciler.Operations[*tables.DatapathDevice] = (*attachOps)(nil)
@@ -53,10 +56,13 @@ func (o *attachOps) pinPath(ifindex int, h hook) string {
 // Update attaches both programs to the device, or swaps the program inside
 // links left by a previous agent (atomic: no packet goes untranslated), and
 // sets the device's SNAT addresses.
-func (o *attachOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, d *tables.DatapathDevice) error {
+func (o *attachOps) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision, d *tables.DatapathDevice) error {
 	dp := o.dp.get()
 	if dp == nil {
 		return ErrNotLoaded
+	}
+	if o.waitMaps != nil {
+		o.waitMaps(ctx)
 	}
 	// The SNAT address first: a program must never see the device without it.
 	if err := dp.SetEgressDevice(d.Index, d.SNATv4, d.SNATv6); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
@@ -71,7 +72,7 @@ type registerParams struct {
 }
 
 func register(p registerParams) error {
-	o := &ops{}
+	o := &bpfmap.ByFamily[*tables.NonMasqCIDR]{}
 	// The maps are opened when the hive starts, before the reconciler's jobs
 	// (appended to the lifecycle after this hook) run.
 	p.Lifecycle.Append(cell.Hook{
