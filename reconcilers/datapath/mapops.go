@@ -106,8 +106,8 @@ func nodeAddressOps(dp *bpf.Datapath) (reconciler.Operations[*tables.NodeAddress
 		return nil, err
 	}
 	return &bpfmap.ByFamily[*tables.NodeAddress]{
-		V4: bpfmap.NewOps(m4, func(a *tables.NodeAddress) (uint32, uint8) { return bpf.Addr4(a.Addr), 1 }),
-		V6: bpfmap.NewOps(m6, func(a *tables.NodeAddress) ([16]byte, uint8) { return a.Addr.As16(), 1 }),
+		V4:   bpfmap.NewOps(m4, func(a *tables.NodeAddress) (uint32, uint8) { return bpf.Addr4(a.Addr), 1 }),
+		V6:   bpfmap.NewOps(m6, func(a *tables.NodeAddress) ([16]byte, uint8) { return a.Addr.As16(), 1 }),
 		Is4:  func(a *tables.NodeAddress) bool { return a.Addr.Is4() },
 		Name: func(a *tables.NodeAddress) string { return a.Addr.String() },
 	}, nil
