@@ -70,11 +70,6 @@ var knownViolations = map[string]string{
 	// The datapath programs read the nonmasq maps through nonmasqmaps.Handle;
 	// they will open the pinned maps through the bpf layer.
 	"reconcilers/datapath -> reconcilers/nonmasqmaps": "reaches another reconciler's maps",
-	// Readers reach the kernel through handles the reconcilers fill in their
-	// start hooks (start order); they will read tables and pinned maps.
-	"readers/metrics -> reconcilers/datapath":    "reads counters through datapath.Handle",
-	"readers/metrics -> reconcilers/nonmasqmaps": "reads map stats through nonmasqmaps.Handle",
-	"readers/status -> reconcilers/datapath":     "reads counters through datapath.Handle",
 	// Fault injection is a parameter of the reconcilers; tests will decorate
 	// each reconciler's Operations through the hive instead.
 	"reconcilers/datapath -> internal/faults":    "fault injection parameter",
