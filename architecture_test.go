@@ -67,9 +67,6 @@ var knownViolations = map[string]string{
 	// devices.Netns is a test-only namespace handle; tests will decorate the
 	// datapath's operations through the hive instead.
 	"reconcilers/datapath -> cells/devices": "uses devices.Netns (test-only)",
-	// The datapath programs read the nonmasq maps through nonmasqmaps.Handle;
-	// they will open the pinned maps through the bpf layer.
-	"reconcilers/datapath -> reconcilers/nonmasqmaps": "reaches another reconciler's maps",
 	// Fault injection is a parameter of the reconcilers; tests will decorate
 	// each reconciler's Operations through the hive instead.
 	"reconcilers/datapath -> internal/faults":    "fault injection parameter",

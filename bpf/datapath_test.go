@@ -68,12 +68,12 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 	root := privtest.MountBPFFS(tb)
 	pinDir := filepath.Join(root, "ipmasq")
 
-	nm4, err := bpfmap.OpenPinned(nil, pinDir, bpfmap.LPMTrieSpec(MapNonMasqV4, 8, 1, 100))
+	nm4, err := OpenNonMasq(nil, pinDir, MapNonMasqV4, 100)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer nm4.Close()
-	nm6, err := bpfmap.OpenPinned(nil, pinDir, bpfmap.LPMTrieSpec(MapNonMasqV6, 20, 1, 100))
+	nm6, err := OpenNonMasq(nil, pinDir, MapNonMasqV6, 100)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
@@ -16,7 +17,6 @@ import (
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/internal/faults"
-	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -47,7 +47,6 @@ type params struct {
 	Lifecycle   cell.Lifecycle
 	Agent       settings.Config
 	Config      Config
-	NonMasq     *nonmasqmaps.Handle
 	DPDevices   statedb.RWTable[*tables.DatapathDevice]
 	RuleSources statedb.RWTable[*tables.MasqueradeRuleSource]
 	Sources     statedb.RWTable[*tables.MasqueradeSource]
@@ -81,14 +80,19 @@ func register(p params) error {
 			if note != "" {
 				p.Log.Info(note)
 			}
-			maps := p.NonMasq.Maps()
+			nm4, nm6, err := openNonMasq(p.Log, pinDir, p.Agent)
+			if err != nil {
+				return err
+			}
 			dp, err := bpf.Load(bpf.LoadOptions{
 				PinDir:        pinDir,
-				NonMasqV4:     maps.RawV4(),
-				NonMasqV6:     maps.RawV6(),
+				NonMasqV4:     nm4,
+				NonMasqV6:     nm6,
 				NATMaxEntries: p.Config.NATMaxEntries,
 				Logger:        p.Log,
 			})
+			// The programs hold their own references to the tries.
+			closeAll(nm4, nm6)
 			if err != nil {
 				return err
 			}
@@ -160,4 +164,30 @@ func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rule
 		}
 	}
 	return out, true
+}
+
+// openNonMasq opens the pinned nonmasq tries of the enabled families, the
+// ones nonmasqmaps writes (whichever of the two starts first creates them,
+// with bpf.NonMasqSpec's layout); a disabled family's trie is nil.
+func openNonMasq(log *slog.Logger, pinDir string, agent settings.Config) (v4, v6 *ebpf.Map, err error) {
+	if agent.EnableIPv4 {
+		if v4, err = bpf.OpenNonMasq(log, pinDir, bpf.MapNonMasqV4, agent.MaxNonMasqCIDRs); err != nil {
+			return nil, nil, err
+		}
+	}
+	if agent.EnableIPv6 {
+		if v6, err = bpf.OpenNonMasq(log, pinDir, bpf.MapNonMasqV6, agent.MaxNonMasqCIDRs); err != nil {
+			closeAll(v4)
+			return nil, nil, err
+		}
+	}
+	return v4, v6, nil
+}
+
+func closeAll(maps ...*ebpf.Map) {
+	for _, m := range maps {
+		if m != nil {
+			m.Close()
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cilium/statedb"
 
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -16,7 +17,7 @@ func newOps(maps *Maps, tbl statedb.Table[*tables.NonMasqCIDR]) *bpfmap.ByFamily
 	o := &bpfmap.ByFamily[*tables.NonMasqCIDR]{
 		Is4:   func(c *tables.NonMasqCIDR) bool { return tables.FamilyOf(c.Prefix.Addr()) == tables.IPv4 },
 		Name:  func(c *tables.NonMasqCIDR) string { return c.Prefix.String() },
-		MapV4: MapNameV4, MapV6: MapNameV6,
+		MapV4: bpf.MapNonMasqV4, MapV6: bpf.MapNonMasqV6,
 	}
 	if maps.V4 != nil {
 		o.V4 = bpfmap.NewOps(maps.V4,
