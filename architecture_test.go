@@ -67,11 +67,6 @@ var knownViolations = map[string]string{
 	// devices.Netns is a test-only namespace handle; tests will decorate the
 	// datapath's operations through the hive instead.
 	"reconcilers/datapath -> cells/devices": "uses devices.Netns (test-only)",
-	// Fault injection is a parameter of the reconcilers; tests will decorate
-	// each reconciler's Operations through the hive instead.
-	"reconcilers/datapath -> internal/faults":    "fault injection parameter",
-	"reconcilers/iprules -> internal/faults":     "fault injection parameter",
-	"reconcilers/nonmasqmaps -> internal/faults": "fault injection parameter",
 }
 
 type goPackage struct {

@@ -60,7 +60,9 @@ type agentUnderTest struct {
 }
 
 func (a *agentUnderTest) build() {
-	h := agent.New(a.extra...)
+	// agent.New with the reconcilers' Operations decorated by the fault
+	// injector.
+	h := hive.NewWithOptions(agent.Options(), append([]cell.Cell{agent.Infrastructure, faults.Decorate(agent.Cell)}, a.extra...)...)
 	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse(a.args); err != nil {

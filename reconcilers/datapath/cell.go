@@ -16,7 +16,6 @@ import (
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/devices"
-	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -32,6 +31,11 @@ var Cell = cell.Module(
 	cell.Provide(
 		newHandle,
 		scriptCommands,
+		// The Operations of the kernel-writing reconcilers, in the hive so
+		// that tests decorate them (fault injection) the way statedb's
+		// example does.
+		newAttachOps,
+		newMasqRuleOps,
 	),
 	cell.Invoke(register),
 )
@@ -55,9 +59,33 @@ type params struct {
 	// Netns is the namespace of the devices (tests); nil: the agent's own.
 	Netns *devices.Netns `optional:"true"`
 	// Metrics is the hive's reconciler metrics, when it has any.
-	Metrics reconciler.Metrics `optional:"true"`
-	// Faults injects attach and rule map write failures (tests only).
-	Faults *faults.Injector `optional:"true"`
+	Metrics     reconciler.Metrics `optional:"true"`
+	AttachOps   reconciler.Operations[*tables.DatapathDevice]
+	MasqRuleOps reconciler.Operations[*tables.MasqueradeRuleSource]
+}
+
+type attachParams struct {
+	cell.In
+
+	DB        *statedb.DB
+	Agent     settings.Config
+	Config    Config
+	Handle    *Handle
+	Sources   statedb.Table[*tables.MasqueradeSource]
+	NodeAddrs statedb.Table[*tables.NodeAddress]
+	// Netns is the namespace of the devices (tests); nil: the agent's own.
+	Netns *devices.Netns `optional:"true"`
+}
+
+// newAttachOps are the operations of the tc-attach reconciler.
+func newAttachOps(p attachParams) reconciler.Operations[*tables.DatapathDevice] {
+	return &attachOps{linkDir: filepath.Join(p.Agent.PinDir(), "links"), dp: p.Handle, netns: p.Netns, mode: p.Config.TCAttachMode,
+		waitMaps: waitMapsWritten(p.DB, p.Sources, p.NodeAddrs)}
+}
+
+// newMasqRuleOps are the operations of the masq-rules reconciler.
+func newMasqRuleOps(h *Handle) reconciler.Operations[*tables.MasqueradeRuleSource] {
+	return &lazyOps[*tables.MasqueradeRuleSource]{dp: h, build: masqRuleOps}
 }
 
 func register(p params) error {
@@ -120,9 +148,7 @@ func register(p params) error {
 		(*tables.DatapathDevice).Clone,
 		(*tables.DatapathDevice).SetStatus,
 		(*tables.DatapathDevice).GetStatus,
-		faults.Wrap[*tables.DatapathDevice](p.Faults, faults.TCAttach,
-			&attachOps{linkDir: filepath.Join(pinDir, "links"), dp: p.Handle, netns: p.Netns, mode: p.Config.TCAttachMode,
-				waitMaps: waitMapsWritten(p.DB, p.Sources, p.NodeAddrs)}),
+		p.AttachOps,
 		nil,
 		reconciler.WithName("tc-attach"),
 		reconciler.WithPruning(time.Hour),

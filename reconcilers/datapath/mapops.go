@@ -13,7 +13,6 @@ import (
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
-	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -128,7 +127,7 @@ func registerMapReconcilers(p params, g job.Group) error {
 	}
 	if _, err := reconciler.Register(rp, p.RuleSources,
 		(*tables.MasqueradeRuleSource).Clone, (*tables.MasqueradeRuleSource).SetStatus, (*tables.MasqueradeRuleSource).GetStatus,
-		faults.Wrap[*tables.MasqueradeRuleSource](p.Faults, faults.MasqRules, &lazyOps[*tables.MasqueradeRuleSource]{dp: p.Handle, build: masqRuleOps}),
+		p.MasqRuleOps,
 		nil, opts("masq-rules")...); err != nil {
 		return err
 	}
