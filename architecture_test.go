@@ -51,6 +51,7 @@ var testTooling = []string{
 	"net/http/httptest",
 	"github.com/cilium/hive/script/scripttest",
 	module + "/internal/faults",
+	module + "/internal/iprulestest",
 	module + "/internal/privtest",
 	module + "/internal/e2e",
 	module + "/internal/perf",
@@ -58,7 +59,7 @@ var testTooling = []string{
 
 // testOnly are the module's packages that are test tooling or test suites:
 // they are exempt from the rules, and the layering does not place them.
-var testOnly = []string{"", "deploy", "internal/faults", "internal/privtest", "internal/e2e", "internal/perf"}
+var testOnly = []string{"", "deploy", "internal/faults", "internal/iprulestest", "internal/privtest", "internal/e2e", "internal/perf"}
 
 // knownViolations are the imports that break the rules today, each with the
 // change that removes it. The test fails for a listed import that no longer

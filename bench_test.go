@@ -23,6 +23,7 @@ import (
 	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/internal/iprulestest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
@@ -41,7 +42,7 @@ type benchAgent struct {
 }
 
 func startBenchAgent(b *testing.B, args ...string) *benchAgent {
-	return startBenchAgentWith(b, iprules.NewMemoryTarget(), args...)
+	return startBenchAgentWith(b, iprulestest.NewMemoryTarget(), args...)
 }
 
 func startBenchAgentWith(b *testing.B, rules iprules.Target, args ...string) *benchAgent {

@@ -34,6 +34,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/faults"
+	"github.com/ipmasq/ipmasq/internal/iprulestest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
@@ -95,7 +96,7 @@ func (a *agentUnderTest) stop() error {
 // a hive that is built on throwaway directories and never started.
 func agentCommandUsage(t testing.TB, bpfRoot string) map[string]*script.CmdUsage {
 	dir := t.TempDir()
-	h := agent.New(cell.Provide(func() iprules.Target { return iprules.NewMemoryTarget() }))
+	h := agent.New(cell.Provide(func() iprules.Target { return iprulestest.NewMemoryTarget() }))
 	flags := pflag.NewFlagSet("usage", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse([]string{
@@ -388,7 +389,7 @@ func rulesTarget(t testing.TB, args []string, h *netlink.Handle) ([]string, ipru
 	}
 	switch kind {
 	case "memory":
-		return rest, iprules.NewMemoryTarget()
+		return rest, iprulestest.NewMemoryTarget()
 	case "netns":
 		return rest, iprules.NewNetlinkTarget(h)
 	}

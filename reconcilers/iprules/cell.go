@@ -151,7 +151,7 @@ func scriptCommands(h *Handle) hive.ScriptCmdsOut {
 // Format prints rules the way `ip rule` does, sorted by priority.
 func Format(keys []tables.IPRuleKey) string {
 	keys = slices.Clone(keys)
-	slices.SortFunc(keys, compareKey)
+	slices.SortFunc(keys, CompareKeys)
 	var b strings.Builder
 	for _, k := range keys {
 		from := k.From.String()
