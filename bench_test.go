@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
@@ -21,9 +22,9 @@ import (
 
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/bpfmap"
-	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/iprulestest"
+	"github.com/ipmasq/ipmasq/internal/netnstest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
@@ -50,8 +51,7 @@ func startBenchAgentWith(b *testing.B, rules iprules.Target, args ...string) *be
 	ns, _ := privtest.NewNetns(b) // the agent must never see the host's devices
 	dir := b.TempDir()
 	a := &benchAgent{b: b, configPath: filepath.Join(dir, "config", "ip-masq-agent")}
-	h := agent.New(
-		devices.WithNetns(ns),
+	h := hive.NewWithOptions(agent.Options(), agent.Infrastructure, netnstest.Agent(ns, agent.Cell),
 		cell.Provide(func() iprules.Target { return rules }),
 		cell.Invoke(func(db *statedb.DB, st statedb.Table[*tables.ConfigStatus], m *nonmasqmaps.Handle, r *iprules.Handle) {
 			a.db, a.status, a.maps, a.rules = db, st, m, r

@@ -25,16 +25,17 @@ import (
 	"github.com/cilium/hive/script/scripttest"
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/cilium/hive/cell"
 
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/cells/api"
-	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/internal/iprulestest"
+	"github.com/ipmasq/ipmasq/internal/netnstest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
@@ -52,9 +53,11 @@ func TestScript(t *testing.T) {
 // hive through it, so "agent/restart" can replace the hive mid-script the
 // way a restarted process would, keeping bpffs and config directory.
 type agentUnderTest struct {
-	t       testing.TB
-	args    []string
-	extra   []cell.Cell
+	t     testing.TB
+	args  []string
+	extra []cell.Cell
+	// ns is the test's network namespace: the agent's devices and datapath live there.
+	ns      netns.NsHandle
 	h       *hive.Hive
 	cmds    map[string]script.Cmd
 	started bool
@@ -62,8 +65,9 @@ type agentUnderTest struct {
 
 func (a *agentUnderTest) build() {
 	// agent.New with the reconcilers' Operations decorated by the fault
-	// injector.
-	h := hive.NewWithOptions(agent.Options(), append([]cell.Cell{agent.Infrastructure, faults.Decorate(agent.Cell)}, a.extra...)...)
+	// injector, and the devices and datapath in the test's namespace.
+	h := hive.NewWithOptions(agent.Options(),
+		append([]cell.Cell{agent.Infrastructure, netnstest.Agent(a.ns, faults.Decorate(agent.Cell))}, a.extra...)...)
 	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse(a.args); err != nil {
@@ -160,10 +164,10 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 			"--api-socket=" + apiSocket,
 			"--shell-sock-path=" + filepath.Join(dir, "shell.sock"),
 		}, args...),
+		ns: ns,
 		extra: []cell.Cell{
 			cell.Provide(func() iprules.Target { return target }),
 			cell.Provide(func() *faults.Injector { return inj }),
-			devices.WithNetns(ns),
 		},
 	}
 	t.Cleanup(func() {

@@ -17,7 +17,6 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -38,7 +37,6 @@ var hooks = []hook{
 type attachOps struct {
 	linkDir string
 	dp      *Handle
-	netns   *devices.Netns
 	// mode is AttachAuto, AttachTCX or AttachClsact; auto becomes one of
 	// the others at the first attach.
 	mode string
@@ -68,14 +66,12 @@ func (o *attachOps) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Rev
 	if err := dp.SetEgressDevice(d.Index, d.SNATv4, d.SNATv6); err != nil {
 		return err
 	}
-	return o.netns.Do(func() error {
-		for _, h := range hooks {
-			if err := o.attachHook(d, h, h.prog(dp)); err != nil {
-				return err
-			}
+	for _, h := range hooks {
+		if err := o.attachHook(d, h, h.prog(dp)); err != nil {
+			return err
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // attachHook attaches with tcx or clsact per mode; in auto mode a kernel
@@ -140,7 +136,7 @@ func (o *attachOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 	for _, h := range hooks {
 		errs = append(errs, detach(o.pinPath(d.Index, h)))
 		if o.mode != AttachTCX {
-			errs = append(errs, o.netns.Do(func() error { return detachClsact(d.Index, h) }))
+			errs = append(errs, detachClsact(d.Index, h))
 		}
 	}
 	if dp := o.dp.get(); dp != nil {
@@ -171,7 +167,7 @@ func (o *attachOps) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*
 		}
 	}
 	if o.mode != AttachTCX {
-		errs = append(errs, o.netns.Do(func() error { return pruneClsact(want) }))
+		errs = append(errs, pruneClsact(want))
 	}
 	if dp := o.dp.get(); dp != nil {
 		var stale []uint32

@@ -15,7 +15,6 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -36,6 +35,7 @@ var Cell = cell.Module(
 		// example does.
 		newAttachOps,
 		newMasqRuleOps,
+		func() PortReservation { return reserveNATPorts },
 	),
 	cell.Invoke(register),
 )
@@ -56,8 +56,8 @@ type params struct {
 	Sources     statedb.RWTable[*tables.MasqueradeSource]
 	NodeAddrs   statedb.RWTable[*tables.NodeAddress]
 	Handle      *Handle
-	// Netns is the namespace of the devices (tests); nil: the agent's own.
-	Netns *devices.Netns `optional:"true"`
+	// Reserve keeps the NAT ports from the node's own connections.
+	Reserve PortReservation
 	// Metrics is the hive's reconciler metrics, when it has any.
 	Metrics     reconciler.Metrics `optional:"true"`
 	AttachOps   reconciler.Operations[*tables.DatapathDevice]
@@ -73,13 +73,16 @@ type attachParams struct {
 	Handle    *Handle
 	Sources   statedb.Table[*tables.MasqueradeSource]
 	NodeAddrs statedb.Table[*tables.NodeAddress]
-	// Netns is the namespace of the devices (tests); nil: the agent's own.
-	Netns *devices.Netns `optional:"true"`
 }
+
+// PortReservation keeps the NAT port range from the node's own connections
+// (see reserveNATPorts) and says what it did, for the log. It is in the
+// hive so that a test runs it in its own network namespace.
+type PortReservation func(PortRange) (note string, err error)
 
 // newAttachOps are the operations of the tc-attach reconciler.
 func newAttachOps(p attachParams) reconciler.Operations[*tables.DatapathDevice] {
-	return &attachOps{linkDir: filepath.Join(p.Agent.PinDir(), "links"), dp: p.Handle, netns: p.Netns, mode: p.Config.TCAttachMode,
+	return &attachOps{linkDir: filepath.Join(p.Agent.PinDir(), "links"), dp: p.Handle, mode: p.Config.TCAttachMode,
 		waitMaps: waitMapsWritten(p.DB, p.Sources, p.NodeAddrs)}
 }
 
@@ -101,8 +104,8 @@ func register(p params) error {
 	pinDir := p.Agent.PinDir()
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
-			var note string
-			if err := p.Netns.Do(func() (err error) { note, err = reserveNATPorts(ports); return err }); err != nil {
+			note, err := p.Reserve(ports)
+			if err != nil {
 				return err
 			}
 			if note != "" {
