@@ -61,8 +61,22 @@ func ancestors(byPrefix map[netip.Prefix]tables.Action, p netip.Prefix) (depth i
 }
 
 // desired computes every rule for the endpoints that have a route table.
+// The result is sized by the rules that will exist, never by endpoints ×
+// prefixes: endpoints without a route table get no rules, and with 16 384
+// prefixes per family sizing by every endpoint cost gigabytes.
 func desired(eps []*tables.Endpoint, v4, v6 []template) map[tables.IPRuleKey]struct{} {
-	out := make(map[tables.IPRuleKey]struct{}, len(eps)*max(len(v4), len(v6)))
+	n := 0
+	for _, ep := range eps {
+		if ep.RouteTable == 0 {
+			continue
+		}
+		if ep.Family() == tables.IPv6 {
+			n += len(v6)
+		} else {
+			n += len(v4)
+		}
+	}
+	out := make(map[tables.IPRuleKey]struct{}, n)
 	for _, ep := range eps {
 		if ep.RouteTable == 0 {
 			continue

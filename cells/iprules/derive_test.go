@@ -3,6 +3,7 @@ package iprules
 import (
 	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -109,5 +110,47 @@ func TestTemplatesDepthBeyondPriority(t *testing.T) {
 	_, _, errs := templates(rows(spec...), 3)
 	if len(errs) == 0 {
 		t.Fatal("nesting deeper than the priority allows must be reported")
+	}
+}
+
+// TestDesiredMemoryFollowsRules pins the crash-loop fix: endpoints without a
+// route table get no rules, so they must cost no memory whatever the number
+// of prefixes. Sizing the result by endpoints × prefixes allocated about
+// 1.3 GB here (1 000 endpoints × 16 384 prefixes), and the agent ran out of
+// its container's memory on every endpoint change.
+func TestDesiredMemoryFollowsRules(t *testing.T) {
+	var cidrs []*tables.NonMasqCIDR
+	for i := range 16384 {
+		cidrs = append(cidrs, &tables.NonMasqCIDR{
+			Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24),
+			Action: tables.ActionNoMasquerade,
+		})
+	}
+	v4, v6, errs := templates(cidrs, 111)
+	if len(errs) > 0 || len(v4) != 16384 {
+		t.Fatalf("templates: %d v4 templates, errors %v", len(v4), errs)
+	}
+	var eps []*tables.Endpoint
+	for i := range 1000 {
+		eps = append(eps, &tables.Endpoint{IP: netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)})})
+	}
+	// One endpoint with a table: exactly its 16 384 rules are needed.
+	eps = append(eps, &tables.Endpoint{IP: netip.MustParseAddr("10.245.0.1"), RouteTable: 11})
+
+	var got map[tables.IPRuleKey]struct{}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	got = desired(eps, v4, v6)
+	runtime.ReadMemStats(&after)
+	if len(got) != 16384 {
+		t.Fatalf("desired: %d rules, want 16384", len(got))
+	}
+	// A map of 16 384 rules takes a few MiB; endpoints × prefixes would
+	// take over a GiB. 64 MiB separates the two by an order of magnitude
+	// either way.
+	const limit = 64 << 20
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > limit {
+		t.Fatalf("desired allocated %d MiB for 16 384 rules (limit %d MiB): sized by endpoints × prefixes?", alloc>>20, limit>>20)
 	}
 }
