@@ -21,7 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ipmasq/ipmasq/agent"
-	"github.com/ipmasq/ipmasq/bpfmap"
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/iprulestest"
 	"github.com/ipmasq/ipmasq/internal/netnstest"
@@ -176,14 +176,14 @@ func BenchmarkConfigToMaps(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("n=%d/baseline-update-per-entry", n), func(b *testing.B) {
 			privtest.Require(b)
-			m, err := ebpf.NewMap(bpfmap.LPMTrieSpec("bench", 8, 1, 16384))
+			m, err := ebpf.NewMap(mustSpec(bpf.NonMasqSpec(bpf.MapNonMasqV4, 16384)))
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer m.Close()
-			keys := make([]bpfmap.LPMKeyV4, n)
+			keys := make([]bpf.LPMKeyV4, n)
 			for i, c := range cidrs(n, 0) {
-				keys[i] = bpfmap.LPMKeyV4From(netip.MustParsePrefix(c))
+				keys[i] = bpf.LPMKeyV4From(netip.MustParsePrefix(c))
 			}
 			var zero uint8
 			b.ResetTimer()
@@ -305,4 +305,11 @@ func BenchmarkIdleCPU(b *testing.B) {
 	b.StopTimer()
 	used := time.Duration(after.Utime.Nano()-before.Utime.Nano()) + time.Duration(after.Stime.Nano()-before.Stime.Nano())
 	b.ReportMetric(float64(used.Milliseconds())/window.Seconds(), "cpu-ms/s")
+}
+
+func mustSpec(spec *ebpf.MapSpec, err error) *ebpf.MapSpec {
+	if err != nil {
+		panic(err)
+	}
+	return spec
 }

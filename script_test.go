@@ -30,7 +30,7 @@ import (
 	"github.com/cilium/hive/cell"
 
 	"github.com/ipmasq/ipmasq/agent"
-	"github.com/ipmasq/ipmasq/bpfmap"
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/faults"
@@ -332,9 +332,9 @@ func bpfCommands(pinDir string) map[string]script.Cmd {
 					return nil, err
 				}
 				if prefix.Addr().Is4() {
-					return nil, m.Put(bpfmap.LPMKeyV4From(prefix), uint8(v))
+					return nil, m.Put(bpf.LPMKeyV4From(prefix), uint8(v))
 				}
-				return nil, m.Put(bpfmap.LPMKeyV6From(prefix), uint8(v))
+				return nil, m.Put(bpf.LPMKeyV6From(prefix), uint8(v))
 			}),
 		"exists-pin": script.Command(
 			script.CmdUsage{Summary: "Succeed if a map is pinned under <bpf-root>/ipmasq", Args: "map"},

@@ -87,8 +87,8 @@ func (p Pinned) NonMasqEntries() (map[string]int, error) {
 		family, name string
 		count        func(*ebpf.Map) (int, error)
 	}{
-		{"ipv4", MapNonMasqV4, CountEntries[bpfmap.LPMKeyV4, uint8]},
-		{"ipv6", MapNonMasqV6, CountEntries[bpfmap.LPMKeyV6, uint8]},
+		{"ipv4", MapNonMasqV4, CountEntries[LPMKeyV4, uint8]},
+		{"ipv6", MapNonMasqV6, CountEntries[LPMKeyV6, uint8]},
 	} {
 		m, err := p.open(f.name)
 		if errors.Is(err, ErrNotPinned) {

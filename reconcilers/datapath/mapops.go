@@ -73,20 +73,20 @@ func (l *lazyOps[Obj]) Prune(ctx context.Context, txn statedb.ReadTxn, objs iter
 
 // masqSourceOps writes masquerade-sources into masq_src_v4/v6.
 func masqSourceOps(dp *bpf.Datapath) (reconciler.Operations[*tables.MasqueradeSource], error) {
-	m4, err := bpfmap.NewMap[bpfmap.LPMKeyV4, uint8](dp.Maps.MasqSrcV4)
+	m4, err := bpfmap.NewMap[bpf.LPMKeyV4, uint8](dp.Maps.MasqSrcV4)
 	if err != nil {
 		return nil, err
 	}
-	m6, err := bpfmap.NewMap[bpfmap.LPMKeyV6, uint8](dp.Maps.MasqSrcV6)
+	m6, err := bpfmap.NewMap[bpf.LPMKeyV6, uint8](dp.Maps.MasqSrcV6)
 	if err != nil {
 		return nil, err
 	}
 	return &bpfmap.ByFamily[*tables.MasqueradeSource]{
-		V4: bpfmap.NewOps(m4, func(s *tables.MasqueradeSource) (bpfmap.LPMKeyV4, uint8) {
-			return bpfmap.LPMKeyV4From(s.Prefix), 1
+		V4: bpfmap.NewOps(m4, func(s *tables.MasqueradeSource) (bpf.LPMKeyV4, uint8) {
+			return bpf.LPMKeyV4From(s.Prefix), 1
 		}),
-		V6: bpfmap.NewOps(m6, func(s *tables.MasqueradeSource) (bpfmap.LPMKeyV6, uint8) {
-			return bpfmap.LPMKeyV6From(s.Prefix), 1
+		V6: bpfmap.NewOps(m6, func(s *tables.MasqueradeSource) (bpf.LPMKeyV6, uint8) {
+			return bpf.LPMKeyV6From(s.Prefix), 1
 		}),
 		Is4:   func(s *tables.MasqueradeSource) bool { return s.Prefix.Addr().Is4() },
 		Name:  func(s *tables.MasqueradeSource) string { return s.Prefix.String() },

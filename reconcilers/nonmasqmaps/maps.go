@@ -18,8 +18,8 @@ import (
 // Maps holds the opened nonmasq maps; a map is nil when its family is
 // disabled.
 type Maps struct {
-	V4 *bpfmap.Map[bpfmap.LPMKeyV4, uint8]
-	V6 *bpfmap.Map[bpfmap.LPMKeyV6, uint8]
+	V4 *bpfmap.Map[bpf.LPMKeyV4, uint8]
+	V6 *bpfmap.Map[bpf.LPMKeyV6, uint8]
 
 	closers []*ebpf.Map
 }
@@ -48,7 +48,7 @@ func OpenMaps(log *slog.Logger, cfg settings.Config) (*Maps, error) {
 			return nil, err
 		}
 		m.closers = append(m.closers, raw)
-		if m.V4, err = bpfmap.NewMap[bpfmap.LPMKeyV4, uint8](raw); err != nil {
+		if m.V4, err = bpfmap.NewMap[bpf.LPMKeyV4, uint8](raw); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV4, err)
 		}
@@ -60,7 +60,7 @@ func OpenMaps(log *slog.Logger, cfg settings.Config) (*Maps, error) {
 			return nil, err
 		}
 		m.closers = append(m.closers, raw)
-		if m.V6, err = bpfmap.NewMap[bpfmap.LPMKeyV6, uint8](raw); err != nil {
+		if m.V6, err = bpfmap.NewMap[bpf.LPMKeyV6, uint8](raw); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV6, err)
 		}
@@ -83,7 +83,7 @@ func LoadPinnedMaps(pinDir string) (*Maps, error) {
 	opts := &ebpf.LoadPinOptions{ReadOnly: true}
 	if raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpf.MapNonMasqV4), opts); err == nil {
 		m.closers = append(m.closers, raw)
-		if m.V4, err = bpfmap.NewMap[bpfmap.LPMKeyV4, uint8](raw); err != nil {
+		if m.V4, err = bpfmap.NewMap[bpf.LPMKeyV4, uint8](raw); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV4, err)
 		}
@@ -92,7 +92,7 @@ func LoadPinnedMaps(pinDir string) (*Maps, error) {
 	}
 	if raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpf.MapNonMasqV6), opts); err == nil {
 		m.closers = append(m.closers, raw)
-		if m.V6, err = bpfmap.NewMap[bpfmap.LPMKeyV6, uint8](raw); err != nil {
+		if m.V6, err = bpfmap.NewMap[bpf.LPMKeyV6, uint8](raw); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV6, err)
 		}

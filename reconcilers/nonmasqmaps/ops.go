@@ -21,17 +21,17 @@ func newOps(maps *Maps, tbl statedb.Table[*tables.NonMasqCIDR]) *bpfmap.ByFamily
 	}
 	if maps.V4 != nil {
 		o.V4 = bpfmap.NewOps(maps.V4,
-			func(c *tables.NonMasqCIDR) (bpfmap.LPMKeyV4, uint8) {
-				return bpfmap.LPMKeyV4From(c.Prefix), uint8(c.Action)
+			func(c *tables.NonMasqCIDR) (bpf.LPMKeyV4, uint8) {
+				return bpf.LPMKeyV4From(c.Prefix), uint8(c.Action)
 			},
-			bpfmap.WithDesired(desiredKeys(tbl, tables.IPv4, bpfmap.LPMKeyV4From)))
+			bpfmap.WithDesired(desiredKeys(tbl, tables.IPv4, bpf.LPMKeyV4From)))
 	}
 	if maps.V6 != nil {
 		o.V6 = bpfmap.NewOps(maps.V6,
-			func(c *tables.NonMasqCIDR) (bpfmap.LPMKeyV6, uint8) {
-				return bpfmap.LPMKeyV6From(c.Prefix), uint8(c.Action)
+			func(c *tables.NonMasqCIDR) (bpf.LPMKeyV6, uint8) {
+				return bpf.LPMKeyV6From(c.Prefix), uint8(c.Action)
 			},
-			bpfmap.WithDesired(desiredKeys(tbl, tables.IPv6, bpfmap.LPMKeyV6From)))
+			bpfmap.WithDesired(desiredKeys(tbl, tables.IPv6, bpf.LPMKeyV6From)))
 	}
 	return o
 }
