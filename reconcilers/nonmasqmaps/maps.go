@@ -41,31 +41,63 @@ func OpenMaps(log *slog.Logger, cfg settings.Config) (*Maps, error) {
 	if err := CheckBPFFS(cfg.BPFRoot); err != nil {
 		return nil, err
 	}
-	m := &Maps{}
-	if cfg.EnableIPv4 {
-		raw, err := bpf.OpenNonMasq(log, cfg.PinDir(), bpf.MapNonMasqV4, cfg.MaxNonMasqCIDRs)
+	return open(func(name string, enabled bool) (*ebpf.Map, error) {
+		if !enabled {
+			return nil, nil
+		}
+		return bpf.OpenNonMasq(log, cfg.PinDir(), name, cfg.MaxNonMasqCIDRs)
+	}, cfg.EnableIPv4, cfg.EnableIPv6)
+}
+
+// LoadPinnedMaps opens the existing pinned maps read-only for inspection
+// (e.g. by "ipmasq-agent maps"), without creating or replacing anything.
+func LoadPinnedMaps(pinDir string) (*Maps, error) {
+	m, err := open(func(name string, _ bool) (*ebpf.Map, error) {
+		raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("open %s: %w", name, err)
 		}
-		m.closers = append(m.closers, raw)
-		if m.V4, err = bpfmap.NewMap[bpf.LPMKeyV4, uint8](raw); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV4, err)
-		}
+		return raw, nil
+	}, true, true)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.EnableIPv6 {
-		raw, err := bpf.OpenNonMasq(log, cfg.PinDir(), bpf.MapNonMasqV6, cfg.MaxNonMasqCIDRs)
-		if err != nil {
-			m.Close()
-			return nil, err
-		}
-		m.closers = append(m.closers, raw)
-		if m.V6, err = bpfmap.NewMap[bpf.LPMKeyV6, uint8](raw); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV6, err)
-		}
+	if m.V4 == nil && m.V6 == nil {
+		return nil, fmt.Errorf("no ipmasq maps pinned in %s (is the agent's --bpf-root the same?)", pinDir)
 	}
 	return m, nil
+}
+
+// open opens each family's map with openMap (nil, nil: none) and reads it
+// into its cache.
+func open(openMap func(name string, enabled bool) (*ebpf.Map, error), v4, v6 bool) (*Maps, error) {
+	m := &Maps{}
+	var err error
+	if m.V4, err = openFamily[bpf.LPMKeyV4](m, openMap, bpf.MapNonMasqV4, v4); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if m.V6, err = openFamily[bpf.LPMKeyV6](m, openMap, bpf.MapNonMasqV6, v6); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func openFamily[K comparable](m *Maps, openMap func(string, bool) (*ebpf.Map, error), name string, enabled bool) (*bpfmap.Map[K, uint8], error) {
+	raw, err := openMap(name, enabled)
+	if err != nil || raw == nil {
+		return nil, err
+	}
+	m.closers = append(m.closers, raw)
+	cached, err := bpfmap.NewMap[K, uint8](raw)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	return cached, nil
 }
 
 // Close releases the map file descriptors; the pins stay.
@@ -74,34 +106,4 @@ func (m *Maps) Close() {
 		c.Close()
 	}
 	m.closers = nil
-}
-
-// LoadPinnedMaps opens the existing pinned maps read-only for inspection
-// (e.g. by "ipmasq-agent maps"), without creating or replacing anything.
-func LoadPinnedMaps(pinDir string) (*Maps, error) {
-	m := &Maps{}
-	opts := &ebpf.LoadPinOptions{ReadOnly: true}
-	if raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpf.MapNonMasqV4), opts); err == nil {
-		m.closers = append(m.closers, raw)
-		if m.V4, err = bpfmap.NewMap[bpf.LPMKeyV4, uint8](raw); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV4, err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("open %s: %w", bpf.MapNonMasqV4, err)
-	}
-	if raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, bpf.MapNonMasqV6), opts); err == nil {
-		m.closers = append(m.closers, raw)
-		if m.V6, err = bpfmap.NewMap[bpf.LPMKeyV6, uint8](raw); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV6, err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		m.Close()
-		return nil, fmt.Errorf("open %s: %w", bpf.MapNonMasqV6, err)
-	}
-	if m.V4 == nil && m.V6 == nil {
-		return nil, fmt.Errorf("no ipmasq maps pinned in %s (is the agent's --bpf-root the same?)", pinDir)
-	}
-	return m, nil
 }
