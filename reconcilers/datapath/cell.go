@@ -19,9 +19,10 @@ import (
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// Cell runs the masquerade datapath. It needs the nonmasq-maps cell (whose
-// maps the programs read) and the tables of cells/datapath, which it
-// reconciles into tc attachments and the programs' maps.
+// Cell runs the masquerade datapath. It needs the tables of cells/datapath,
+// which it reconciles into tc attachments and the programs' maps; the
+// programs read the nonmasq tries that nonmasq-maps writes, through the same
+// pins (whichever starts first creates them).
 var Cell = cell.Module(
 	"datapath",
 	"eBPF masquerade datapath",
