@@ -69,6 +69,14 @@ func (t *Tun) copy(from, to *os.File) {
 	}
 }
 
+// OpenTun creates a tun device (IFF_TUN|IFF_NO_PI) in n, down, without
+// addresses; it lives as long as the returned file is open. Nothing reads
+// it: packets sent through it are lost, which is enough for a device that
+// only has to exist (and have carrier).
+func OpenTun(n *Netns, name string) (*os.File, error) {
+	return openTun(n, name)
+}
+
 // openTun creates a tun device in n. The file descriptor is non-blocking so
 // that the runtime poller serves it and Close interrupts a pending Read.
 func openTun(n *Netns, name string) (*os.File, error) {

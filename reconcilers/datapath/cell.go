@@ -44,14 +44,17 @@ var Cell = cell.Module(
 type params struct {
 	cell.In
 
-	Log         *slog.Logger
-	DB          *statedb.DB
-	Jobs        job.Registry
-	Health      cell.Health
-	ModuleID    cell.FullModuleID
-	Lifecycle   cell.Lifecycle
-	Agent       settings.Config
-	Config      Config
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Jobs      job.Registry
+	Health    cell.Health
+	ModuleID  cell.FullModuleID
+	Lifecycle cell.Lifecycle
+	Agent     settings.Config
+	Config    Config
+	// Devices gives the collector every address of the node (a pair ends
+	// only when its address is deleted).
+	Devices     statedb.Table[*tables.EgressDevice]
 	DPDevices   statedb.RWTable[*tables.DatapathDevice]
 	RuleSources statedb.RWTable[*tables.MasqueradeRuleSource]
 	Sources     statedb.RWTable[*tables.MasqueradeSource]
