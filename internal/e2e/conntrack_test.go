@@ -1,9 +1,14 @@
 package e2e
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
 
@@ -377,4 +383,68 @@ func askUDP(t *testing.T, c *net.UDPConn, dst netip.AddrPort) string {
 	}
 	t.Fatalf("%s: no answer from %s", c.LocalAddr(), dst)
 	return ""
+}
+
+// TestNATResizeKeepsStreams: the agent restarts with another
+// --nat-max-entries (larger, then smaller) while TCP streams run; the
+// pinned NAT maps are replaced with their pairs copied, so the streams keep
+// going. (MASQUERADE has no such setting: the table has no
+// reference for this row.)
+func TestNATResizeKeepsStreams(t *testing.T) {
+	topo, a, _ := setup(t, masqueradeAll)
+	v4 := startStream(t, topo.Pod, topology.RemoteIP4)
+	v6 := startStream(t, topo.Pod, topology.RemoteIP6)
+	v4.progress(t, 64<<10, "before the resize")
+	v6.progress(t, 64<<10, "before the resize")
+	for _, size := range []string{"262144", "65536"} {
+		before := a.egressProgramID()
+		a.stop(syscall.SIGTERM)
+		a.args = []string{"--nat-max-entries=" + size}
+		a.start()
+		// The links are pinned already: wait until the new programs (and
+		// with them the new maps) are in them.
+		a.waitFor("the new egress program in its link", func() bool { return a.egressProgramID() != before })
+		a.waitFor("nat_v4 with "+size+" entries", func() bool {
+			m, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", bpf.MapNATV4), nil)
+			if err != nil {
+				return false
+			}
+			defer m.Close()
+			return fmt.Sprint(m.MaxEntries()) == size
+		})
+		v4.progress(t, 64<<10, "after resizing to "+size)
+		v6.progress(t, 64<<10, "after resizing to "+size)
+	}
+	if !strings.Contains(readFile(t, a.log), "its entries are copied") {
+		t.Fatal("the agent log does not say the NAT pairs were copied")
+	}
+	v4.stop(t)
+	v6.stop(t)
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// egressProgramID is the ID of the program in eth0's pinned egress link.
+func (a *agent) egressProgramID() ebpf.ProgramID {
+	l, err := a.node.NL.LinkByName("eth0")
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	pinned, err := link.LoadPinnedLink(filepath.Join(a.bpfRoot, "ipmasq", "links", fmt.Sprintf("%d-egress", l.Attrs().Index)), nil)
+	if err != nil {
+		return 0
+	}
+	defer pinned.Close()
+	info, err := pinned.Info()
+	if err != nil {
+		return 0
+	}
+	return info.Program
 }
