@@ -18,7 +18,11 @@ import (
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/egressrules"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/cells/k8s"
+	"github.com/ipmasq/ipmasq/cells/k8snode"
 	"github.com/ipmasq/ipmasq/cells/metrics"
+	"github.com/ipmasq/ipmasq/cells/nodeevents"
+	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/cells/status"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
@@ -45,12 +49,18 @@ var Infrastructure = cell.Group(
 	}),
 )
 
-// Cell is every ipmasq cell: settings, config file, BPF maps, devices and
-// the eBPF datapath, IPAM and its API, and the per-endpoint ip rules. The
+// Cell is every ipmasq cell: settings, the Kubernetes connection and pod
+// CIDRs, config file, BPF maps, devices and the eBPF datapath, IPAM and its
+// API, the per-endpoint ip rules and the Node's Events. The
 // order matters only for start hooks: the datapath reads the maps the
 // nonmasq-maps cell opens.
 var Cell = cell.Group(
 	agentconfig.Cell,
+	// The API server connection (disabled without --k8s-node-name), the
+	// pod CIDRs from the flags and from the Node.
+	k8s.Cell,
+	podcidrs.Cell,
+	k8snode.Cell,
 	config.Cell,
 	nonmasqmaps.Cell,
 	// After nonmasq-maps: scrapes read the maps it opens at start.
@@ -62,6 +72,8 @@ var Cell = cell.Group(
 	egressrules.Cell,
 	iprules.Cell,
 	status.Cell,
+	// Config rejections as Events on the Node (with --k8s-node-name).
+	nodeevents.Cell,
 	// The live shell: the db/* commands and every cell's own commands
 	// (maps/dump, datapath/nat, datapath/counters, config/status, ...).
 	shell.ServerCell(DefaultShellSock),

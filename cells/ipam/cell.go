@@ -3,7 +3,6 @@ package ipam
 import (
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -15,8 +14,6 @@ import (
 
 // Config is the IPAM cell's command-line configuration.
 type Config struct {
-	// PodCIDR are the pools addresses are allocated from.
-	PodCIDR []string
 	// StateDir holds the endpoints state file.
 	StateDir string
 	// EgressRouteTable is the route table of an allocation that names none.
@@ -34,7 +31,6 @@ var DefaultConfig = Config{
 
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
-	flags.StringSlice("pod-cidr", def.PodCIDR, "Pool of endpoint addresses (repeatable; IPv4 and IPv6)")
 	flags.String("state-dir", def.StateDir, "Directory of the agent's persistent state (endpoint allocations)")
 	flags.Uint32("egress-route-table", def.EgressRouteTable, "Route table of an allocation that names none (0: no per-endpoint ip rules)")
 	flags.Duration("ipam-config-wait", def.IPAMConfigWait, "How long an allocation waits for the first masquerade config load before failing with 503")
@@ -61,24 +57,16 @@ type ipamParams struct {
 	Health    cell.Health
 	Config    Config
 	CIDRs     statedb.Table[*tables.NonMasqCIDR]
+	// PodCIDRs are the pools (podcidrs.Cell), followed live.
+	PodCIDRs statedb.Table[*tables.PodCIDR]
+	// Devices hold the node's own addresses, which are never handed out.
+	Devices statedb.Table[*tables.EgressDevice] `optional:"true"`
 }
 
-// newIPAM parses the pools, creates the endpoints table and restores it
-// from disk. A state that cannot be read is a start error: starting empty
-// would hand out addresses that are in use.
+// newIPAM creates the endpoints table and restores it from disk. A state
+// that cannot be read is a start error: starting empty would hand out
+// addresses that are in use.
 func newIPAM(p ipamParams) (*IPAM, error) {
-	var prefixes []netip.Prefix
-	for _, s := range p.Config.PodCIDR {
-		pfx, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("--pod-cidr %q is not a CIDR (want e.g. 10.244.1.0/24 or fd00:10:244:1::/64)", s)
-		}
-		prefixes = append(prefixes, pfx)
-	}
-	pools, err := NewPools(prefixes)
-	if err != nil {
-		return nil, err
-	}
 	store, err := NewStore(p.Config.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("--state-dir %s: %w", p.Config.StateDir, err)
@@ -89,7 +77,7 @@ func newIPAM(p ipamParams) (*IPAM, error) {
 	}
 	i := &IPAM{
 		log: p.Log, db: p.DB, endpoints: endpoints, cidrs: p.CIDRs,
-		pools: pools, store: store, config: p.Config,
+		podCIDRs: p.PodCIDRs, devices: p.Devices, store: store, config: p.Config,
 		health:        p.Health.NewScope("state"),
 		compactHealth: p.Health.NewScope("compaction"),
 	}

@@ -1,10 +1,12 @@
 package datapath
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -16,7 +18,6 @@ import (
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/cells/devices"
-	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
@@ -24,8 +25,8 @@ import (
 )
 
 // Cell runs the masquerade datapath. It needs the nonmasq-maps cell (whose
-// maps the programs read), the devices cell and the IPAM config (the pod
-// CIDRs are the masquerade sources).
+// maps the programs read), the devices cell and the pod-cidrs table (the
+// masquerade sources).
 var Cell = cell.Module(
 	"datapath",
 	"eBPF masquerade datapath",
@@ -60,7 +61,7 @@ type params struct {
 	ModuleID    cell.FullModuleID
 	Lifecycle   cell.Lifecycle
 	Agent       agentconfig.Config
-	IPAM        ipam.Config
+	PodCIDRs    statedb.Table[*tables.PodCIDR]
 	Config      Config
 	NonMasq     *nonmasqmaps.Handle
 	Devices     statedb.Table[*tables.EgressDevice]
@@ -78,10 +79,6 @@ type params struct {
 
 func register(p params) error {
 	ports, err := ParsePortRange("--nat-port-range", p.Config.NATPortRange)
-	if err != nil {
-		return err
-	}
-	sources, err := podCIDRs(p.IPAM.PodCIDR, p.Agent)
 	if err != nil {
 		return err
 	}
@@ -115,9 +112,13 @@ func register(p params) error {
 				dp.Close()
 				return err
 			}
-			if err := syncSources(dp, sources); err != nil {
-				dp.Close()
-				return err
+			// Until the pod CIDRs are known (the Node not read yet) the
+			// maps keep what the last run wrote; followSources writes them.
+			if txn := p.DB.ReadTxn(); initialized(txn, p.PodCIDRs) {
+				if err := syncSources(dp, tables.MasqueradeSources(txn, p.PodCIDRs)); err != nil {
+					dp.Close()
+					return err
+				}
 			}
 			p.Handle.dp.Store(dp)
 			return nil
@@ -161,6 +162,9 @@ func register(p params) error {
 	}
 	d := &deriver{params: p, markInitialized: markInit}
 	g.Add(job.OneShot("derive-devices", d.run))
+	g.Add(job.OneShot("masquerade-sources", func(ctx context.Context, health cell.Health) error {
+		return followSources(ctx, p, health)
+	}))
 	if err := registerRuleSources(p, g); err != nil {
 		return err
 	}
@@ -171,19 +175,46 @@ func register(p params) error {
 	return nil
 }
 
-// podCIDRs are the masquerade sources of the enabled families.
-func podCIDRs(cidrs []string, agent agentconfig.Config) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for _, s := range cidrs {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("--pod-cidr %q is not a CIDR", s)
+// followSources keeps masq_src_v4/v6 equal to the pod-cidrs table's
+// masquerade sources (pod CIDRs from the flags or the Node, cluster CIDRs)
+// as they change. A failed write is retried.
+func followSources(ctx context.Context, p params, health cell.Health) error {
+	var last []netip.Prefix
+	synced := false
+	for {
+		txn := p.DB.ReadTxn()
+		sources := tables.MasqueradeSources(txn, p.PodCIDRs)
+		_, changed := p.PodCIDRs.AllWatch(txn)
+		var retry <-chan time.Time
+		if !initialized(txn, p.PodCIDRs) {
+			// Not known yet: keep what the maps hold.
+		} else if dp := p.Handle.get(); dp != nil && (!synced || !slices.Equal(sources, last)) {
+			if err := syncSources(dp, sources); err != nil {
+				health.Degraded("write masquerade sources", err)
+				retry = time.After(time.Second)
+			} else {
+				if synced {
+					p.Log.Info("Masquerade sources changed", "sources", sources)
+				}
+				last, synced = sources, true
+				health.OK(fmt.Sprintf("masquerade sources %v", sources))
+			}
+		} else if dp == nil {
+			// The start hook has not loaded the programs yet.
+			retry = time.After(100 * time.Millisecond)
 		}
-		if (p.Addr().Is4() && agent.EnableIPv4) || (p.Addr().Is6() && agent.EnableIPv6) {
-			out = append(out, p.Masked())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-retry:
 		}
 	}
-	return out, nil
+}
+
+func initialized(txn statedb.ReadTxn, tbl statedb.Table[*tables.PodCIDR]) bool {
+	init, _ := tbl.Initialized(txn)
+	return init
 }
 
 // syncSources makes masq_src_v4/v6 hold exactly the sources.

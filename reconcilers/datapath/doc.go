@@ -1,6 +1,6 @@
 // Package datapath runs the eBPF masquerade datapath (package bpf): it
 // loads the programs with their pinned maps, fills the maps the programs
-// read (NAT port range, masquerade sources from --pod-cidr, the node's
+// read (NAT port range, masquerade sources from the pod-cidrs table, followed live; the node's
 // addresses), derives the datapath-devices table from the selected
 // egress-devices and reconciles it into tcx attachments and SNAT addresses,
 // and expires idle NAT entries.
