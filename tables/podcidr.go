@@ -1,66 +1,79 @@
 package tables
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
+	"strconv"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/index"
 )
 
-// PodCIDRTableName is the name of the table of the node's pod address
-// ranges: the IPAM pools and the masquerade sources.
+// PodCIDRTableName is the name of the table of the node's pod CIDRs.
 const PodCIDRTableName = "pod-cidrs"
 
-// PodCIDRSource says where a pod CIDR came from, and with it what it is
-// for.
+// PodCIDRSource says where a pod CIDR came from. Each source has one writer,
+// which owns the rows of its source and registers its own initializer, so
+// readers wait for every source with Table.Initialized.
 type PodCIDRSource string
 
 const (
-	// PodCIDRFromFlag is a --pod-cidr: an IPAM pool and a masquerade source.
+	// PodCIDRFromFlag is a --pod-cidr value: an IPAM pool and a masquerade
+	// source.
 	PodCIDRFromFlag PodCIDRSource = "flag"
 	// PodCIDRFromKubernetes is one of the agent's Node's spec.podCIDRs (or
 	// the copy of them kept on disk): an IPAM pool and a masquerade source.
 	PodCIDRFromKubernetes PodCIDRSource = "kubernetes"
-	// PodCIDRFromClusterCIDR is a --cluster-cidr: the whole cluster's pod
-	// range, a masquerade source only (another CNI may do the IPAM).
+	// PodCIDRFromClusterCIDR is a --cluster-cidr value: the whole cluster's
+	// pod range, a masquerade source only (another CNI may do the IPAM).
 	PodCIDRFromClusterCIDR PodCIDRSource = "cluster-cidr"
 )
 
-// PodCIDR is one pod address range of the node.
+// PodCIDR is one pool of endpoint addresses on this node: IPAM allocates
+// from it, and the datapath masquerades traffic from it.
 type PodCIDR struct {
-	// Prefix is the range, masked.
+	// Prefix is the pool, as its source gave it.
 	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
-	// Source is where it came from.
+	// Source is where the prefix came from.
 	Source PodCIDRSource `json:"source" yaml:"source"`
+	// Position is the prefix's place in its source's list (the order of the
+	// --pod-cidr flags): IPAM fills the pools of a family in this order.
+	Position int `json:"position" yaml:"position"`
 }
 
-// IsPool reports whether IPAM hands out addresses from the range.
+// IsPool reports whether IPAM hands out addresses from the prefix.
 func (c *PodCIDR) IsPool() bool { return c.Source != PodCIDRFromClusterCIDR }
 
 // TableHeader implements statedb.TableWritable.
-func (c *PodCIDR) TableHeader() []string { return []string{"Prefix", "Source"} }
+func (c *PodCIDR) TableHeader() []string { return []string{"Prefix", "Source", "Position"} }
 
 // TableRow implements statedb.TableWritable.
-func (c *PodCIDR) TableRow() []string { return []string{c.Prefix.String(), string(c.Source)} }
+func (c *PodCIDR) TableRow() []string {
+	return []string{c.Prefix.String(), string(c.Source), strconv.Itoa(c.Position)}
+}
 
-func podCIDRKey(p netip.Prefix, s PodCIDRSource) index.Key {
-	return index.String(p.String() + " " + string(s))
+// PodCIDRKey identifies a row: two sources may name the same prefix.
+type PodCIDRKey struct {
+	Prefix netip.Prefix
+	Source PodCIDRSource
+}
+
+func (k PodCIDRKey) indexKey() index.Key {
+	return append(index.NetIPPrefix(k.Prefix), index.String(string(k.Source))...)
 }
 
 var (
-	// PodCIDRByPrefixSource is the primary index: one row per range and
-	// source (the same range may come from two sources).
-	PodCIDRByPrefixSource = statedb.Index[*PodCIDR, *PodCIDR]{
-		Name: "prefix-source",
+	// PodCIDRByKey is the primary index: one row per prefix and source.
+	PodCIDRByKey = statedb.Index[*PodCIDR, PodCIDRKey]{
+		Name: "key",
 		FromObject: func(c *PodCIDR) index.KeySet {
-			return index.NewKeySet(podCIDRKey(c.Prefix, c.Source))
+			return index.NewKeySet(PodCIDRKey{c.Prefix, c.Source}.indexKey())
 		},
-		FromKey:    func(c *PodCIDR) index.Key { return podCIDRKey(c.Prefix, c.Source) },
-		FromString: index.FromString,
-		Unique:     true,
+		FromKey: PodCIDRKey.indexKey,
+		Unique:  true,
 	}
-	// PodCIDRBySource lists the rows of one writer.
+	// PodCIDRBySource lists the rows of one source (its writer's rows).
 	PodCIDRBySource = statedb.Index[*PodCIDR, PodCIDRSource]{
 		Name: "source",
 		FromObject: func(c *PodCIDR) index.KeySet {
@@ -74,54 +87,61 @@ var (
 
 // NewPodCIDRTable creates the pod-cidrs table.
 func NewPodCIDRTable(db *statedb.DB) (statedb.RWTable[*PodCIDR], error) {
-	return statedb.NewTable(db, PodCIDRTableName, PodCIDRByPrefixSource, PodCIDRBySource)
+	return statedb.NewTable(db, PodCIDRTableName, PodCIDRByKey, PodCIDRBySource)
 }
 
-// SetPodCIDRs makes the rows of source exactly prefixes, leaving the other
-// sources' rows alone. It reports whether anything changed.
+// PodCIDRPrefixes lists the distinct pod CIDR prefixes of all sources,
+// ordered by position, then source: with only --pod-cidr, the flags' order.
+// These are the masquerade sources.
+func PodCIDRPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR]) []netip.Prefix {
+	return podCIDRPrefixes(txn, tbl, func(*PodCIDR) bool { return true })
+}
+
+// PoolPrefixes lists the distinct prefixes IPAM allocates from (every
+// source but --cluster-cidr), in the order of PodCIDRPrefixes.
+func PoolPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR]) []netip.Prefix {
+	return podCIDRPrefixes(txn, tbl, (*PodCIDR).IsPool)
+}
+
+// SetPodCIDRs makes the rows of source exactly prefixes, at positions in
+// their order, leaving the other sources' rows alone. It reports whether
+// anything changed.
 func SetPodCIDRs(wtxn statedb.WriteTxn, tbl statedb.RWTable[*PodCIDR], source PodCIDRSource, prefixes []netip.Prefix) bool {
-	want := map[netip.Prefix]bool{}
-	for _, p := range prefixes {
-		want[p.Masked()] = true
+	want := map[PodCIDRKey]int{}
+	for i, p := range prefixes {
+		if _, dup := want[PodCIDRKey{p, source}]; !dup {
+			want[PodCIDRKey{p, source}] = i
+		}
 	}
 	changed := false
 	for row := range tbl.List(wtxn, PodCIDRBySource.Query(source)) {
-		if !want[row.Prefix] {
+		pos, keep := want[PodCIDRKey{row.Prefix, source}]
+		if !keep || pos != row.Position {
 			tbl.Delete(wtxn, row)
 			changed = true
+			continue
 		}
-		delete(want, row.Prefix)
+		delete(want, PodCIDRKey{row.Prefix, source})
 	}
-	for p := range want {
-		tbl.Insert(wtxn, &PodCIDR{Prefix: p, Source: source})
+	for k, pos := range want {
+		tbl.Insert(wtxn, &PodCIDR{Prefix: k.Prefix, Source: source, Position: pos})
 		changed = true
 	}
 	return changed
 }
 
-// PoolPrefixes are the ranges IPAM allocates from, sorted (IPv4 first).
-func PoolPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR]) []netip.Prefix {
-	return podPrefixes(txn, tbl, (*PodCIDR).IsPool)
-}
-
-// MasqueradeSources are the ranges whose traffic is masqueraded: every
-// row, deduplicated and sorted (IPv4 first).
-func MasqueradeSources(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR]) []netip.Prefix {
-	return podPrefixes(txn, tbl, func(*PodCIDR) bool { return true })
-}
-
-func podPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR], keep func(*PodCIDR) bool) []netip.Prefix {
+func podCIDRPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR], keep func(*PodCIDR) bool) []netip.Prefix {
+	rows := statedb.Collect(tbl.All(txn))
+	slices.SortStableFunc(rows, func(a, b *PodCIDR) int {
+		return cmp.Or(cmp.Compare(a.Position, b.Position), cmp.Compare(a.Source, b.Source))
+	})
 	var out []netip.Prefix
-	for row := range tbl.All(txn) {
-		if keep(row) && !slices.Contains(out, row.Prefix) {
-			out = append(out, row.Prefix)
+	seen := map[netip.Prefix]bool{}
+	for _, c := range rows {
+		if keep(c) && !seen[c.Prefix] {
+			seen[c.Prefix] = true
+			out = append(out, c.Prefix)
 		}
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
 	return out
 }

@@ -21,13 +21,13 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/spf13/pflag"
 
-	"github.com/ipmasq/ipmasq/cells/agent"
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/cells/k8s"
+	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
+	"github.com/ipmasq/ipmasq/settings"
 )
 
 // node is an agent with the config, IPAM and API cells only (no kernel
@@ -64,7 +64,7 @@ func newNodeWithConfig(t testing.TB, config string, pools []string, args ...stri
 
 func (n *node) start(args ...string) {
 	n.h = hive.NewWithOptions(agent.Options(),
-		agent.Infrastructure, agentconfig.Cell, k8s.Cell, podcidrs.Cell, config.Cell, ipam.Cell, api.Cell)
+		agent.Infrastructure, settings.Cell, kubeclient.Cell, config.Cell, podcidrs.Cell, ipam.Cell, api.Cell)
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	n.h.RegisterFlags(flags)
 	all := append([]string{

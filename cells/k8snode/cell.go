@@ -25,14 +25,14 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/cells/k8s"
+	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// Cell follows the Node. It needs k8s.Cell, podcidrs.Cell and the IPAM
+// Cell follows the Node. It needs kubeclient.Cell, podcidrs.Cell and the IPAM
 // config (for --state-dir); without --k8s-node-name it does nothing.
 var Cell = cell.Module(
 	"k8s-node",
@@ -48,8 +48,8 @@ type params struct {
 	DB       *statedb.DB
 	Jobs     job.Registry
 	Health   cell.Health
-	Client   *k8s.Client
-	Agent    agentconfig.Config
+	Client   *kubeclient.Client
+	Agent    settings.Config
 	IPAM     ipam.Config
 	PodCIDRs statedb.RWTable[*tables.PodCIDR]
 	Done     podcidrs.KubernetesDone
@@ -62,7 +62,7 @@ type watcher struct {
 	done   podcidrs.KubernetesDone
 	marked bool
 	node   string
-	agent  agentconfig.Config
+	agent  settings.Config
 	saved  *savedCIDRs
 	health cell.Health
 }
@@ -93,7 +93,7 @@ func register(p params) error {
 
 // run watches the Node until the agent stops. client-go reconnects by
 // itself (with backoff) when the API server goes away.
-func (w *watcher) run(ctx context.Context, client *k8s.Client, health cell.Health) error {
+func (w *watcher) run(ctx context.Context, client *kubeclient.Client, health cell.Health) error {
 	w.health = health
 	factory := informers.NewSharedInformerFactoryWithOptions(client.Clientset, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {

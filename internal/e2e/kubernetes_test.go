@@ -19,10 +19,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ipmasq/ipmasq/cells/api"
-	"github.com/ipmasq/ipmasq/cells/nodeevents"
 	"github.com/ipmasq/ipmasq/internal/kubetest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/readers/nodeevents"
 )
 
 // clusterConfig is the same ip-masq-agent file on every node: the cluster's

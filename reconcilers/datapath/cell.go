@@ -16,11 +16,11 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/internal/faults"
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -36,8 +36,8 @@ var Cell = cell.Module(
 		newHandle,
 		newDatapathDeviceTable,
 		statedb.RWTable[*tables.DatapathDevice].ToTable,
-		newRuleSourceTable,
-		statedb.RWTable[*tables.RuleSource].ToTable,
+		newMasqueradeRuleSourceTable,
+		statedb.RWTable[*tables.MasqueradeRuleSource].ToTable,
 		scriptCommands,
 	),
 	cell.Invoke(register),
@@ -47,8 +47,8 @@ func newDatapathDeviceTable(db *statedb.DB) (statedb.RWTable[*tables.DatapathDev
 	return tables.NewDatapathDeviceTable(db)
 }
 
-func newRuleSourceTable(db *statedb.DB) (statedb.RWTable[*tables.RuleSource], error) {
-	return tables.NewRuleSourceTable(db)
+func newMasqueradeRuleSourceTable(db *statedb.DB) (statedb.RWTable[*tables.MasqueradeRuleSource], error) {
+	return tables.NewMasqueradeRuleSourceTable(db)
 }
 
 type params struct {
@@ -60,14 +60,14 @@ type params struct {
 	Health      cell.Health
 	ModuleID    cell.FullModuleID
 	Lifecycle   cell.Lifecycle
-	Agent       agentconfig.Config
+	Agent       settings.Config
 	PodCIDRs    statedb.Table[*tables.PodCIDR]
 	Config      Config
 	NonMasq     *nonmasqmaps.Handle
 	Devices     statedb.Table[*tables.EgressDevice]
 	Rules       statedb.Table[*tables.MasqueradeRule]
 	DPDevices   statedb.RWTable[*tables.DatapathDevice]
-	RuleSources statedb.RWTable[*tables.RuleSource]
+	RuleSources statedb.RWTable[*tables.MasqueradeRuleSource]
 	Handle      *Handle
 	// Netns is the namespace of the devices (tests); nil: the agent's own.
 	Netns *devices.Netns `optional:"true"`
@@ -115,7 +115,7 @@ func register(p params) error {
 			// Until the pod CIDRs are known (the Node not read yet) the
 			// maps keep what the last run wrote; followSources writes them.
 			if txn := p.DB.ReadTxn(); initialized(txn, p.PodCIDRs) {
-				if err := syncSources(dp, tables.MasqueradeSources(txn, p.PodCIDRs)); err != nil {
+				if err := syncSources(dp, podCIDRs(tables.PodCIDRPrefixes(txn, p.PodCIDRs), p.Agent)); err != nil {
 					dp.Close()
 					return err
 				}
@@ -165,7 +165,7 @@ func register(p params) error {
 	g.Add(job.OneShot("masquerade-sources", func(ctx context.Context, health cell.Health) error {
 		return followSources(ctx, p, health)
 	}))
-	if err := registerRuleSources(p, g); err != nil {
+	if err := registerMasqueradeRuleSources(p, g); err != nil {
 		return err
 	}
 	gc := &collector{log: p.Log, dp: p.Handle, snat: func() (map[netip.Addr]bool, bool) {
@@ -183,7 +183,7 @@ func followSources(ctx context.Context, p params, health cell.Health) error {
 	synced := false
 	for {
 		txn := p.DB.ReadTxn()
-		sources := tables.MasqueradeSources(txn, p.PodCIDRs)
+		sources := podCIDRs(tables.PodCIDRPrefixes(txn, p.PodCIDRs), p.Agent)
 		_, changed := p.PodCIDRs.AllWatch(txn)
 		var retry <-chan time.Time
 		if !initialized(txn, p.PodCIDRs) {
@@ -215,6 +215,17 @@ func followSources(ctx context.Context, p params, health cell.Health) error {
 func initialized(txn statedb.ReadTxn, tbl statedb.Table[*tables.PodCIDR]) bool {
 	init, _ := tbl.Initialized(txn)
 	return init
+}
+
+// podCIDRs are the masquerade sources of the enabled families.
+func podCIDRs(cidrs []netip.Prefix, agent settings.Config) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range cidrs {
+		if (p.Addr().Is4() && agent.EnableIPv4) || (p.Addr().Is6() && agent.EnableIPv6) {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
 }
 
 // syncSources makes masq_src_v4/v6 hold exactly the sources.
@@ -287,7 +298,7 @@ func (d *deriver) syncNodeAddrs(devs []*tables.EgressDevice) error {
 
 // currentSNAT lists the SNAT addresses in use: the datapath devices' and
 // the masquerade rules' toAddress, once the tables have been derived.
-func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rules statedb.Table[*tables.RuleSource]) (map[netip.Addr]bool, bool) {
+func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rules statedb.Table[*tables.MasqueradeRuleSource]) (map[netip.Addr]bool, bool) {
 	txn := db.ReadTxn()
 	if init, _ := tbl.Initialized(txn); !init {
 		return nil, false

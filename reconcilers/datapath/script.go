@@ -12,7 +12,7 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -22,7 +22,7 @@ import (
 //	datapath/nat       the NAT pairs, one line per direction
 //	datapath/gc        expire idle NAT pairs now
 //	datapath/sources   the masquerade sources the programs hold
-func scriptCommands(l *Handle, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.RuleSource]) hive.ScriptCmdsOut {
+func scriptCommands(l *Handle, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.MasqueradeRuleSource]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"datapath/counters": script.Command(
 			script.CmdUsage{Summary: "Show the datapath counters (summed over CPUs)"},

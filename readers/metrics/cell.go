@@ -1,0 +1,114 @@
+package metrics
+
+import (
+	"log/slog"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/pflag"
+
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
+	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/settings"
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// Config is the metrics cell's command-line configuration.
+type Config struct {
+	// PrometheusServeAddr is the TCP address of the metrics and health
+	// server, e.g. ":9963" or "127.0.0.1:9963"; empty disables it.
+	PrometheusServeAddr string `mapstructure:"prometheus-serve-addr"`
+}
+
+// DefaultConfig serves nothing: metrics are opt-in.
+var DefaultConfig = Config{}
+
+// Flags implements cell.Flagger.
+func (def Config) Flags(flags *pflag.FlagSet) {
+	flags.String("prometheus-serve-addr", def.PrometheusServeAddr,
+		"Serve Prometheus metrics (/metrics) and health (/healthz) on this TCP address, e.g. :9963; empty: off")
+}
+
+// Cell serves the metrics and /healthz on --prometheus-serve-addr and
+// provides the hive's reconciler.Metrics and the *Server. It needs
+// statedb.Cell, job.Cell and a cell.Health; it reads cell.SimpleHealth for
+// /healthz, and the ipmasq tables and handles that are present.
+//
+// Place it after nonmasqmaps.Cell: the maps handle is filled in by that
+// cell's start hook, which must run before the server can be scraped.
+var Cell = cell.Module(
+	"metrics",
+	"Prometheus metrics and health over HTTP",
+
+	cell.Config(DefaultConfig),
+	cell.ProvidePrivate(newRegistry),
+	cell.Provide(
+		newReconcilerMetrics,
+		newServer,
+	),
+	cell.Invoke(
+		registerCollectors,
+		(*Server).register,
+	),
+)
+
+// newRegistry is the cell's own registry: a host hive's registry (if any)
+// is not touched, and the exposition holds only ipmasq_*, go_* and
+// process_* metrics.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return reg
+}
+
+// sources is everything the metrics read. All of it is optional so that a
+// hive embedding a subset of the ipmasq cells still gets their metrics.
+type sources struct {
+	cell.In
+
+	Log      *slog.Logger
+	Registry *prometheus.Registry
+	DB       *statedb.DB
+	Jobs     job.Registry
+	Health   cell.Health
+
+	Agent        settings.Config                             `optional:"true"`
+	ConfigStatus statedb.Table[*tables.ConfigStatus]         `optional:"true"`
+	Endpoints    statedb.Table[*tables.Endpoint]             `optional:"true"`
+	IPRules      statedb.Table[*tables.IPRule]               `optional:"true"`
+	Devices      statedb.Table[*tables.DatapathDevice]       `optional:"true"`
+	RuleSources  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
+	NonMasqMaps  *nonmasqmaps.Handle                         `optional:"true"`
+	Datapath     *datapath.Handle                            `optional:"true"`
+}
+
+func registerCollectors(s sources) error {
+	var cs []prometheus.Collector
+	if s.ConfigStatus != nil {
+		loads := newConfigLoads(s.DB, s.ConfigStatus)
+		g := s.Jobs.NewGroup(s.Health, job.WithLogger(s.Log))
+		g.Add(job.OneShot("count-config-loads", loads.run))
+		cs = append(cs, loads, &configCollector{db: s.DB, table: s.ConfigStatus})
+	}
+	if rows := newRowCollector(s); rows != nil {
+		cs = append(cs, rows)
+	}
+	if s.NonMasqMaps != nil {
+		cs = append(cs, &mapsCollector{maps: s.NonMasqMaps, capacity: s.Agent.MaxNonMasqCIDRs})
+	}
+	if s.Datapath != nil {
+		cs = append(cs, &datapathCollector{src: s.Datapath})
+	}
+	for _, c := range cs {
+		if err := s.Registry.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,174 @@
+// Package status gives operators a short, human summary of a running agent
+// ("ipmasq-agent status") and the config status command, as script commands
+// served by the agent's shell. It only reads tables and handles.
+package status
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/script"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
+	"github.com/ipmasq/ipmasq/settings"
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// Cell provides the ipmasq/status and config/status commands.
+var Cell = cell.Module(
+	"status",
+	"Human summary of the agent state",
+
+	cell.Provide(commands),
+)
+
+type sources struct {
+	cell.In
+
+	DB        *statedb.DB
+	Agent     settings.Config
+	Config    statedb.Table[*tables.ConfigStatus]
+	CIDRs     statedb.Table[*tables.NonMasqCIDR]
+	Endpoints statedb.Table[*tables.Endpoint]             `optional:"true"`
+	Rules     statedb.Table[*tables.IPRule]               `optional:"true"`
+	Devices   statedb.Table[*tables.EgressDevice]         `optional:"true"`
+	Attached  statedb.Table[*tables.DatapathDevice]       `optional:"true"`
+	RuleSrcs  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
+	Datapath  *datapath.Handle                            `optional:"true"`
+}
+
+func commands(s sources) hive.ScriptCmdsOut {
+	return hive.NewScriptCmds(map[string]script.Cmd{
+		"ipmasq/status": script.Command(
+			script.CmdUsage{Summary: "Summary of the agent: config, prefixes, devices, endpoints, reconciliation, NAT occupancy"},
+			func(*script.State, ...string) (script.WaitFunc, error) {
+				out := s.summary()
+				return func(*script.State) (string, string, error) { return out, "", nil }, nil
+			}),
+		"config/status": script.Command(
+			script.CmdUsage{Summary: "The config file's state: source, generation, last good load, last error"},
+			func(*script.State, ...string) (script.WaitFunc, error) {
+				var b strings.Builder
+				s.writeConfig(&b, s.DB.ReadTxn())
+				out := b.String()
+				return func(*script.State) (string, string, error) { return out, "", nil }, nil
+			}),
+	})
+}
+
+func (s sources) summary() string {
+	txn := s.DB.ReadTxn()
+	var b strings.Builder
+	s.writeConfig(&b, txn)
+
+	var v4, v6, masq int
+	for c := range s.CIDRs.All(txn) {
+		switch {
+		case c.Action == tables.ActionMasquerade:
+			masq++
+		case c.Prefix.Addr().Is4():
+			v4++
+		default:
+			v6++
+		}
+	}
+	fmt.Fprintf(&b, "Prefixes:   %d IPv4 and %d IPv6 no-masquerade, %d masquerade exceptions (map capacity %d per family); %s\n",
+		v4, v6, masq, s.Agent.MaxNonMasqCIDRs, reconciled(statusesOf(s.CIDRs, txn, (*tables.NonMasqCIDR).GetStatus)))
+
+	if s.Devices != nil {
+		var sel []string
+		for d := range s.Devices.All(txn) {
+			if d.Selected {
+				sel = append(sel, fmt.Sprintf("%s (%s)", d.Name, joinAddrs(d.SNATv4, d.SNATv6)))
+			}
+		}
+		fmt.Fprintf(&b, "Devices:    selected %s\n", orNone(strings.Join(sel, ", ")))
+	}
+	if s.Attached != nil {
+		var att []string
+		for d := range s.Attached.All(txn) {
+			att = append(att, fmt.Sprintf("%s [%s]", d.Name, tables.StatusString(d.Status)))
+		}
+		fmt.Fprintf(&b, "Datapath:   attached to %s\n", orNone(strings.Join(att, ", ")))
+	}
+	if s.RuleSrcs != nil {
+		fmt.Fprintf(&b, "Rules:      %d masquerade rule source(s) on devices; %s\n",
+			s.RuleSrcs.NumObjects(txn), reconciled(statusesOf(s.RuleSrcs, txn, (*tables.MasqueradeRuleSource).GetStatus)))
+	}
+	if s.Endpoints != nil {
+		withTable := 0
+		for ep := range s.Endpoints.All(txn) {
+			if ep.RouteTable != 0 {
+				withTable++
+			}
+		}
+		fmt.Fprintf(&b, "Endpoints:  %d (%d with a route table)\n", s.Endpoints.NumObjects(txn), withTable)
+	}
+	if s.Rules != nil {
+		fmt.Fprintf(&b, "ip rules:   %d; %s\n", s.Rules.NumObjects(txn), reconciled(statusesOf(s.Rules, txn, (*tables.IPRule).GetStatus)))
+	}
+	if s.Datapath != nil {
+		if n4, n6, capacity, err := s.Datapath.NATOccupancy(); err == nil {
+			fmt.Fprintf(&b, "NAT:        %d IPv4 and %d IPv6 entries of %d each (two per flow)\n", n4, n6, capacity)
+		} else {
+			fmt.Fprintf(&b, "NAT:        %v\n", err)
+		}
+	}
+	return b.String()
+}
+
+func (s sources) writeConfig(b *strings.Builder, txn statedb.ReadTxn) {
+	for st := range s.Config.All(txn) {
+		state := "ok"
+		if st.LastError != "" {
+			state = "REJECTED (last good config kept): " + st.LastError
+		}
+		good := "never"
+		if !st.LastGoodLoad.IsZero() {
+			good = st.LastGoodLoad.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(b, "Config:     %s (%s, generation %d, last good load %s, resync %s): %s\n",
+			st.Path, st.Source, st.Generation, good, st.ResyncInterval, state)
+	}
+}
+
+func statusesOf[T any](tbl statedb.Table[T], txn statedb.ReadTxn, get func(T) reconciler.Status) (done, pending, failed int) {
+	for obj := range tbl.All(txn) {
+		switch get(obj).Kind {
+		case reconciler.StatusKindDone:
+			done++
+		case reconciler.StatusKindError:
+			failed++
+		default:
+			pending++
+		}
+	}
+	return
+}
+
+func reconciled(done, pending, failed int) string {
+	return fmt.Sprintf("in the kernel: %d done, %d pending, %d failing", done, pending, failed)
+}
+
+func joinAddrs(addrs ...netip.Addr) string {
+	var out []string
+	for _, a := range addrs {
+		if a.IsValid() {
+			out = append(out, a.String())
+		}
+	}
+	return orNone(strings.Join(out, ", "))
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
