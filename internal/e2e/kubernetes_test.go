@@ -166,6 +166,27 @@ func (a *k8sAgent) allocate(owner string) netip.Addr {
 	return netip.Addr{}
 }
 
+// allocateIn allocates for owner until the address is in want: a Node's
+// change reaches the agent through its watch, which after an API server
+// restart reconnects with client-go's backoff (up to about 30 s). An
+// address from the old pool is released again.
+func (a *k8sAgent) allocateIn(owner string, want netip.Prefix) netip.Addr {
+	a.t.Helper()
+	c := api.NewClient(filepath.Join(a.dir, "api.sock"))
+	var got netip.Addr
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		got = a.allocate(owner)
+		if want.Contains(got) {
+			return got
+		}
+		if err := c.Release(context.Background(), got); err != nil {
+			a.t.Fatalf("%s: release %s: %v", a.cn.Name, got, err)
+		}
+	}
+	a.t.Fatalf("%s: allocated %s, want an address of %s (the Node's podCIDRs)", a.cn.Name, got, want)
+	return netip.Addr{}
+}
+
 // seenFrom opens a TCP flow from n (from the address local, when valid)
 // to a ServeSource server and returns the source the server saw.
 func seenFrom(n *topology.Netns, local netip.Addr, dst netip.AddrPort) (string, error) {
@@ -322,8 +343,8 @@ func TestKubernetesCluster(t *testing.T) {
 	// masquerades it; the old range is no longer a masquerade source.
 	n3 := cl.Nodes[2]
 	setPodCIDRs(t, admin, n3.Name, "10.244.33.0/24")
-	if got := agents[2].allocate("pod/after-change"); !netip.MustParsePrefix("10.244.33.0/24").Contains(got) || got == netip.MustParseAddr("10.244.33.1") {
-		t.Fatalf("node3 allocated %s after its podCIDRs became 10.244.33.0/24", got)
+	if got := agents[2].allocateIn("pod/after-change", netip.MustParsePrefix("10.244.33.0/24")); got != netip.MustParseAddr("10.244.33.2") {
+		t.Fatalf("node3 allocated %s after its podCIDRs became 10.244.33.0/24, want 10.244.33.2", got)
 	} else {
 		if err := n3.Node.Addr("pod0", "10.244.33.1/24"); err != nil {
 			t.Fatal(err)
@@ -353,9 +374,7 @@ func TestKubernetesCluster(t *testing.T) {
 	// Back: the agents reconnect and follow changes again.
 	server.Restart()
 	setPodCIDRs(t, admin, cl.Nodes[1].Name, "10.244.22.0/24")
-	if got := agents[1].allocate("pod/after-reconnect"); !netip.MustParsePrefix("10.244.22.0/24").Contains(got) {
-		t.Fatalf("node2 allocated %s after the API server came back and its podCIDRs became 10.244.22.0/24", got)
-	}
+	agents[1].allocateIn("pod/after-reconnect", netip.MustParsePrefix("10.244.22.0/24"))
 
 	// A rejected config file shows as an Event on that Node.
 	agents[0].writeConfig("nonMasqueradeCIDRs: [10.244.0.1/16]\n")
