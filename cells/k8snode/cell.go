@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/cilium/hive/cell"
@@ -167,7 +166,7 @@ func (w *watcher) podCIDRs(node *corev1.Node) ([]netip.Prefix, error) {
 	if _, err := ipam.NewPools(out); err != nil {
 		return nil, fmt.Errorf("Node %s: spec.podCIDRs %s: %w", w.node, strings.Join(cidrs, ","), err)
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	// In the Node's order: the IPAM fills a family's pools in it.
 	return out, nil
 }
 
