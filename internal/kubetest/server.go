@@ -140,8 +140,7 @@ func (s *Server) startEtcd() {
 		"--advertise-client-urls=http://127.0.0.1:2379",
 		"--listen-peer-urls=http://127.0.0.1:2380",
 		"--initial-advertise-peer-urls=http://127.0.0.1:2380",
-		"--initial-cluster=default=http://127.0.0.1:2380",
-		"--unsafe-no-fsync")
+		"--initial-cluster=default=http://127.0.0.1:2380")
 }
 
 // command starts a process in the namespace with its output in logName.
