@@ -25,8 +25,8 @@ import (
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
+	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/settings"
 )
 

@@ -25,8 +25,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
+	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
