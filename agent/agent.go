@@ -13,6 +13,7 @@ import (
 
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
+	datapathtables "github.com/ipmasq/ipmasq/cells/datapath"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/iprules"
@@ -49,23 +50,23 @@ var Infrastructure = cell.Group(
 	}),
 )
 
-// Cell is every ipmasq cell: settings, the Kubernetes connection and pod
-// CIDRs, config file, BPF maps, devices and the eBPF datapath, IPAM and its
-// API, the per-endpoint ip rules and the Node's Events. The
-// order matters only for start hooks: the datapath reads the maps the
-// nonmasq-maps cell opens.
+// Cell is every ipmasq cell: settings, the Kubernetes connection, config
+// file, pod CIDRs (flags and Node), BPF maps, devices and the eBPF
+// datapath, IPAM and its API, the per-endpoint ip rules, and the readers
+// (metrics, status, the Node's Events). Their order does not matter: each
+// reads tables or pinned maps, never another cell's state filled at start.
 var Cell = cell.Group(
 	settings.Cell,
 	// The API server connection (disabled without --k8s-node-name).
 	kubeclient.Cell,
 	config.Cell,
 	nonmasqmaps.Cell,
-	// After nonmasq-maps: scrapes read the maps it opens at start.
 	metrics.Cell,
 	// The pod CIDRs from the flags and from the Node.
 	podcidrs.Cell,
 	k8snode.Cell,
 	devices.Cell,
+	datapathtables.Cell,
 	datapath.Cell,
 	ipam.Cell,
 	api.Cell,

@@ -59,7 +59,6 @@ var allowed = map[string]allowance{
 	"maps/stats":        {},
 	"datapath/counters": {},
 	"datapath/nat":      {},
-	"datapath/sources":  {},
 	"rules/dump":        {},
 	"rules/stats":       {},
 	// Operator actions that only bring forward what the agent does on its

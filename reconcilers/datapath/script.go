@@ -12,7 +12,6 @@ import (
 	"github.com/cilium/statedb"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -21,7 +20,6 @@ import (
 //	datapath/counters  the datapath's counters, summed over CPUs
 //	datapath/nat       the NAT pairs, one line per direction
 //	datapath/gc        expire idle NAT pairs now
-//	datapath/sources   the masquerade sources the programs hold
 func scriptCommands(l *Handle, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.MasqueradeRuleSource]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"datapath/counters": script.Command(
@@ -44,16 +42,6 @@ func scriptCommands(l *Handle, db *statedb.DB, devs statedb.Table[*tables.Datapa
 				out, err := FormatNAT(dp)
 				return func(*script.State) (string, string, error) { return out, "", err }, nil
 			}),
-		"datapath/sources": script.Command(
-			script.CmdUsage{Summary: "List the masquerade sources in masq_src_v4/v6, one prefix a line"},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				dp := l.get()
-				if dp == nil {
-					return nil, ErrNotLoaded
-				}
-				out, err := FormatSources(dp)
-				return func(*script.State) (string, string, error) { return out, "", err }, nil
-			}),
 		"datapath/gc": script.Command(
 			script.CmdUsage{Summary: "Expire idle NAT entries now"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
@@ -61,30 +49,6 @@ func scriptCommands(l *Handle, db *statedb.DB, devs statedb.Table[*tables.Datapa
 				return nil, c.collectNow()
 			}),
 	})
-}
-
-// FormatSources prints the masquerade source prefixes, sorted.
-func FormatSources(dp *bpf.Datapath) (string, error) {
-	var lines []string
-	var k4 bpfmap.LPMKeyV4
-	var k6 bpfmap.LPMKeyV6
-	var v uint8
-	it := dp.Maps.MasqSrcV4.Iterate()
-	for it.Next(&k4, &v) {
-		lines = append(lines, k4.Prefix().String()+"\n")
-	}
-	if err := it.Err(); err != nil {
-		return "", err
-	}
-	it = dp.Maps.MasqSrcV6.Iterate()
-	for it.Next(&k6, &v) {
-		lines = append(lines, k6.Prefix().String()+"\n")
-	}
-	if err := it.Err(); err != nil {
-		return "", err
-	}
-	slices.Sort(lines)
-	return strings.Join(lines, ""), nil
 }
 
 // FormatCounters prints "name value" lines for every counter.
