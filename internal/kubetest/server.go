@@ -166,12 +166,21 @@ func (s *Server) command(bin, logName string, args ...string) *exec.Cmd {
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.api = s.command(s.bin, "kube-apiserver.log", s.apiArgs...)
-	c := s.Client(AdminToken)
 	deadline := time.Now().Add(90 * time.Second)
 	var last error
-	for time.Now().Before(deadline) {
+	for ; time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		if s.api.ProcessState != nil {
 			break
+		}
+		// The server writes its self-signed certificate at start.
+		if _, err := os.Stat(s.CertFile); err != nil {
+			last = err
+			continue
+		}
+		c, err := kubernetes.NewForConfig(s.RESTConfig(AdminToken))
+		if err != nil {
+			last = err
+			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		body, err := c.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
@@ -184,7 +193,6 @@ func (s *Server) Restart() {
 		}
 		cancel()
 		last = err
-		time.Sleep(200 * time.Millisecond)
 	}
 	s.t.Fatalf("kube-apiserver not ready: %v\n%s", last, s.logTail("kube-apiserver.log"))
 }
