@@ -177,6 +177,7 @@ func (a *k8sAgent) allocateIn(owner string, want netip.Prefix) netip.Addr {
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
 		got = a.allocate(owner)
 		if want.Contains(got) {
+			a.t.Logf("%s allocated %s from its Node's new podCIDRs %s", a.cn.Name, got, want)
 			return got
 		}
 		if err := c.Release(context.Background(), got); err != nil {
@@ -224,6 +225,7 @@ func expectSource(t *testing.T, what string, n *topology.Netns, local netip.Addr
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		seen, err = seenFrom(n, local, netip.AddrPortFrom(dst, sourcePort))
 		if err == nil && seen == want.String() {
+			t.Logf("%s: %s saw %s", what, dst, seen)
 			return
 		}
 	}
@@ -321,6 +323,7 @@ func TestKubernetesCluster(t *testing.T) {
 		if want := cn.PodCIDR4.Addr().Next().Next(); pods[i] != want {
 			t.Fatalf("%s allocated %s, want %s (the first address of its Node's %s after the gateway)", cn.Name, pods[i], want, cn.PodCIDR4)
 		}
+		t.Logf("%s (Node podCIDRs %s) allocated %s", cn.Name, cn.PodCIDR4, pods[i])
 		if err := cl.AddPodAddr(cn, pods[i]); err != nil {
 			t.Fatal(err)
 		}
@@ -397,6 +400,7 @@ func waitEvent(t *testing.T, c kubernetes.Interface, node, reason, text string) 
 		for _, e := range evs.Items {
 			seen = append(seen, e.Message)
 			if strings.Contains(e.Message, text) && e.Source.Component == nodeevents.Component {
+				t.Logf("Event on Node %s: %s %s: %s", node, e.Type, e.Reason, e.Message)
 				return
 			}
 		}
