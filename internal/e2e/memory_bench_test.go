@@ -17,7 +17,7 @@ import (
 
 // agentFigures are what one scenario measured on the agent process.
 type agentFigures struct {
-	rssMiB, peakMiB float64 // VmRSS after 2 s idle, VmHWM over the agent's life
+	rssMiB, peakMiB    float64 // VmRSS after 2 s idle, VmHWM over the agent's life
 	allocP50, allocP99 time.Duration
 	converge           time.Duration // start → all in the kernel
 }
