@@ -24,16 +24,18 @@ type controller struct {
 	markInitialized func(statedb.WriteTxn)
 
 	// cidrRev is the nonmasq-cidrs revision the templates were derived
-	// from; actions are that revision's prefixes, to tell a real config
-	// change from a status commit (which bumps the revision too).
+	// from; actions are that revision's rows in table order, to tell a
+	// real config change from a status commit (which bumps the revision
+	// too). A slice, not a map: a quarter of the memory at 16 384 prefixes
+	// per family.
 	cidrRev statedb.Revision
-	actions map[netip.Prefix]tables.Action
+	actions []prefixAction
 	v4, v6  []template
 	errs    []error
 }
 
 func newController(p controllerParams, markInit func(statedb.WriteTxn)) *controller {
-	return &controller{params: p, markInitialized: markInit, actions: map[netip.Prefix]tables.Action{}}
+	return &controller{params: p, markInitialized: markInit}
 }
 
 // run waits for both inputs to be initialized, then applies every change of
@@ -187,9 +189,9 @@ func (c *controller) refreshTemplates(txn statedb.ReadTxn) (gone4, new4, gone6, 
 		return // a status commit, not a config change
 	}
 	rows := statedb.Collect(p.CIDRs.All(txn))
-	actions := make(map[netip.Prefix]tables.Action, len(rows))
-	for _, r := range rows {
-		actions[r.Prefix] = r.Action
+	actions := make([]prefixAction, len(rows))
+	for i, r := range rows {
+		actions[i] = prefixAction{r.Prefix, r.Action}
 	}
 	v4, v6, errs := templates(rows, p.Config.EgressRulePriority)
 	gone4, new4 = diffTemplates(c.v4, v4)
@@ -205,12 +207,19 @@ func (c *controller) sameActions(txn statedb.ReadTxn) bool {
 	if p.CIDRs.NumObjects(txn) != len(c.actions) {
 		return false
 	}
+	i := 0
 	for r := range p.CIDRs.All(txn) {
-		if a, ok := c.actions[r.Prefix]; !ok || a != r.Action {
+		if c.actions[i] != (prefixAction{r.Prefix, r.Action}) {
 			return false
 		}
+		i++
 	}
 	return true
+}
+
+type prefixAction struct {
+	prefix netip.Prefix
+	action tables.Action
 }
 
 // diffTemplates returns the templates of old missing from cur and those of
