@@ -149,7 +149,6 @@ var (
 		FromString: index.NetIPPrefixString,
 		Unique:     true,
 	}
-
 )
 
 // NewNonMasqCIDRTable creates the nonmasq-cidrs table.
