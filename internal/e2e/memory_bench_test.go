@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,8 +25,6 @@ type agentFigures struct {
 // memory reads the agent's VmRSS and VmHWM from /proc.
 func (a *agent) memory() (rssMiB, peakMiB float64) {
 	a.t.Helper()
-	a.cmd.Process.Signal(syscall.SIGUSR1) // TMP
-	time.Sleep(500 * time.Millisecond)
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.cmd.Process.Pid))
 	if err != nil {
 		a.t.Fatal(err)
@@ -101,12 +98,6 @@ func BenchmarkAgentMemory(b *testing.B) {
 		time.Sleep(2 * time.Second)
 		f.rssMiB, f.peakMiB = a.memory()
 		figures["cidrs=16384,endpoints=1000"] = f
-		data, _ := os.ReadFile(a.log)
-		for _, l := range strings.Split(string(data), "\n") {
-			if strings.Contains(l, "MEMSTATS") {
-				b.Log(l)
-			}
-		}
 		a.stop(9)
 	}()
 
@@ -128,12 +119,6 @@ func BenchmarkAgentMemory(b *testing.B) {
 		time.Sleep(2 * time.Second)
 		f.rssMiB, f.peakMiB = a.memory()
 		figures["endpoints=10000"] = f
-		data, _ := os.ReadFile(a.log)
-		for _, l := range strings.Split(string(data), "\n") {
-			if strings.Contains(l, "MEMSTATS") {
-				b.Log(l)
-			}
-		}
 		a.stop(9)
 	}()
 
