@@ -35,8 +35,10 @@ generate:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 $(PKGS)
 
+## vet: go vet, gofmt, and go.mod/go.sum tidy (go mod tidy must change nothing)
 vet:
 	$(GO) vet $(PKGS)
+	@$(GO) mod tidy -diff >/dev/null || { $(GO) mod tidy -diff; echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 

@@ -19,11 +19,11 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
-	"github.com/ipmasq/ipmasq/cells/agent"
+	"github.com/ipmasq/ipmasq/agent"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/privtest"
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/tables"

@@ -28,13 +28,13 @@ import (
 
 	"github.com/cilium/hive/cell"
 
-	"github.com/ipmasq/ipmasq/cells/agent"
+	"github.com/ipmasq/ipmasq/agent"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/internal/privtest"
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
 )

@@ -6,7 +6,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
 // The benchmarks report ns/pkt, the in-kernel time per program run measured

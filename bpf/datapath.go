@@ -25,7 +25,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
 // DefaultNATMaxEntries is the default size of nat_v4 and nat_v6: entries,

@@ -10,7 +10,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
 // The tests load the programs into the kernel with maps pinned in a private

@@ -25,7 +25,7 @@ import (
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ipmasq/ipmasq/cells/agent"
+	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/cells/config"
 )
 

@@ -71,13 +71,13 @@ func NewMasqueradeRuleTable(db *statedb.DB) (statedb.RWTable[*MasqueradeRule], e
 	return statedb.NewTable(db, MasqueradeRuleTableName, MasqueradeRuleByName)
 }
 
-// RuleSourceTableName is the name of the table of rule sources resolved
+// MasqueradeRuleSourceTableName is the name of the table of rule sources resolved
 // against the egress devices.
-const RuleSourceTableName = "masquerade-rule-sources"
+const MasqueradeRuleSourceTableName = "masquerade-rule-sources"
 
-// RuleSource is one source prefix of a masquerade rule on one egress
+// MasqueradeRuleSource is one source prefix of a masquerade rule on one egress
 // device, as the datapath's masq_rules maps hold it.
-type RuleSource struct {
+type MasqueradeRuleSource struct {
 	Ifindex int          `json:"ifindex" yaml:"ifindex"`
 	Device  string       `json:"device" yaml:"device"`
 	Source  netip.Prefix `json:"source" yaml:"source"`
@@ -89,51 +89,51 @@ type RuleSource struct {
 }
 
 // TableHeader implements statedb.TableWritable.
-func (s *RuleSource) TableHeader() []string {
+func (s *MasqueradeRuleSource) TableHeader() []string {
 	return []string{"Device", "Source", "ToAddress", "Rule", "Status"}
 }
 
 // TableRow implements statedb.TableWritable.
-func (s *RuleSource) TableRow() []string {
+func (s *MasqueradeRuleSource) TableRow() []string {
 	return []string{s.Device, s.Source.String(), addrString(s.ToAddress), s.Rule, StatusString(s.Status)}
 }
 
 // Clone returns a shallow copy, as the reconciler requires.
-func (s *RuleSource) Clone() *RuleSource {
+func (s *MasqueradeRuleSource) Clone() *MasqueradeRuleSource {
 	s2 := *s
 	return &s2
 }
 
 // GetStatus returns the map reconciliation status.
-func (s *RuleSource) GetStatus() reconciler.Status { return s.Status }
+func (s *MasqueradeRuleSource) GetStatus() reconciler.Status { return s.Status }
 
 // SetStatus sets the map reconciliation status.
-func (s *RuleSource) SetStatus(st reconciler.Status) *RuleSource {
+func (s *MasqueradeRuleSource) SetStatus(st reconciler.Status) *MasqueradeRuleSource {
 	s.Status = st
 	return s
 }
 
-// RuleSourceKey identifies a row: the device and the source prefix.
-type RuleSourceKey struct {
+// MasqueradeRuleSourceKey identifies a row: the device and the source prefix.
+type MasqueradeRuleSourceKey struct {
 	Ifindex int
 	Source  netip.Prefix
 }
 
-func (k RuleSourceKey) indexKey() index.Key {
+func (k MasqueradeRuleSourceKey) indexKey() index.Key {
 	return append(index.Int(k.Ifindex), index.NetIPPrefix(k.Source)...)
 }
 
-// RuleSourceByKey is the primary index: one row per device and source.
-var RuleSourceByKey = statedb.Index[*RuleSource, RuleSourceKey]{
+// MasqueradeRuleSourceByKey is the primary index: one row per device and source.
+var MasqueradeRuleSourceByKey = statedb.Index[*MasqueradeRuleSource, MasqueradeRuleSourceKey]{
 	Name: "key",
-	FromObject: func(s *RuleSource) index.KeySet {
-		return index.NewKeySet(RuleSourceKey{s.Ifindex, s.Source}.indexKey())
+	FromObject: func(s *MasqueradeRuleSource) index.KeySet {
+		return index.NewKeySet(MasqueradeRuleSourceKey{s.Ifindex, s.Source}.indexKey())
 	},
-	FromKey: RuleSourceKey.indexKey,
+	FromKey: MasqueradeRuleSourceKey.indexKey,
 	Unique:  true,
 }
 
-// NewRuleSourceTable creates the masquerade-rule-sources table.
-func NewRuleSourceTable(db *statedb.DB) (statedb.RWTable[*RuleSource], error) {
-	return statedb.NewTable(db, RuleSourceTableName, RuleSourceByKey)
+// NewMasqueradeRuleSourceTable creates the masquerade-rule-sources table.
+func NewMasqueradeRuleSourceTable(db *statedb.DB) (statedb.RWTable[*MasqueradeRuleSource], error) {
+	return statedb.NewTable(db, MasqueradeRuleSourceTableName, MasqueradeRuleSourceByKey)
 }

@@ -22,11 +22,12 @@ import (
 	"github.com/cilium/hive/hivetest"
 	"github.com/spf13/pflag"
 
-	"github.com/ipmasq/ipmasq/cells/agent"
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/cells/podcidrs"
+	"github.com/ipmasq/ipmasq/settings"
 )
 
 // node is an agent with the config, IPAM and API cells only (no kernel
@@ -65,7 +66,7 @@ func newNodeWithConfig(t testing.TB, config string, pools []string, args ...stri
 
 func (n *node) start(args ...string) {
 	n.h = hive.NewWithOptions(agent.Options(),
-		agent.Infrastructure, agentconfig.Cell, config.Cell, ipam.Cell, api.Cell,
+		agent.Infrastructure, settings.Cell, config.Cell, podcidrs.Cell, ipam.Cell, api.Cell,
 		cell.Invoke(func(i *ipam.IPAM) { n.ipam = i }))
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	n.h.RegisterFlags(flags)

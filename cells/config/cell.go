@@ -10,7 +10,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -31,7 +31,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 
 // Cell provides the nonmasq-cidrs, masquerade-rules and ipmasq-config
 // tables and keeps them in step with the config file. It needs statedb.Cell, job.Cell, a cell.Health
-// and agentconfig.Cell.
+// and settings.Cell.
 //
 // The file is first loaded while the tables are constructed, so every
 // consumer of the tables (whatever its place in the hive) sees the loaded
@@ -58,7 +58,7 @@ type loaderParams struct {
 	Log    *slog.Logger
 	DB     *statedb.DB
 	Health cell.Health
-	Agent  agentconfig.Config
+	Agent  settings.Config
 	Config Config
 }
 

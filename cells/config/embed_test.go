@@ -17,8 +17,8 @@ import (
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/cells/config"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -46,7 +46,7 @@ func foreignIPAMCell(out *foreignIPAM) cell.Cell {
 // newForeignHive embeds only the config cell and what it needs, with the
 // foreign cell before or after it.
 func newForeignHive(path string, foreignFirst bool, out *foreignIPAM) *hive.Hive {
-	ipmasq := []cell.Cell{agentconfig.Cell, config.Cell}
+	ipmasq := []cell.Cell{settings.Cell, config.Cell}
 	foreign := foreignIPAMCell(out)
 	cells := append([]cell.Cell{statedb.Cell, job.Cell, cell.SimpleHealthCell}, append(ipmasq, foreign)...)
 	if foreignFirst {
@@ -130,7 +130,7 @@ func Example_embedding() {
 
 	h := hive.New(
 		statedb.Cell, job.Cell, cell.SimpleHealthCell, // what the cells need from the host hive
-		agentconfig.Cell, config.Cell, // ipmasq's config file and tables
+		settings.Cell, config.Cell, // ipmasq's config file and tables
 		cell.Invoke(func(lc cell.Lifecycle, db *statedb.DB, tbl statedb.Table[*tables.NonMasqCIDR]) {
 			lc.Append(cell.Hook{OnStart: func(ctx cell.HookContext) error {
 				txn, err := tables.WaitForConfig(ctx, db, tbl)

@@ -100,7 +100,7 @@ func TestParseValid(t *testing.T) {
   outInterfaces: [wg0]
 `,
 			limBoth,
-			&File{MasqueradeRules: []MasqueradeRule{
+			&File{MasqueradeRules: []tables.MasqueradeRule{
 				{Name: "wg-clients", Sources: pfx("10.8.0.0/24", "10.9.0.0/24"), OutInterfaces: []string{"eth0", "ens+"},
 					ToAddress: netip.MustParseAddr("192.0.2.10")},
 				{Name: "v6.vpn_1", Sources: pfx("fd10::/64"), OutInterfaces: []string{"wg0"}},
@@ -110,11 +110,11 @@ func TestParseValid(t *testing.T) {
 			"masquerade rules JSON",
 			`{"masqueradeRules": [{"name": "a", "sources": ["fd00::/64"], "outInterfaces": ["veth12345678901+"], "toAddress": "fd00::1"}]}`,
 			limV6,
-			&File{MasqueradeRules: []MasqueradeRule{{Name: "a", Sources: pfx("fd00::/64"),
+			&File{MasqueradeRules: []tables.MasqueradeRule{{Name: "a", Sources: pfx("fd00::/64"),
 				OutInterfaces: []string{"veth12345678901+"}, ToAddress: netip.MustParseAddr("fd00::1")}}},
 		},
 		{"15-byte interface name", `{"masqueradeRules": [{"name": "a", "sources": ["10.0.0.0/8"], "outInterfaces": ["abcdefghijklmno"]}]}`, limV4,
-			&File{MasqueradeRules: []MasqueradeRule{{Name: "a", Sources: pfx("10.0.0.0/8"), OutInterfaces: []string{"abcdefghijklmno"}}}}},
+			&File{MasqueradeRules: []tables.MasqueradeRule{{Name: "a", Sources: pfx("10.0.0.0/8"), OutInterfaces: []string{"abcdefghijklmno"}}}}},
 		{"capacity exactly reached", "nonMasqueradeCIDRs: [10.0.0.0/8, 10.1.0.0/16]\n", Limits{EnableIPv4: true, MaxCIDRsPerFamily: 3},
 			&File{NonMasqueradeCIDRs: pfx("10.0.0.0/8", "10.1.0.0/16"), NonMasqueradeCIDRsSet: true}},
 		{"link-local listed explicitly is not counted twice", "nonMasqueradeCIDRs: [10.0.0.0/8, 169.254.0.0/16]\n", Limits{EnableIPv4: true, MaxCIDRsPerFamily: 2},

@@ -28,7 +28,7 @@ import (
 	"github.com/cilium/statedb"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -242,7 +242,7 @@ func startHostileHive(t *testing.T, path string, noIPv6 bool) *hostileHive {
 	var hh hostileHive
 	h := hive.New(
 		statedb.Cell, job.Cell, cell.SimpleHealthCell,
-		agentconfig.Cell, Cell,
+		settings.Cell, Cell,
 		cell.Invoke(func(db *statedb.DB, c statedb.Table[*tables.NonMasqCIDR], r statedb.Table[*tables.MasqueradeRule],
 			s statedb.Table[*tables.ConfigStatus], health *cell.SimpleHealth) {
 			hh = hostileHive{db: db, cidrs: c, rules: r, status: s, health: health}
@@ -250,7 +250,7 @@ func startHostileHive(t *testing.T, path string, noIPv6 bool) *hostileHive {
 	)
 	hive.AddConfigOverride(h, func(c *Config) { c.IPMasqAgentConfigPath = path })
 	if noIPv6 {
-		hive.AddConfigOverride(h, func(c *agentconfig.Config) { c.EnableIPv6 = false })
+		hive.AddConfigOverride(h, func(c *settings.Config) { c.EnableIPv6 = false })
 	}
 	log := hivetest.Logger(t)
 	if err := h.Start(log, context.Background()); err != nil {

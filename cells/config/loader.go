@@ -301,9 +301,7 @@ func (l *loader) applyRules(wtxn statedb.WriteTxn, file *File) int {
 	want := map[string]*tables.MasqueradeRule{}
 	if file != nil {
 		for _, r := range file.MasqueradeRules {
-			want[r.Name] = &tables.MasqueradeRule{
-				Name: r.Name, Sources: r.Sources, OutInterfaces: r.OutInterfaces, ToAddress: r.ToAddress,
-			}
+			want[r.Name] = &r
 		}
 	}
 	changed := 0

@@ -3,7 +3,6 @@ package ipam
 import (
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -15,8 +14,6 @@ import (
 
 // Config is the IPAM cell's command-line configuration.
 type Config struct {
-	// PodCIDR are the pools addresses are allocated from.
-	PodCIDR []string
 	// StateDir holds the endpoints state file.
 	StateDir string
 	// EgressRouteTable is the route table of an allocation that names none.
@@ -34,7 +31,6 @@ var DefaultConfig = Config{
 
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
-	flags.StringSlice("pod-cidr", def.PodCIDR, "Pool of endpoint addresses (repeatable; IPv4 and IPv6)")
 	flags.String("state-dir", def.StateDir, "Directory of the agent's persistent state (endpoint allocations)")
 	flags.Uint32("egress-route-table", def.EgressRouteTable, "Route table of an allocation that names none (0: no per-endpoint ip rules)")
 	flags.Duration("ipam-config-wait", def.IPAMConfigWait, "How long an allocation waits for the first masquerade config load before failing with 503")
@@ -61,21 +57,16 @@ type ipamParams struct {
 	Health    cell.Health
 	Config    Config
 	CIDRs     statedb.Table[*tables.NonMasqCIDR]
+	// PodCIDRs are the pools, written before IPAM is constructed (see
+	// cells/podcidrs).
+	PodCIDRs statedb.Table[*tables.PodCIDR]
 }
 
-// newIPAM parses the pools, creates the endpoints table and restores it
+// newIPAM builds the pools from table pod-cidrs, creates the endpoints table and restores it
 // from disk. A state that cannot be read is a start error: starting empty
 // would hand out addresses that are in use.
 func newIPAM(p ipamParams) (*IPAM, error) {
-	var prefixes []netip.Prefix
-	for _, s := range p.Config.PodCIDR {
-		pfx, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("--pod-cidr %q is not a CIDR (want e.g. 10.244.1.0/24 or fd00:10:244:1::/64)", s)
-		}
-		prefixes = append(prefixes, pfx)
-	}
-	pools, err := NewPools(prefixes)
+	pools, err := NewPools(tables.PodCIDRPrefixes(p.DB.ReadTxn(), p.PodCIDRs))
 	if err != nil {
 		return nil, err
 	}

@@ -23,9 +23,9 @@ import (
 	"github.com/cilium/hive/shell"
 	"github.com/spf13/cobra"
 
-	"github.com/ipmasq/ipmasq/cells/agent"
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/settings"
 )
 
 func main() {
@@ -88,13 +88,13 @@ func newStatusCommand() *cobra.Command {
 // newMapsCommand prints the pinned maps without starting an agent, so an
 // operator (or the demo) can see what the datapath consults.
 func newMapsCommand() *cobra.Command {
-	bpfRoot := agentconfig.Default.BPFRoot
+	bpfRoot := settings.Default.BPFRoot
 	cmd := &cobra.Command{
 		Use:   "maps",
 		Short: "Print the pinned non-masquerade maps as the kernel holds them",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := agentconfig.Default
+			cfg := settings.Default
 			cfg.BPFRoot = bpfRoot
 			m, err := nonmasqmaps.LoadPinnedMaps(cfg.PinDir())
 			if err != nil {

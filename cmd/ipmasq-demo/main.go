@@ -35,11 +35,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/topology"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -255,7 +255,7 @@ func (d *demo) stopAgent(sig syscall.Signal) error {
 }
 
 func (d *demo) pinDir() string {
-	cfg := agentconfig.Default
+	cfg := settings.Default
 	cfg.BPFRoot = d.bpfRoot
 	return cfg.PinDir()
 }

@@ -14,12 +14,11 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/cells/devices"
-	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/faults"
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -35,8 +34,8 @@ var Cell = cell.Module(
 		newHandle,
 		newDatapathDeviceTable,
 		statedb.RWTable[*tables.DatapathDevice].ToTable,
-		newRuleSourceTable,
-		statedb.RWTable[*tables.RuleSource].ToTable,
+		newMasqueradeRuleSourceTable,
+		statedb.RWTable[*tables.MasqueradeRuleSource].ToTable,
 		scriptCommands,
 	),
 	cell.Invoke(register),
@@ -46,8 +45,8 @@ func newDatapathDeviceTable(db *statedb.DB) (statedb.RWTable[*tables.DatapathDev
 	return tables.NewDatapathDeviceTable(db)
 }
 
-func newRuleSourceTable(db *statedb.DB) (statedb.RWTable[*tables.RuleSource], error) {
-	return tables.NewRuleSourceTable(db)
+func newMasqueradeRuleSourceTable(db *statedb.DB) (statedb.RWTable[*tables.MasqueradeRuleSource], error) {
+	return tables.NewMasqueradeRuleSourceTable(db)
 }
 
 type params struct {
@@ -59,14 +58,14 @@ type params struct {
 	Health      cell.Health
 	ModuleID    cell.FullModuleID
 	Lifecycle   cell.Lifecycle
-	Agent       agentconfig.Config
-	IPAM        ipam.Config
+	Agent       settings.Config
+	PodCIDRs    statedb.Table[*tables.PodCIDR]
 	Config      Config
 	NonMasq     *nonmasqmaps.Handle
 	Devices     statedb.Table[*tables.EgressDevice]
 	Rules       statedb.Table[*tables.MasqueradeRule]
 	DPDevices   statedb.RWTable[*tables.DatapathDevice]
-	RuleSources statedb.RWTable[*tables.RuleSource]
+	RuleSources statedb.RWTable[*tables.MasqueradeRuleSource]
 	Handle      *Handle
 	// Netns is the namespace of the devices (tests); nil: the agent's own.
 	Netns *devices.Netns `optional:"true"`
@@ -81,10 +80,7 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
-	sources, err := podCIDRs(p.IPAM.PodCIDR, p.Agent)
-	if err != nil {
-		return err
-	}
+	sources := podCIDRs(tables.PodCIDRPrefixes(p.DB.ReadTxn(), p.PodCIDRs), p.Agent)
 	switch p.Config.TCAttachMode {
 	case AttachAuto, AttachTCX, AttachClsact:
 	default:
@@ -161,7 +157,7 @@ func register(p params) error {
 	}
 	d := &deriver{params: p, markInitialized: markInit}
 	g.Add(job.OneShot("derive-devices", d.run))
-	if err := registerRuleSources(p, g); err != nil {
+	if err := registerMasqueradeRuleSources(p, g); err != nil {
 		return err
 	}
 	gc := &collector{log: p.Log, dp: p.Handle, snat: func() (map[netip.Addr]bool, bool) {
@@ -172,18 +168,14 @@ func register(p params) error {
 }
 
 // podCIDRs are the masquerade sources of the enabled families.
-func podCIDRs(cidrs []string, agent agentconfig.Config) ([]netip.Prefix, error) {
+func podCIDRs(cidrs []netip.Prefix, agent settings.Config) []netip.Prefix {
 	var out []netip.Prefix
-	for _, s := range cidrs {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return nil, fmt.Errorf("--pod-cidr %q is not a CIDR", s)
-		}
+	for _, p := range cidrs {
 		if (p.Addr().Is4() && agent.EnableIPv4) || (p.Addr().Is6() && agent.EnableIPv6) {
 			out = append(out, p.Masked())
 		}
 	}
-	return out, nil
+	return out
 }
 
 // syncSources makes masq_src_v4/v6 hold exactly the sources.
@@ -256,7 +248,7 @@ func (d *deriver) syncNodeAddrs(devs []*tables.EgressDevice) error {
 
 // currentSNAT lists the SNAT addresses in use: the datapath devices' and
 // the masquerade rules' toAddress, once the tables have been derived.
-func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rules statedb.Table[*tables.RuleSource]) (map[netip.Addr]bool, bool) {
+func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rules statedb.Table[*tables.MasqueradeRuleSource]) (map[netip.Addr]bool, bool) {
 	txn := db.ReadTxn()
 	if init, _ := tbl.Initialized(txn); !init {
 		return nil, false

@@ -11,7 +11,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -89,7 +89,7 @@ func (d *deriver) sync(devs []*tables.EgressDevice, rules []*tables.MasqueradeRu
 	slices.SortFunc(usable, func(a, b *tables.MasqueradeRule) int { return compareStrings(a.Name, b.Name) })
 
 	wantDevs := map[int]*tables.DatapathDevice{}
-	wantSrcs := map[tables.RuleSourceKey]*tables.RuleSource{}
+	wantSrcs := map[tables.MasqueradeRuleSourceKey]*tables.MasqueradeRuleSource{}
 	for _, dev := range devs {
 		var matched []*tables.MasqueradeRule
 		for _, r := range usable {
@@ -120,7 +120,7 @@ func (d *deriver) sync(devs []*tables.EgressDevice, rules []*tables.MasqueradeRu
 				if (src.Addr().Is4() && !p.Agent.EnableIPv4) || (src.Addr().Is6() && !p.Agent.EnableIPv6) {
 					continue
 				}
-				k := tables.RuleSourceKey{Ifindex: dev.Index, Source: src}
+				k := tables.MasqueradeRuleSourceKey{Ifindex: dev.Index, Source: src}
 				if prev, ok := wantSrcs[k]; ok {
 					if prev.ToAddress != r.ToAddress {
 						problems = append(problems, fmt.Errorf("masquerade rules %q and %q both masquerade %s on %s to different addresses; %q wins",
@@ -128,7 +128,7 @@ func (d *deriver) sync(devs []*tables.EgressDevice, rules []*tables.MasqueradeRu
 					}
 					continue
 				}
-				wantSrcs[k] = &tables.RuleSource{Ifindex: dev.Index, Device: dev.Name, Source: src, ToAddress: r.ToAddress, Rule: r.Name}
+				wantSrcs[k] = &tables.MasqueradeRuleSource{Ifindex: dev.Index, Device: dev.Name, Source: src, ToAddress: r.ToAddress, Rule: r.Name}
 			}
 		}
 	}
@@ -146,7 +146,7 @@ func (d *deriver) sync(devs []*tables.EgressDevice, rules []*tables.MasqueradeRu
 		p.DPDevices.Insert(wtxn, row)
 	}
 	for row := range p.RuleSources.All(wtxn) {
-		k := tables.RuleSourceKey{Ifindex: row.Ifindex, Source: row.Source}
+		k := tables.MasqueradeRuleSourceKey{Ifindex: row.Ifindex, Source: row.Source}
 		if w, ok := wantSrcs[k]; ok && w.ToAddress == row.ToAddress && w.Rule == row.Rule && w.Device == row.Device {
 			delete(wantSrcs, k)
 		} else if !ok {

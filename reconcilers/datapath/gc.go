@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
 // Idle timeouts of NAT pairs. A closed TCP pair is kept for longer than

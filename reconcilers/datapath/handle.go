@@ -7,7 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
 // Handle gives other cells (metrics, status) read access to the running

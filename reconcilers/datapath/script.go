@@ -20,7 +20,7 @@ import (
 //	datapath/counters  the datapath's counters, summed over CPUs
 //	datapath/nat       the NAT pairs, one line per direction
 //	datapath/gc        expire idle NAT pairs now
-func scriptCommands(l *Handle, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.RuleSource]) hive.ScriptCmdsOut {
+func scriptCommands(l *Handle, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.MasqueradeRuleSource]) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"datapath/counters": script.Command(
 			script.CmdUsage{Summary: "Show the datapath counters (summed over CPUs)"},

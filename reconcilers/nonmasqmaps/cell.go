@@ -12,13 +12,13 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/internal/faults"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
 // Cell registers the reconciler that writes nonmasq-cidrs into the pinned
-// maps. It needs the config cell (for the tables), agentconfig.Cell,
+// maps. It needs the config cell (for the tables), settings.Cell,
 // statedb.Cell, job.Cell and a cell.Health.
 var Cell = cell.Module(
 	"nonmasq-maps",
@@ -62,7 +62,7 @@ type registerParams struct {
 
 	reconciler.Params
 	Lifecycle cell.Lifecycle
-	Agent     agentconfig.Config
+	Agent     settings.Config
 	CIDRs     statedb.RWTable[*tables.NonMasqCIDR]
 	Status    statedb.Table[*tables.ConfigStatus]
 	Handle    *Handle

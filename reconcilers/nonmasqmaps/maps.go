@@ -10,8 +10,8 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/bpfmap"
+	"github.com/ipmasq/ipmasq/settings"
 )
 
 // Map names under <bpf-root>/ipmasq/.
@@ -50,7 +50,7 @@ func CheckBPFFS(root string) error {
 }
 
 // OpenMaps opens (or creates) the pinned maps of the enabled families.
-func OpenMaps(log *slog.Logger, cfg agentconfig.Config) (*Maps, error) {
+func OpenMaps(log *slog.Logger, cfg settings.Config) (*Maps, error) {
 	if err := CheckBPFFS(cfg.BPFRoot); err != nil {
 		return nil, err
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
 
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
 

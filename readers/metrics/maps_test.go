@@ -12,10 +12,10 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/settings"
 )
 
 // TestMapsCollectorNotStarted: no map metrics before the maps are open.
@@ -35,12 +35,12 @@ func TestMapMetrics(t *testing.T) {
 	var srv *Server
 	h := hive.New(
 		statedb.Cell, job.Cell, cell.SimpleHealthCell,
-		agentconfig.Cell, config.Cell, nonmasqmaps.Cell,
+		settings.Cell, config.Cell, nonmasqmaps.Cell,
 		// After nonmasqmaps: the maps are open before the server starts.
 		Cell,
 		cell.Invoke(func(s *Server) { srv = s }),
 	)
-	hive.AddConfigOverride(h, func(c *agentconfig.Config) { c.BPFRoot = bpffs; c.MaxNonMasqCIDRs = 128 })
+	hive.AddConfigOverride(h, func(c *settings.Config) { c.BPFRoot = bpffs; c.MaxNonMasqCIDRs = 128 })
 	hive.AddConfigOverride(h, func(c *config.Config) { c.IPMasqAgentConfigPath = path })
 	hive.AddConfigOverride(h, func(c *Config) { c.PrometheusServeAddr = "127.0.0.1:0" })
 	log := hivetest.Logger(t)

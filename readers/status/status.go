@@ -15,8 +15,8 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -32,15 +32,15 @@ type sources struct {
 	cell.In
 
 	DB        *statedb.DB
-	Agent     agentconfig.Config
+	Agent     settings.Config
 	Config    statedb.Table[*tables.ConfigStatus]
 	CIDRs     statedb.Table[*tables.NonMasqCIDR]
-	Endpoints statedb.Table[*tables.Endpoint]       `optional:"true"`
-	Rules     statedb.Table[*tables.IPRule]         `optional:"true"`
-	Devices   statedb.Table[*tables.EgressDevice]   `optional:"true"`
-	Attached  statedb.Table[*tables.DatapathDevice] `optional:"true"`
-	RuleSrcs  statedb.Table[*tables.RuleSource]     `optional:"true"`
-	Datapath  *datapath.Handle                      `optional:"true"`
+	Endpoints statedb.Table[*tables.Endpoint]             `optional:"true"`
+	Rules     statedb.Table[*tables.IPRule]               `optional:"true"`
+	Devices   statedb.Table[*tables.EgressDevice]         `optional:"true"`
+	Attached  statedb.Table[*tables.DatapathDevice]       `optional:"true"`
+	RuleSrcs  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
+	Datapath  *datapath.Handle                            `optional:"true"`
 }
 
 func commands(s sources) hive.ScriptCmdsOut {
@@ -99,7 +99,7 @@ func (s sources) summary() string {
 	}
 	if s.RuleSrcs != nil {
 		fmt.Fprintf(&b, "Rules:      %d masquerade rule source(s) on devices; %s\n",
-			s.RuleSrcs.NumObjects(txn), reconciled(statusesOf(s.RuleSrcs, txn, (*tables.RuleSource).GetStatus)))
+			s.RuleSrcs.NumObjects(txn), reconciled(statusesOf(s.RuleSrcs, txn, (*tables.MasqueradeRuleSource).GetStatus)))
 	}
 	if s.Endpoints != nil {
 		withTable := 0

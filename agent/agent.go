@@ -12,17 +12,18 @@ import (
 	"github.com/cilium/hive/shell"
 	"github.com/cilium/statedb"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/cells/devices"
-	"github.com/ipmasq/ipmasq/cells/egressrules"
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/cells/metrics"
-	"github.com/ipmasq/ipmasq/cells/status"
+	"github.com/ipmasq/ipmasq/cells/iprules"
+	"github.com/ipmasq/ipmasq/cells/podcidrs"
+	"github.com/ipmasq/ipmasq/readers/metrics"
+	"github.com/ipmasq/ipmasq/readers/status"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
-	"github.com/ipmasq/ipmasq/reconcilers/iprules"
+	iprulesreconciler "github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/settings"
 )
 
 // DefaultShellSock is where the agent's shell listens unless
@@ -50,17 +51,18 @@ var Infrastructure = cell.Group(
 // order matters only for start hooks: the datapath reads the maps the
 // nonmasq-maps cell opens.
 var Cell = cell.Group(
-	agentconfig.Cell,
+	settings.Cell,
 	config.Cell,
 	nonmasqmaps.Cell,
 	// After nonmasq-maps: scrapes read the maps it opens at start.
 	metrics.Cell,
+	podcidrs.Cell,
 	devices.Cell,
 	datapath.Cell,
 	ipam.Cell,
 	api.Cell,
-	egressrules.Cell,
 	iprules.Cell,
+	iprulesreconciler.Cell,
 	status.Cell,
 	// The live shell: the db/* commands and every cell's own commands
 	// (maps/dump, datapath/nat, datapath/counters, config/status, ...).

@@ -19,8 +19,8 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/cells/config"
+	"github.com/ipmasq/ipmasq/settings"
 )
 
 // newConfigHive is the smallest useful hive: the config cell and the
@@ -33,7 +33,7 @@ func newConfigHive(t *testing.T, path, addr string) (*hive.Hive, *Server) {
 	}
 	h := hive.NewWithOptions(opts,
 		statedb.Cell, job.Cell, cell.SimpleHealthCell,
-		agentconfig.Cell, config.Cell,
+		settings.Cell, config.Cell,
 		Cell,
 		cell.Invoke(func(s *Server) { srv = s }),
 	)

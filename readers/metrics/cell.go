@@ -10,9 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
 
-	"github.com/ipmasq/ipmasq/cells/agentconfig"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -78,14 +78,14 @@ type sources struct {
 	Jobs     job.Registry
 	Health   cell.Health
 
-	Agent        agentconfig.Config                    `optional:"true"`
-	ConfigStatus statedb.Table[*tables.ConfigStatus]   `optional:"true"`
-	Endpoints    statedb.Table[*tables.Endpoint]       `optional:"true"`
-	IPRules      statedb.Table[*tables.IPRule]         `optional:"true"`
-	Devices      statedb.Table[*tables.DatapathDevice] `optional:"true"`
-	RuleSources  statedb.Table[*tables.RuleSource]     `optional:"true"`
-	NonMasqMaps  *nonmasqmaps.Handle                   `optional:"true"`
-	Datapath     *datapath.Handle                      `optional:"true"`
+	Agent        settings.Config                             `optional:"true"`
+	ConfigStatus statedb.Table[*tables.ConfigStatus]         `optional:"true"`
+	Endpoints    statedb.Table[*tables.Endpoint]             `optional:"true"`
+	IPRules      statedb.Table[*tables.IPRule]               `optional:"true"`
+	Devices      statedb.Table[*tables.DatapathDevice]       `optional:"true"`
+	RuleSources  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
+	NonMasqMaps  *nonmasqmaps.Handle                         `optional:"true"`
+	Datapath     *datapath.Handle                            `optional:"true"`
 }
 
 func registerCollectors(s sources) error {

@@ -1,8 +1,8 @@
-// Package agentconfig holds the agent-wide settings that several cells
+// Package settings holds the agent-wide settings that several cells
 // share: which address families are enabled, where the BPF filesystem is
 // and how large the non-masquerade maps are. Each cell reads them from the
 // hive instead of defining its own copy of the flag.
-package agentconfig
+package settings
 
 import (
 	"fmt"

@@ -12,23 +12,23 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/internal/faults"
-	"github.com/ipmasq/ipmasq/reconcilers/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// ruleOps writes masquerade-rule-sources into masq_rules_v4/v6, each row to
+// masqRuleOps writes masquerade-rule-sources into masq_rules_v4/v6, each row to
 // the map of its family. The maps come with the datapath, so the operations
 // are set up at their first use.
-type ruleOps struct {
+type masqRuleOps struct {
 	dp *Handle
-	v4 *bpfmap.Ops[*tables.RuleSource, bpf.MasqRuleKeyV4, bpf.MasqRule]
-	v6 *bpfmap.Ops[*tables.RuleSource, bpf.MasqRuleKeyV6, bpf.MasqRule]
+	v4 *bpfmap.Ops[*tables.MasqueradeRuleSource, bpf.MasqRuleKeyV4, bpf.MasqRule]
+	v6 *bpfmap.Ops[*tables.MasqueradeRuleSource, bpf.MasqRuleKeyV6, bpf.MasqRule]
 }
 
-var _ reconciler.Operations[*tables.RuleSource] = (*ruleOps)(nil)
+var _ reconciler.Operations[*tables.MasqueradeRuleSource] = (*masqRuleOps)(nil)
 
-func (o *ruleOps) ready() error {
+func (o *masqRuleOps) ready() error {
 	if o.v4 != nil {
 		return nil
 	}
@@ -44,19 +44,19 @@ func (o *ruleOps) ready() error {
 	if err != nil {
 		return err
 	}
-	o.v4 = bpfmap.NewOps(m4, func(s *tables.RuleSource) (bpf.MasqRuleKeyV4, bpf.MasqRule) {
+	o.v4 = bpfmap.NewOps(m4, func(s *tables.MasqueradeRuleSource) (bpf.MasqRuleKeyV4, bpf.MasqRule) {
 		return bpf.MasqRuleKeyV4From(s.Ifindex, s.Source), bpf.MasqRuleTo(s.ToAddress)
 	})
-	o.v6 = bpfmap.NewOps(m6, func(s *tables.RuleSource) (bpf.MasqRuleKeyV6, bpf.MasqRule) {
+	o.v6 = bpfmap.NewOps(m6, func(s *tables.MasqueradeRuleSource) (bpf.MasqRuleKeyV6, bpf.MasqRule) {
 		return bpf.MasqRuleKeyV6From(s.Ifindex, s.Source), bpf.MasqRuleTo(s.ToAddress)
 	})
 	return nil
 }
 
-func is4(s *tables.RuleSource) bool { return s.Source.Addr().Is4() }
+func is4(s *tables.MasqueradeRuleSource) bool { return s.Source.Addr().Is4() }
 
 // Update implements reconciler.Operations.
-func (o *ruleOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, s *tables.RuleSource) error {
+func (o *masqRuleOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, s *tables.MasqueradeRuleSource) error {
 	if err := o.ready(); err != nil {
 		return err
 	}
@@ -67,7 +67,7 @@ func (o *ruleOps) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.R
 }
 
 // Delete implements reconciler.Operations.
-func (o *ruleOps) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, s *tables.RuleSource) error {
+func (o *masqRuleOps) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, s *tables.MasqueradeRuleSource) error {
 	if err := o.ready(); err != nil {
 		return err
 	}
@@ -78,12 +78,12 @@ func (o *ruleOps) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.R
 }
 
 // Prune implements reconciler.Operations.
-func (o *ruleOps) Prune(ctx context.Context, txn statedb.ReadTxn, objs iter.Seq2[*tables.RuleSource, statedb.Revision]) error {
+func (o *masqRuleOps) Prune(ctx context.Context, txn statedb.ReadTxn, objs iter.Seq2[*tables.MasqueradeRuleSource, statedb.Revision]) error {
 	if err := o.ready(); err != nil {
 		return err
 	}
-	only := func(v4 bool) iter.Seq2[*tables.RuleSource, statedb.Revision] {
-		return func(yield func(*tables.RuleSource, statedb.Revision) bool) {
+	only := func(v4 bool) iter.Seq2[*tables.MasqueradeRuleSource, statedb.Revision] {
+		return func(yield func(*tables.MasqueradeRuleSource, statedb.Revision) bool) {
 			for s, rev := range objs {
 				if is4(s) == v4 && !yield(s, rev) {
 					return
@@ -94,15 +94,15 @@ func (o *ruleOps) Prune(ctx context.Context, txn statedb.ReadTxn, objs iter.Seq2
 	return errors.Join(o.v4.Prune(ctx, txn, only(true)), o.v6.Prune(ctx, txn, only(false)))
 }
 
-// registerRuleSources registers the reconciler of masquerade-rule-sources.
-func registerRuleSources(p params, g job.Group) error {
+// registerMasqueradeRuleSources registers the reconciler of masquerade-rule-sources.
+func registerMasqueradeRuleSources(p params, g job.Group) error {
 	_, err := reconciler.Register(
 		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: g, ModuleID: p.ModuleID, DefaultMetrics: p.Metrics},
 		p.RuleSources,
-		(*tables.RuleSource).Clone,
-		(*tables.RuleSource).SetStatus,
-		(*tables.RuleSource).GetStatus,
-		faults.Wrap[*tables.RuleSource](p.Faults, faults.MasqRules, &ruleOps{dp: p.Handle}),
+		(*tables.MasqueradeRuleSource).Clone,
+		(*tables.MasqueradeRuleSource).SetStatus,
+		(*tables.MasqueradeRuleSource).GetStatus,
+		faults.Wrap[*tables.MasqueradeRuleSource](p.Faults, faults.MasqRules, &masqRuleOps{dp: p.Handle}),
 		nil,
 		reconciler.WithName("masq-rules"),
 		reconciler.WithPruning(time.Hour),

@@ -1,4 +1,4 @@
-// Package egressrules is the rules controller: it derives the ip-rules table
+// Package iprules is the rules controller: it derives the ip-rules table
 // from endpoints × nonmasq-cidrs, so that every endpoint with a route table
 // gets "from <endpoint> to <prefix> lookup <table>" for each no-masquerade
 // prefix of its family, and keeps them right on every config or endpoint
@@ -14,4 +14,4 @@
 // masqueraded), a no-masquerade range inside an exception goes back to the
 // endpoint's table. Prefixes that decide the same as their parent get no
 // rule of their own.
-package egressrules
+package iprules

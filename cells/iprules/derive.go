@@ -1,4 +1,4 @@
-package egressrules
+package iprules
 
 import (
 	"cmp"

@@ -1,0 +1,278 @@
+package ipmasq_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The architecture of the tree, checked on every `go test`: data flows one
+// way, tables ← bpf ← reconcilers ← cells (writers) and readers ← agent ←
+// cmd, and test tooling never reaches production code. docs/layout.md
+// explains each folder.
+
+const module = "github.com/ipmasq/ipmasq"
+
+// layer is one level of the tree. A package may import packages of lower
+// layers and leaves; see importAllowed for the rules inside a layer.
+type layer struct {
+	name string
+	// paths are module-relative package paths; a trailing "/" matches every
+	// package under that folder.
+	paths []string
+}
+
+// layers, lowest first. Leaves (shared settings, the generic map library)
+// import no other package of the module and may be imported by all.
+var layers = []layer{
+	{"leaf", []string{"settings", "bpfmap"}},
+	{"tables", []string{"tables"}},
+	{"bpf", []string{"bpf"}},
+	{"reconcilers", []string{"reconcilers/"}},
+	{"cells", []string{"cells/", "readers/"}},
+	{"agent", []string{"agent"}},
+	// The namespace networks of the demo and the end-to-end tests.
+	{"topology", []string{"internal/topology"}},
+	{"cmd", []string{"cmd/"}},
+}
+
+// testTooling are packages that exist for tests only; no production package
+// may import them.
+var testTooling = []string{
+	"testing",
+	"testing/",
+	"net/http/httptest",
+	"github.com/cilium/hive/script/scripttest",
+	module + "/internal/faults",
+	module + "/internal/privtest",
+	module + "/internal/e2e",
+	module + "/internal/perf",
+}
+
+// testOnly are the module's packages that are test tooling or test suites:
+// they are exempt from the rules, and the layering does not place them.
+var testOnly = []string{"", "deploy", "internal/faults", "internal/privtest", "internal/e2e", "internal/perf"}
+
+// knownViolations are the imports that break the rules today, each with the
+// change that removes it. The test fails for a listed import that no longer
+// exists, so the list only shrinks.
+var knownViolations = map[string]string{
+	// devices.Netns is a test-only namespace handle; tests will decorate the
+	// datapath's operations through the hive instead.
+	"reconcilers/datapath -> cells/devices": "uses devices.Netns (test-only)",
+	// The datapath programs read the nonmasq maps through nonmasqmaps.Handle;
+	// they will open the pinned maps through the bpf layer.
+	"reconcilers/datapath -> reconcilers/nonmasqmaps": "reaches another reconciler's maps",
+	// Readers reach the kernel through handles the reconcilers fill in their
+	// start hooks (start order); they will read tables and pinned maps.
+	"readers/metrics -> reconcilers/datapath":    "reads counters through datapath.Handle",
+	"readers/metrics -> reconcilers/nonmasqmaps": "reads map stats through nonmasqmaps.Handle",
+	"readers/status -> reconcilers/datapath":     "reads counters through datapath.Handle",
+	// Fault injection is a parameter of the reconcilers; tests will decorate
+	// each reconciler's Operations through the hive instead.
+	"reconcilers/datapath -> internal/faults":    "fault injection parameter",
+	"reconcilers/iprules -> internal/faults":     "fault injection parameter",
+	"reconcilers/nonmasqmaps -> internal/faults": "fault injection parameter",
+}
+
+type goPackage struct {
+	ImportPath string
+	Imports    []string
+	Error      *struct{ Err string }
+}
+
+// listPackages runs `go list` on the module: the packages and the imports
+// of their non-test files.
+func listPackages(t *testing.T) []goPackage {
+	t.Helper()
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	cmd := exec.Command(goTool, "list", "-e", "-json=ImportPath,Imports,Error", "./...")
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list ./...: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list ./...: %v", err)
+	}
+	var pkgs []goPackage
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p goPackage
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("decode go list output: %v", err)
+		}
+		if p.Error != nil {
+			t.Fatalf("go list %s: %s", p.ImportPath, p.Error.Err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 10 {
+		t.Fatalf("go list found only %d packages: not run from the module root?", len(pkgs))
+	}
+	return pkgs
+}
+
+// relative returns the module-relative path of an import path, and whether
+// it is in the module.
+func relative(path string) (string, bool) {
+	if path == module {
+		return "", true
+	}
+	rel, ok := strings.CutPrefix(path, module+"/")
+	return rel, ok
+}
+
+func matches(rel string, patterns []string) bool {
+	for _, p := range patterns {
+		if rel == p || (strings.HasSuffix(p, "/") && strings.HasPrefix(rel, p)) {
+			return true
+		}
+	}
+	return false
+}
+
+// layerOf returns the index of rel's layer in layers, or -1.
+func layerOf(rel string) int {
+	for i, l := range layers {
+		if matches(rel, l.paths) {
+			return i
+		}
+	}
+	return -1
+}
+
+// top is the first element of a module-relative path: "cells", "readers", ...
+func top(rel string) string {
+	first, _, _ := strings.Cut(rel, "/")
+	return first
+}
+
+// importAllowed says why from may not import to (both module-relative), or
+// "" when it may.
+func importAllowed(from, to string) string {
+	lf, lt := layerOf(from), layerOf(to)
+	switch {
+	case lt < 0:
+		return fmt.Sprintf("%s is in no layer", to)
+	case layers[lf].name == "leaf":
+		return "a leaf imports no other package of the module"
+	case layers[lt].name == "leaf":
+		return ""
+	case lt > lf:
+		return fmt.Sprintf("%s (layer %s) is above %s (layer %s)", to, layers[lt].name, from, layers[lf].name)
+	}
+	// Only the composition root (agent) and the binaries put reconcilers
+	// and cells together: writers and readers work on tables alone, so
+	// nothing depends on a reconciler having started first.
+	if (top(from) == "cells" || top(from) == "readers") && top(to) == "reconcilers" {
+		return "cells and readers read tables, never a reconciler"
+	}
+	if lt < lf {
+		return ""
+	}
+	// Same layer: each reconciler stands alone, and writers and readers do
+	// not import each other.
+	if top(from) != top(to) {
+		return fmt.Sprintf("%s and %s are in the same layer %s", from, to, layers[lf].name)
+	}
+	if top(from) == "reconcilers" {
+		return "a reconciler does not import another reconciler"
+	}
+	return ""
+}
+
+func TestArchitecture(t *testing.T) {
+	pkgs := listPackages(t)
+	seen := map[string]bool{}
+	var problems []string
+	for _, p := range pkgs {
+		from, ok := relative(p.ImportPath)
+		if !ok || slices.Contains(testOnly, from) {
+			continue
+		}
+		if layerOf(from) < 0 {
+			problems = append(problems, fmt.Sprintf("%s is in no layer: add it to layers in architecture_test.go and to docs/layout.md", from))
+			continue
+		}
+		for _, imp := range p.Imports {
+			var why string
+			if matches(imp, testTooling) {
+				why = "production code imports test tooling"
+			} else if to, ok := relative(imp); ok {
+				why = importAllowed(from, to)
+			}
+			if why == "" {
+				continue
+			}
+			edge := from + " -> " + strings.TrimPrefix(imp, module+"/")
+			if _, known := knownViolations[edge]; known {
+				seen[edge] = true
+				continue
+			}
+			problems = append(problems, fmt.Sprintf("%s: %s", edge, why))
+		}
+	}
+	for edge := range knownViolations {
+		if !seen[edge] {
+			problems = append(problems, fmt.Sprintf("%s is no longer imported: remove it from knownViolations", edge))
+		}
+	}
+	slices.Sort(problems)
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
+
+// TestArchitectureRules checks the rules themselves on imports that must be
+// refused, so that TestArchitecture cannot pass by accepting everything.
+func TestArchitectureRules(t *testing.T) {
+	refused := [][2]string{
+		{"bpf", "reconcilers/datapath"},
+		{"tables", "bpf"},
+		{"reconcilers/iprules", "cells/ipam"},
+		{"reconcilers/datapath", "reconcilers/nonmasqmaps"},
+		{"cells/config", "agent"},
+		{"readers/metrics", "reconcilers/datapath"},
+		{"readers/status", "cells/ipam"},
+		{"cells/ipam", "readers/status"},
+		{"settings", "tables"},
+		{"bpfmap", "bpf"},
+		{"agent", "cmd/ipmasq-agent"},
+		{"reconcilers/iprules", "internal/topology"},
+		{"cells/devices", "nowhere"},
+	}
+	for _, e := range refused {
+		if importAllowed(e[0], e[1]) == "" {
+			t.Errorf("%s -> %s is accepted, want refused", e[0], e[1])
+		}
+	}
+	accepted := [][2]string{
+		{"bpf", "bpfmap"},
+		{"bpf", "tables"},
+		{"reconcilers/nonmasqmaps", "settings"},
+		{"reconcilers/datapath", "bpf"},
+		{"cells/api", "cells/ipam"},
+		{"readers/metrics", "bpf"},
+		{"agent", "reconcilers/iprules"},
+		{"cmd/ipmasq-demo", "internal/topology"},
+		{"cmd/ipmasq-agent", "agent"},
+	}
+	for _, e := range accepted {
+		if why := importAllowed(e[0], e[1]); why != "" {
+			t.Errorf("%s -> %s is refused (%s), want accepted", e[0], e[1], why)
+		}
+	}
+	if !matches("testing/fstest", testTooling) || !matches(module+"/internal/faults", testTooling) {
+		t.Error("test tooling is not recognised")
+	}
+}

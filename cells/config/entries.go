@@ -1,0 +1,69 @@
+package config
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// entryRank orders rows for the same prefix: the first one is kept.
+// An explicit masqueradeCIDRs entry beats everything, an explicit
+// nonMasqueradeCIDRs entry beats the implied link-local and default rows.
+func entryRank(e Entry) int {
+	switch {
+	case e.Action == tables.ActionMasquerade:
+		return 0
+	case e.Origin == tables.OriginConfig:
+		return 1
+	case e.Origin == tables.OriginLinkLocal:
+		return 2
+	}
+	return 3
+}
+
+// Entries computes the desired nonmasq-cidrs rows for f (f == nil means no
+// file: defaults). It applies the reserved defaults (OriginDefault) when
+// NonMasqueradeCIDRsSet is false; adds 169.254.0.0/16 unless MasqLinkLocal
+// and fe80::/10 unless MasqLinkLocalIPv6 (OriginLinkLocal; a prefix the
+// user listed explicitly keeps OriginConfig); and adds masqueradeCIDRs as
+// ActionMasquerade/OriginConfig, which override a default or link-local
+// row for the same prefix. Only the families enabled in lim are included.
+// The result is sorted by prefix (netip.Prefix.Compare) with no duplicates.
+func (f *File) Entries(lim Limits) []Entry {
+	if f == nil {
+		f = &File{}
+	}
+	out := make([]Entry, 0, len(f.NonMasqueradeCIDRs)+len(f.MasqueradeCIDRs)+len(DefaultNonMasqueradeCIDRs)+2)
+	add := func(p netip.Prefix, a tables.Action, o tables.Origin) {
+		if !p.IsValid() || !familyEnabled(p.Addr(), lim) {
+			return
+		}
+		out = append(out, Entry{Prefix: p.Masked(), Action: a, Origin: o})
+	}
+	if f.NonMasqueradeCIDRsSet {
+		for _, p := range f.NonMasqueradeCIDRs {
+			add(p, tables.ActionNoMasquerade, tables.OriginConfig)
+		}
+	} else {
+		for _, p := range DefaultNonMasqueradeCIDRs {
+			add(p, tables.ActionNoMasquerade, tables.OriginDefault)
+		}
+	}
+	if !f.MasqLinkLocal {
+		add(linkLocalV4, tables.ActionNoMasquerade, tables.OriginLinkLocal)
+	}
+	if !f.MasqLinkLocalIPv6 {
+		add(linkLocalV6, tables.ActionNoMasquerade, tables.OriginLinkLocal)
+	}
+	for _, p := range f.MasqueradeCIDRs {
+		add(p, tables.ActionMasquerade, tables.OriginConfig)
+	}
+	slices.SortFunc(out, func(a, b Entry) int {
+		if c := a.Prefix.Compare(b.Prefix); c != 0 {
+			return c
+		}
+		return entryRank(a) - entryRank(b)
+	})
+	return slices.CompactFunc(out, func(a, b Entry) bool { return a.Prefix == b.Prefix })
+}

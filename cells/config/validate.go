@@ -1,0 +1,146 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+func familyName(p netip.Addr) string {
+	if p.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+func familyEnabled(a netip.Addr, lim Limits) bool {
+	if a.Is4() {
+		return lim.EnableIPv4
+	}
+	return lim.EnableIPv6
+}
+
+func disabledFamily(s string, a netip.Addr) error {
+	if a.Is4() {
+		return fmt.Errorf("%s is IPv4 but IPv4 is disabled (--enable-ipv4=false)", s)
+	}
+	return fmt.Errorf("%s is IPv6 but IPv6 is disabled (--enable-ipv6=false)", s)
+}
+
+// parseCIDR parses and checks one prefix as written in the file.
+func parseCIDR(s string, lim Limits) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return p, notCIDR(s, err)
+	}
+	if m := p.Masked(); m != p {
+		return p, fmt.Errorf("%s has host bits set; did you mean %s?", s, m)
+	}
+	if a := p.Addr(); a.Is4In6() {
+		// Masked, so Bits() >= 96 (the top 96 bits are ::ffff).
+		v4 := netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+		return p, fmt.Errorf("%s is an IPv4-mapped IPv6 prefix; write it in IPv4 form: %s", s, v4)
+	}
+	if !familyEnabled(p.Addr(), lim) {
+		return p, disabledFamily(s, p.Addr())
+	}
+	return p, nil
+}
+
+// parseCIDRList validates one list key and returns its prefixes
+// deduplicated and sorted.
+func parseCIDRList(path, key string, list []string, lim Limits) ([]netip.Prefix, error) {
+	if list == nil {
+		return nil, nil
+	}
+	out := make([]netip.Prefix, len(list))
+	for i, s := range list {
+		p, err := parseCIDR(s, lim)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s[%d]: %w", path, key, i, err)
+		}
+		out[i] = p
+	}
+	return sortCompact(out), nil
+}
+
+func sortCompact(ps []netip.Prefix) []netip.Prefix {
+	if !slices.IsSortedFunc(ps, netip.Prefix.Compare) {
+		slices.SortFunc(ps, netip.Prefix.Compare)
+	}
+	return slices.Clip(slices.Compact(ps))
+}
+
+func contains(sorted []netip.Prefix, p netip.Prefix) bool {
+	_, ok := slices.BinarySearchFunc(sorted, p, netip.Prefix.Compare)
+	return ok
+}
+
+func validate(path string, raw *rawFile, nonMasqSet bool, nonMasqRaw []string, lim Limits) (*File, error) {
+	f := &File{
+		NonMasqueradeCIDRsSet: nonMasqSet,
+		MasqLinkLocal:         raw.MasqLinkLocal,
+		MasqLinkLocalIPv6:     raw.MasqLinkLocalIPv6,
+	}
+
+	if raw.ResyncInterval != nil {
+		s := *raw.ResyncInterval
+		d, err := time.ParseDuration(s)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("%s: resyncInterval: %s is not a duration (want e.g. 60s or 1m30s)", path, quote(s))
+		case d <= 0:
+			return nil, fmt.Errorf("%s: resyncInterval: %s must be greater than 0 (want e.g. 60s)", path, quote(s))
+		}
+		f.ResyncInterval = d
+	}
+
+	if raw.CIDRLimit != nil {
+		n := *raw.CIDRLimit
+		if n <= 0 {
+			return nil, fmt.Errorf("%s: cidrLimit: %d must be greater than 0 (or leave cidrLimit out for no limit)", path, n)
+		}
+		f.CIDRLimit = n
+		if total := len(nonMasqRaw) + len(raw.MasqueradeCIDRs); total > n {
+			return nil, fmt.Errorf("%s: nonMasqueradeCIDRs and masqueradeCIDRs list %d CIDRs, which exceeds cidrLimit %d (raise cidrLimit or remove entries)",
+				path, total, n)
+		}
+	}
+
+	var err error
+	if nonMasqSet {
+		if f.NonMasqueradeCIDRs, err = parseCIDRList(path, keyNonMasq, nonMasqRaw, lim); err != nil {
+			return nil, err
+		}
+		if f.NonMasqueradeCIDRs == nil {
+			f.NonMasqueradeCIDRs = []netip.Prefix{}
+		}
+	}
+	if f.MasqueradeCIDRs, err = parseCIDRList(path, keyMasq, raw.MasqueradeCIDRs, lim); err != nil {
+		return nil, err
+	}
+	if len(f.NonMasqueradeCIDRs) > 0 {
+		for j, s := range raw.MasqueradeCIDRs {
+			p := netip.MustParsePrefix(s) // validated above
+			if !contains(f.NonMasqueradeCIDRs, p) {
+				continue
+			}
+			i := slices.IndexFunc(nonMasqRaw, func(s string) bool {
+				q, err := netip.ParsePrefix(s)
+				return err == nil && q == p
+			})
+			return nil, fmt.Errorf("%s: %s is listed in both %s[%d] and %s[%d]; a destination is either masqueraded or not, remove one",
+				path, p, keyNonMasq, i, keyMasq, j)
+		}
+	}
+
+	if err := checkCapacity(path, f, lim); err != nil {
+		return nil, err
+	}
+
+	if f.MasqueradeRules, err = parseRules(path, raw.MasqueradeRules, lim); err != nil {
+		return nil, err
+	}
+	return f, nil
+}

@@ -1,0 +1,99 @@
+package tables
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+	"strconv"
+
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/index"
+)
+
+// PodCIDRTableName is the name of the table of the node's pod CIDRs.
+const PodCIDRTableName = "pod-cidrs"
+
+// PodCIDRSource says where a pod CIDR came from. Each source has one writer,
+// which owns the rows of its source and registers its own initializer, so
+// readers wait for every source with Table.Initialized.
+type PodCIDRSource string
+
+const (
+	// PodCIDRFromFlag is a --pod-cidr value.
+	PodCIDRFromFlag PodCIDRSource = "flag"
+)
+
+// PodCIDR is one pool of endpoint addresses on this node: IPAM allocates
+// from it, and the datapath masquerades traffic from it.
+type PodCIDR struct {
+	// Prefix is the pool, as its source gave it.
+	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
+	// Source is where the prefix came from.
+	Source PodCIDRSource `json:"source" yaml:"source"`
+	// Position is the prefix's place in its source's list (the order of the
+	// --pod-cidr flags): IPAM fills the pools of a family in this order.
+	Position int `json:"position" yaml:"position"`
+}
+
+// TableHeader implements statedb.TableWritable.
+func (c *PodCIDR) TableHeader() []string { return []string{"Prefix", "Source", "Position"} }
+
+// TableRow implements statedb.TableWritable.
+func (c *PodCIDR) TableRow() []string {
+	return []string{c.Prefix.String(), string(c.Source), strconv.Itoa(c.Position)}
+}
+
+// PodCIDRKey identifies a row: two sources may name the same prefix.
+type PodCIDRKey struct {
+	Prefix netip.Prefix
+	Source PodCIDRSource
+}
+
+func (k PodCIDRKey) indexKey() index.Key {
+	return append(index.NetIPPrefix(k.Prefix), index.String(string(k.Source))...)
+}
+
+var (
+	// PodCIDRByKey is the primary index: one row per prefix and source.
+	PodCIDRByKey = statedb.Index[*PodCIDR, PodCIDRKey]{
+		Name: "key",
+		FromObject: func(c *PodCIDR) index.KeySet {
+			return index.NewKeySet(PodCIDRKey{c.Prefix, c.Source}.indexKey())
+		},
+		FromKey: PodCIDRKey.indexKey,
+		Unique:  true,
+	}
+	// PodCIDRBySource lists the rows of one source (its writer's rows).
+	PodCIDRBySource = statedb.Index[*PodCIDR, PodCIDRSource]{
+		Name: "source",
+		FromObject: func(c *PodCIDR) index.KeySet {
+			return index.NewKeySet(index.String(string(c.Source)))
+		},
+		FromKey:    func(s PodCIDRSource) index.Key { return index.String(string(s)) },
+		FromString: index.FromString,
+		Unique:     false,
+	}
+)
+
+// NewPodCIDRTable creates the pod-cidrs table.
+func NewPodCIDRTable(db *statedb.DB) (statedb.RWTable[*PodCIDR], error) {
+	return statedb.NewTable(db, PodCIDRTableName, PodCIDRByKey, PodCIDRBySource)
+}
+
+// PodCIDRPrefixes lists the distinct pod CIDR prefixes of all sources,
+// ordered by position, then source: with only --pod-cidr, the flags' order.
+func PodCIDRPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR]) []netip.Prefix {
+	rows := statedb.Collect(tbl.All(txn))
+	slices.SortStableFunc(rows, func(a, b *PodCIDR) int {
+		return cmp.Or(cmp.Compare(a.Position, b.Position), cmp.Compare(a.Source, b.Source))
+	})
+	var out []netip.Prefix
+	seen := map[netip.Prefix]bool{}
+	for _, c := range rows {
+		if !seen[c.Prefix] {
+			seen[c.Prefix] = true
+			out = append(out, c.Prefix)
+		}
+	}
+	return out
+}
