@@ -110,7 +110,11 @@ func (c *controller) step(txn statedb.ReadTxn, changes func(func(statedb.Change[
 	gone4, new4, gone6, new6 := c.refreshTemplates(txn)
 
 	wtxn := p.DB.WriteTxn(p.Rules)
-	synced := map[netip.Addr]struct{}{}
+	templatesChanged := len(gone4)+len(new4)+len(gone6)+len(new6) > 0
+	var synced map[netip.Addr]struct{} // only needed to apply template changes
+	if templatesChanged {
+		synced = map[netip.Addr]struct{}{}
+	}
 	for ch := range changes {
 		ep := ch.Object
 		if ch.Deleted {
@@ -118,9 +122,11 @@ func (c *controller) step(txn statedb.ReadTxn, changes func(func(statedb.Change[
 		}
 		a, d := c.syncEndpoint(wtxn, ep)
 		added, deleted = added+a, deleted+d
-		synced[ep.IP] = struct{}{}
+		if synced != nil {
+			synced[ep.IP] = struct{}{}
+		}
 	}
-	if len(gone4)+len(new4)+len(gone6)+len(new6) > 0 {
+	if templatesChanged {
 		for ep := range p.Endpoints.All(txn) {
 			if _, done := synced[ep.IP]; done || ep.RouteTable == 0 {
 				continue
@@ -153,24 +159,53 @@ func (c *controller) step(txn statedb.ReadTxn, changes func(func(statedb.Change[
 // the kernel reconciler write it again).
 func (c *controller) syncEndpoint(wtxn statedb.WriteTxn, ep *tables.Endpoint) (added, deleted int) {
 	p := c.params
-	var want map[tables.IPRuleKey]struct{}
+	var want []*tables.IPRule
 	if ep.RouteTable != 0 {
-		want = desired([]*tables.Endpoint{ep}, c.v4, c.v6)
+		ts := c.v4
+		if ep.Family() == tables.IPv6 {
+			ts = c.v6
+		}
+		want = make([]*tables.IPRule, len(ts))
+		for i, t := range ts {
+			want[i] = newRule(ep, t)
+		}
+	}
+	// An endpoint has a few rules per prefix of its family; an index of
+	// them pays off only for large configs.
+	var byKey map[tables.IPRuleKey]int
+	if len(want) > 16 {
+		byKey = make(map[tables.IPRuleKey]int, len(want))
+		for i, r := range want {
+			byKey[r.Key()] = i
+		}
+	}
+	find := func(k tables.IPRuleKey) int {
+		if byKey != nil {
+			if i, ok := byKey[k]; ok {
+				return i
+			}
+			return -1
+		}
+		for i, r := range want {
+			if r != nil && r.Key() == k {
+				return i
+			}
+		}
+		return -1
 	}
 	for r := range p.Rules.List(wtxn, tables.IPRuleByFrom.Query(hostPrefix(ep.IP))) {
-		if _, ok := want[r.Key()]; ok {
-			delete(want, r.Key())
+		if i := find(r.Key()); i >= 0 && want[i] != nil {
+			want[i] = nil // already there
 			continue
 		}
 		p.Rules.Delete(wtxn, r)
 		deleted++
 	}
-	for k := range want {
-		p.Rules.Insert(wtxn, &tables.IPRule{
-			Priority: k.Priority, From: k.From, To: k.To, Table: k.Table,
-			Status: reconciler.StatusPending(),
-		})
-		added++
+	for _, r := range want {
+		if r != nil {
+			p.Rules.Insert(wtxn, r)
+			added++
+		}
 	}
 	return added, deleted
 }
