@@ -28,12 +28,7 @@ type template struct {
 // IPv4 prefix and was a sixth of the agent's CPU at 16 384 prefixes.)
 func templates(rows []*tables.NonMasqCIDR, base uint32) (v4, v6 []template, errs []error) {
 	sorted := slices.Clone(rows)
-	slices.SortFunc(sorted, func(a, b *tables.NonMasqCIDR) int {
-		if c := a.Prefix.Addr().Compare(b.Prefix.Addr()); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Prefix.Bits(), b.Prefix.Bits())
-	})
+	slices.SortFunc(sorted, func(a, b *tables.NonMasqCIDR) int { return comparePrefix(a.Prefix, b.Prefix) })
 	var stack []*tables.NonMasqCIDR
 	for _, r := range sorted {
 		for len(stack) > 0 && !contains(stack[len(stack)-1].Prefix, r.Prefix) {
@@ -59,6 +54,14 @@ func templates(rows []*tables.NonMasqCIDR, base uint32) (v4, v6 []template, errs
 		}
 	}
 	return v4, v6, errs
+}
+
+// comparePrefix orders prefixes by address, then length.
+func comparePrefix(p, q netip.Prefix) int {
+	if c := p.Addr().Compare(q.Addr()); c != 0 {
+		return c
+	}
+	return cmp.Compare(p.Bits(), q.Bits())
 }
 
 // contains reports whether p strictly contains q.

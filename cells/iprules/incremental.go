@@ -258,24 +258,27 @@ type prefixAction struct {
 }
 
 // diffTemplates returns the templates of old missing from cur and those of
-// cur missing from old.
+// cur missing from old. Both are in templates' order (by prefix, one
+// template per prefix), so one merge pass does it without a map.
 func diffTemplates(old, cur []template) (gone, fresh []template) {
-	in := make(map[template]bool, len(old))
-	for _, t := range old {
-		in[t] = true
-	}
-	for _, t := range cur {
-		if in[t] {
-			delete(in, t)
-			continue
+	i, j := 0, 0
+	for i < len(old) && j < len(cur) {
+		switch c := comparePrefix(old[i].to, cur[j].to); {
+		case c < 0:
+			gone = append(gone, old[i])
+			i++
+		case c > 0:
+			fresh = append(fresh, cur[j])
+			j++
+		default:
+			if old[i] != cur[j] {
+				gone, fresh = append(gone, old[i]), append(fresh, cur[j])
+			}
+			i, j = i+1, j+1
 		}
-		fresh = append(fresh, t)
 	}
-	for _, t := range old {
-		if in[t] {
-			gone = append(gone, t)
-		}
-	}
+	gone = append(gone, old[i:]...)
+	fresh = append(fresh, cur[j:]...)
 	return gone, fresh
 }
 

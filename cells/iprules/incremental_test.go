@@ -259,3 +259,39 @@ func TestIncrementalMatchesFullDerivation(t *testing.T) {
 		f.check("round " + string(rune('0'+round%10)))
 	}
 }
+
+// TestDiffTemplates checks the merge against set differences on random
+// template lists.
+func TestDiffTemplates(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 3))
+	random := func() []template {
+		var cidrs []*tables.NonMasqCIDR
+		seen := map[netip.Prefix]bool{}
+		for range rng.IntN(40) {
+			p, _ := netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(4)), 0}).Prefix(8 + rng.IntN(17))
+			if !seen[p] {
+				seen[p] = true
+				cidrs = append(cidrs, &tables.NonMasqCIDR{Prefix: p, Action: tables.Action(rng.IntN(2))})
+			}
+		}
+		v4, _, _ := templates(cidrs, 111)
+		return v4
+	}
+	for range 500 {
+		old, cur := random(), random()
+		gone, fresh := diffTemplates(old, cur)
+		if !slices.Equal(gone, minus(old, cur)) || !slices.Equal(fresh, minus(cur, old)) {
+			t.Fatalf("diff of\n%v\n%v\ngave gone %v fresh %v", old, cur, gone, fresh)
+		}
+	}
+}
+
+func minus(a, b []template) []template {
+	var out []template
+	for _, x := range a {
+		if !slices.Contains(b, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
