@@ -29,10 +29,11 @@ type layer struct {
 	paths []string
 }
 
-// layers, lowest first. Leaves (shared settings, the generic map library)
-// import no other package of the module and may be imported by all.
+// layers, lowest first. Leaves (shared settings, the generic map library,
+// the socket helper) import no other package of the module and may be
+// imported by all.
 var layers = []layer{
-	{"leaf", []string{"settings", "bpfmap"}},
+	{"leaf", []string{"settings", "bpfmap", "internal/unixsock"}},
 	{"tables", []string{"tables"}},
 	{"bpf", []string{"bpf"}},
 	{"reconcilers", []string{"reconcilers/"}},

@@ -9,7 +9,6 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
-	"github.com/cilium/hive/shell"
 	"github.com/cilium/statedb"
 
 	"github.com/ipmasq/ipmasq/cells/api"
@@ -19,6 +18,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/iprules"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/readers/metrics"
+	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/readers/status"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	iprulesreconciler "github.com/ipmasq/ipmasq/reconcilers/iprules"
@@ -28,7 +28,7 @@ import (
 
 // DefaultShellSock is where the agent's shell listens unless
 // --shell-sock-path says otherwise.
-const DefaultShellSock = "/run/ipmasq/shell.sock"
+const DefaultShellSock = shell.DefaultSocket
 
 // EnvPrefix is the prefix of the environment variables that set flags:
 // --ip-masq-agent-config-path can be given as IPMASQ_IP_MASQ_AGENT_CONFIG_PATH.
@@ -64,9 +64,10 @@ var Cell = cell.Group(
 	iprules.Cell,
 	iprulesreconciler.Cell,
 	status.Cell,
-	// The live shell: the db/* commands and every cell's own commands
-	// (maps/dump, datapath/nat, datapath/counters, config/status, ...).
-	shell.ServerCell(DefaultShellSock),
+	// The live shell, read-only: the db/* queries and the cells' own
+	// read commands (maps/dump, datapath/nat, config/status, ...); no exec,
+	// no file access, no table writes.
+	shell.Cell,
 )
 
 // Options are the hive options of the agent: flags from IPMASQ_* variables

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -119,6 +120,45 @@ func TestOpenPinnedCreatesAndPins(t *testing.T) {
 	if buf.Len() != 0 {
 		t.Fatalf("creating a map logged: %s", buf)
 	}
+}
+
+// TestOpenPinnedRootOnly: the pin directory and pins are root-only, also
+// when the umask is 0 and when an earlier run left them wider.
+func TestOpenPinnedRootOnly(t *testing.T) {
+	dir := filepath.Join(privtest.MountBPFFS(t), "ipmasq")
+	defer syscall.Umask(syscall.Umask(0))
+	spec := LPMTrieSpec("nonmasq_v4", 8, 1, 16)
+	path := filepath.Join(dir, "nonmasq_v4")
+	check := func(when string) {
+		t.Helper()
+		for p, want := range map[string]os.FileMode{dir: os.ModeDir | PinDirMode, path: PinMode} {
+			fi, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode() != want {
+				t.Errorf("%s: %s mode %s, want %s", when, p, fi.Mode(), want)
+			}
+		}
+	}
+	m, err := OpenPinned(nil, dir, spec)
+	if err != nil {
+		t.Fatalf("OpenPinned: %v", err)
+	}
+	m.Close()
+	check("created")
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err = OpenPinned(nil, dir, spec)
+	if err != nil {
+		t.Fatalf("OpenPinned again: %v", err)
+	}
+	m.Close()
+	check("reopened after a chmod to 0755/0644")
 }
 
 func TestOpenPinnedReopenKeepsContents(t *testing.T) {

@@ -32,7 +32,7 @@ func OpenPinned(log *slog.Logger, dir string, spec *ebpf.MapSpec) (*ebpf.Map, er
 	if spec.Name == "" {
 		return nil, wrap(errors.New("map spec has no name"))
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := rootOnlyDir(dir); err != nil {
 		return nil, wrap(err)
 	}
 
@@ -41,6 +41,10 @@ func OpenPinned(log *slog.Logger, dir string, spec *ebpf.MapSpec) (*ebpf.Map, er
 	case err == nil:
 		cerr := spec.Compatible(old)
 		if cerr == nil {
+			if err := rootOnly(path, PinMode); err != nil {
+				old.Close()
+				return nil, wrap(err)
+			}
 			return old, nil
 		}
 		if !errors.Is(cerr, ebpf.ErrMapIncompatible) {
@@ -77,7 +81,45 @@ func OpenPinned(log *slog.Logger, dir string, spec *ebpf.MapSpec) (*ebpf.Map, er
 		m.Close()
 		return nil, wrap(err)
 	}
+	// The kernel pins with 0600 minus the umask; chmod states it.
+	if err := rootOnly(path, PinMode); err != nil {
+		m.Close()
+		return nil, wrap(err)
+	}
 	return m, nil
+}
+
+// PinMode and PinDirMode are the permissions of the agent's pins and pin
+// directories: a map's owner can read it (the NAT table shows every flow
+// of the node) and write it (the datapath's decisions), so only root may.
+const (
+	PinMode    os.FileMode = 0o600
+	PinDirMode os.FileMode = 0o700
+)
+
+// rootOnlyDir creates dir with PinDirMode, or narrows it to that: the pin
+// directory is the agent's own, and one an older version made 0755 is
+// tightened on the next start.
+func rootOnlyDir(dir string) error {
+	if err := os.MkdirAll(dir, PinDirMode); err != nil {
+		return err
+	}
+	return rootOnly(dir, PinDirMode)
+}
+
+// rootOnly narrows path to mode if it grants more.
+func rootOnly(path string, mode os.FileMode) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&^mode == 0 {
+		return nil
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		return fmt.Errorf("chmod %o: %w", mode, err)
+	}
+	return nil
 }
 
 func layoutOf(typ ebpf.MapType, keySize, valueSize, maxEntries, flags uint32) string {

@@ -8,11 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"time"
 	"unicode/utf8"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/internal/unixsock"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -37,7 +36,7 @@ type Config struct {
 
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
-	flags.String("api-socket", def.APISocket, "Unix socket of the agent's local API (IPAM); created with mode 0600")
+	flags.String("api-socket", def.APISocket, "Unix socket of the agent's local API (IPAM); created with mode 0600 (its directory, if the agent creates it, 0700)")
 }
 
 // Cell serves the API.
@@ -62,19 +61,9 @@ type server struct {
 }
 
 func (s *server) start(cell.HookContext) error {
-	if err := os.MkdirAll(filepath.Dir(s.path), 0o755); err != nil {
-		return fmt.Errorf("--api-socket %s: %w", s.path, err)
-	}
-	if err := removeStaleSocket(s.path); err != nil {
-		return err
-	}
-	ln, err := net.Listen("unix", s.path)
+	ln, err := unixsock.Listen("--api-socket", s.path)
 	if err != nil {
-		return fmt.Errorf("--api-socket %s: %w", s.path, err)
-	}
-	if err := os.Chmod(s.path, 0o600); err != nil {
-		ln.Close()
-		return fmt.Errorf("--api-socket %s: %w", s.path, err)
+		return err
 	}
 	s.srv = &http.Server{
 		Handler: s.routes(),
@@ -91,26 +80,6 @@ func (s *server) start(cell.HookContext) error {
 	}()
 	s.log.Info("API listening", "socket", s.path)
 	return nil
-}
-
-// removeStaleSocket removes a socket left by a previous run, but refuses to
-// take over one that another process still serves.
-func removeStaleSocket(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("--api-socket %s exists and is not a socket", path)
-	}
-	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
-		c.Close()
-		return fmt.Errorf("--api-socket %s is in use by another process (another agent running?)", path)
-	}
-	return os.Remove(path)
 }
 
 func (s *server) stop(ctx cell.HookContext) error {

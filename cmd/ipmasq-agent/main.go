@@ -20,10 +20,11 @@ import (
 
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/cilium/hive"
-	"github.com/cilium/hive/shell"
+	hiveshell "github.com/cilium/hive/shell"
 	"github.com/spf13/cobra"
 
 	"github.com/ipmasq/ipmasq/agent"
+	agentshell "github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
 )
@@ -58,12 +59,32 @@ func newRootCommand() *cobra.Command {
 	}
 	root.Flags().StringVar(&logLevel, "log-level", envOr("IPMASQ_LOG_LEVEL", "info"), "Log level: debug, info, warn or error")
 	h.RegisterFlags(root.Flags())
-	root.AddCommand(h.Command(), newMapsCommand(),
-		shell.ShellCmd(agent.DefaultShellSock, "ipmasq> ", func(w io.Writer) {
-			fmt.Fprintln(w, "ipmasq agent shell: db/show <table>, maps/dump, datapath/nat, datapath/counters, config/status, ipmasq/status; help lists all")
-		}),
-		newStatusCommand())
+	root.AddCommand(h.Command(), newMapsCommand(), newShellCommand(), newStatusCommand())
 	return root
+}
+
+// newShellCommand is hive's shell client for an interactive session, and
+// agentshell.Run for one command given as arguments, so that a failing
+// command prints its one-line error once and exits 1.
+func newShellCommand() *cobra.Command {
+	cmd := hiveshell.ShellCmd(envOr("IPMASQ_SHELL_SOCK_PATH", agent.DefaultShellSock), "ipmasq> ", func(w io.Writer) {
+		fmt.Fprintln(w, "ipmasq agent shell (read-only): db/show <table>, maps/dump, datapath/nat, datapath/counters, config/status, ipmasq/status; help lists all")
+	})
+	cmd.Short = "The agent's read-only shell: one command given as arguments, or an interactive session"
+	interactive := cmd.Run
+	cmd.Run = nil
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			interactive(c, args)
+			return nil
+		}
+		sock, err := c.Flags().GetString(agentshell.SocketFlag)
+		if err != nil {
+			return err
+		}
+		return agentshell.Run(sock, c.OutOrStdout(), strings.Join(args, " "))
+	}
+	return cmd
 }
 
 // newStatusCommand prints a short summary of a running agent, asked over
@@ -75,13 +96,10 @@ func newStatusCommand() *cobra.Command {
 		Short: "Summary of a running agent: config, prefixes, devices, endpoints, reconciliation, NAT occupancy",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if _, err := os.Stat(sock); err != nil {
-				return fmt.Errorf("no agent shell at %s (is the agent running, with the same --shell-sock-path?): %w", sock, err)
-			}
-			return shell.ShellExchange(shell.Config{ShellSockPath: sock}, cmd.OutOrStdout(), "ipmasq/status")
+			return agentshell.Run(sock, cmd.OutOrStdout(), "ipmasq/status")
 		},
 	}
-	cmd.Flags().StringVar(&sock, shell.ShellSockPathName, envOr("IPMASQ_SHELL_SOCK_PATH", agent.DefaultShellSock), "Path to the agent's shell socket")
+	cmd.Flags().StringVar(&sock, agentshell.SocketFlag, envOr("IPMASQ_SHELL_SOCK_PATH", agent.DefaultShellSock), "Path to the agent's shell socket")
 	return cmd
 }
 
