@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"net/netip"
 
 	"github.com/cilium/hive/cell"
@@ -105,7 +106,7 @@ func (c *controller) waitInitialized(ctx context.Context) bool {
 
 // step brings ip-rules from the last derivation to the one of txn, given
 // the endpoint changes since then.
-func (c *controller) step(txn statedb.ReadTxn, changes func(func(statedb.Change[*tables.Endpoint], statedb.Revision) bool)) (added, deleted int) {
+func (c *controller) step(txn statedb.ReadTxn, changes iter.Seq2[statedb.Change[*tables.Endpoint], statedb.Revision]) (added, deleted int) {
 	p := c.params
 	gone4, new4, gone6, new6 := c.refreshTemplates(txn)
 
