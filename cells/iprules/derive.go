@@ -29,6 +29,13 @@ type template struct {
 func templates(rows []*tables.NonMasqCIDR, base uint32) (v4, v6 []template, errs []error) {
 	sorted := slices.Clone(rows)
 	slices.SortFunc(sorted, func(a, b *tables.NonMasqCIDR) int { return comparePrefix(a.Prefix, b.Prefix) })
+	n4 := 0
+	for _, r := range rows {
+		if r.Prefix.Addr().Is4() {
+			n4++
+		}
+	}
+	v4, v6 = make([]template, 0, n4), make([]template, 0, len(rows)-n4)
 	var stack []*tables.NonMasqCIDR
 	for _, r := range sorted {
 		for len(stack) > 0 && !contains(stack[len(stack)-1].Prefix, r.Prefix) {
