@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/reconcilers/iprules"
+	"github.com/ipmasq/ipmasq/internal/iprulestest"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -43,7 +43,7 @@ func BenchmarkEndpointsStart(b *testing.B) {
 		b.Fatal(err)
 	}
 	start := time.Now()
-	a := startBenchAgentWith(b, iprules.NewMemoryTarget(), "--state-dir="+stateDir, "--pod-cidr=10.96.0.0/16",
+	a := startBenchAgentWith(b, iprulestest.NewMemoryTarget(), "--state-dir="+stateDir, "--pod-cidr=10.96.0.0/16",
 		"--ip-masq-agent-config-path="+configPath)
 	a.configPath = configPath
 	a.waitRuleWrites(2 * endpoints)

@@ -14,15 +14,17 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
 	"github.com/ipmasq/ipmasq/agent"
-	"github.com/ipmasq/ipmasq/bpfmap"
-	"github.com/ipmasq/ipmasq/cells/devices"
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/internal/iprulestest"
+	"github.com/ipmasq/ipmasq/internal/netnstest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
@@ -41,7 +43,7 @@ type benchAgent struct {
 }
 
 func startBenchAgent(b *testing.B, args ...string) *benchAgent {
-	return startBenchAgentWith(b, iprules.NewMemoryTarget(), args...)
+	return startBenchAgentWith(b, iprulestest.NewMemoryTarget(), args...)
 }
 
 func startBenchAgentWith(b *testing.B, rules iprules.Target, args ...string) *benchAgent {
@@ -49,8 +51,7 @@ func startBenchAgentWith(b *testing.B, rules iprules.Target, args ...string) *be
 	ns, _ := privtest.NewNetns(b) // the agent must never see the host's devices
 	dir := b.TempDir()
 	a := &benchAgent{b: b, configPath: filepath.Join(dir, "config", "ip-masq-agent")}
-	h := agent.New(
-		devices.WithNetns(ns),
+	h := hive.NewWithOptions(agent.Options(), agent.Infrastructure, netnstest.Agent(ns, agent.Cell),
 		cell.Provide(func() iprules.Target { return rules }),
 		cell.Invoke(func(db *statedb.DB, st statedb.Table[*tables.ConfigStatus], m *nonmasqmaps.Handle, r *iprules.Handle) {
 			a.db, a.status, a.maps, a.rules = db, st, m, r
@@ -175,14 +176,14 @@ func BenchmarkConfigToMaps(b *testing.B) {
 		}
 		b.Run(fmt.Sprintf("n=%d/baseline-update-per-entry", n), func(b *testing.B) {
 			privtest.Require(b)
-			m, err := ebpf.NewMap(bpfmap.LPMTrieSpec("bench", 8, 1, 16384))
+			m, err := ebpf.NewMap(mustSpec(bpf.NonMasqSpec(bpf.MapNonMasqV4, 16384)))
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer m.Close()
-			keys := make([]bpfmap.LPMKeyV4, n)
+			keys := make([]bpf.LPMKeyV4, n)
 			for i, c := range cidrs(n, 0) {
-				keys[i] = bpfmap.LPMKeyV4From(netip.MustParsePrefix(c))
+				keys[i] = bpf.LPMKeyV4From(netip.MustParsePrefix(c))
 			}
 			var zero uint8
 			b.ResetTimer()
@@ -304,4 +305,11 @@ func BenchmarkIdleCPU(b *testing.B) {
 	b.StopTimer()
 	used := time.Duration(after.Utime.Nano()-before.Utime.Nano()) + time.Duration(after.Stime.Nano()-before.Stime.Nano())
 	b.ReportMetric(float64(used.Milliseconds())/window.Seconds(), "cpu-ms/s")
+}
+
+func mustSpec(spec *ebpf.MapSpec, err error) *ebpf.MapSpec {
+	if err != nil {
+		panic(err)
+	}
+	return spec
 }

@@ -25,15 +25,17 @@ import (
 	"github.com/cilium/hive/script/scripttest"
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/cilium/hive/cell"
 
 	"github.com/ipmasq/ipmasq/agent"
-	"github.com/ipmasq/ipmasq/bpfmap"
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/api"
-	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/faults"
+	"github.com/ipmasq/ipmasq/internal/iprulestest"
+	"github.com/ipmasq/ipmasq/internal/netnstest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
@@ -51,16 +53,21 @@ func TestScript(t *testing.T) {
 // hive through it, so "agent/restart" can replace the hive mid-script the
 // way a restarted process would, keeping bpffs and config directory.
 type agentUnderTest struct {
-	t       testing.TB
-	args    []string
-	extra   []cell.Cell
+	t     testing.TB
+	args  []string
+	extra []cell.Cell
+	// ns is the test's network namespace: the agent's devices and datapath live there.
+	ns      netns.NsHandle
 	h       *hive.Hive
 	cmds    map[string]script.Cmd
 	started bool
 }
 
 func (a *agentUnderTest) build() {
-	h := agent.New(a.extra...)
+	// agent.New with the reconcilers' Operations decorated by the fault
+	// injector, and the devices and datapath in the test's namespace.
+	h := hive.NewWithOptions(agent.Options(),
+		append([]cell.Cell{agent.Infrastructure, netnstest.Agent(a.ns, faults.Decorate(agent.Cell))}, a.extra...)...)
 	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse(a.args); err != nil {
@@ -93,7 +100,7 @@ func (a *agentUnderTest) stop() error {
 // a hive that is built on throwaway directories and never started.
 func agentCommandUsage(t testing.TB, bpfRoot string) map[string]*script.CmdUsage {
 	dir := t.TempDir()
-	h := agent.New(cell.Provide(func() iprules.Target { return iprules.NewMemoryTarget() }))
+	h := agent.New(cell.Provide(func() iprules.Target { return iprulestest.NewMemoryTarget() }))
 	flags := pflag.NewFlagSet("usage", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse([]string{
@@ -157,10 +164,10 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 			"--api-socket=" + apiSocket,
 			"--shell-sock-path=" + filepath.Join(dir, "shell.sock"),
 		}, args...),
+		ns: ns,
 		extra: []cell.Cell{
 			cell.Provide(func() iprules.Target { return target }),
 			cell.Provide(func() *faults.Injector { return inj }),
-			devices.WithNetns(ns),
 		},
 	}
 	t.Cleanup(func() {
@@ -325,9 +332,9 @@ func bpfCommands(pinDir string) map[string]script.Cmd {
 					return nil, err
 				}
 				if prefix.Addr().Is4() {
-					return nil, m.Put(bpfmap.LPMKeyV4From(prefix), uint8(v))
+					return nil, m.Put(bpf.LPMKeyV4From(prefix), uint8(v))
 				}
-				return nil, m.Put(bpfmap.LPMKeyV6From(prefix), uint8(v))
+				return nil, m.Put(bpf.LPMKeyV6From(prefix), uint8(v))
 			}),
 		"exists-pin": script.Command(
 			script.CmdUsage{Summary: "Succeed if a map is pinned under <bpf-root>/ipmasq", Args: "map"},
@@ -386,7 +393,7 @@ func rulesTarget(t testing.TB, args []string, h *netlink.Handle) ([]string, ipru
 	}
 	switch kind {
 	case "memory":
-		return rest, iprules.NewMemoryTarget()
+		return rest, iprulestest.NewMemoryTarget()
 	case "netns":
 		return rest, iprules.NewNetlinkTarget(h)
 	}
@@ -423,6 +430,23 @@ func netnsCommands(h *netlink.Handle) map[string]script.Cmd {
 					return nil, script.ErrUsage
 				}
 				return nil, setupUplink(h, args[0], args[1], args[2])
+			}),
+		"netns/addr": script.Command(
+			script.CmdUsage{Summary: "Add an address to a device in the test netns", Args: "device cidr"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				prefix, err := netip.ParsePrefix(args[1])
+				if err != nil {
+					return nil, err
+				}
+				l, err := h.LinkByName(args[0])
+				if err != nil {
+					return nil, err
+				}
+				ipnet := &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())}
+				return nil, h.AddrAdd(l, &netlink.Addr{IPNet: ipnet})
 			}),
 		"netns/del-default-route": script.Command(
 			script.CmdUsage{Summary: "Delete the IPv4 default route of a device in the test netns", Args: "device"},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
+	datapathtables "github.com/ipmasq/ipmasq/cells/datapath"
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/iprules"
@@ -47,17 +48,17 @@ var Infrastructure = cell.Group(
 )
 
 // Cell is every ipmasq cell: settings, config file, BPF maps, devices and
-// the eBPF datapath, IPAM and its API, and the per-endpoint ip rules. The
-// order matters only for start hooks: the datapath reads the maps the
-// nonmasq-maps cell opens.
+// the eBPF datapath, IPAM and its API, the per-endpoint ip rules, and the
+// readers (metrics, status). Their order does not matter: each reads
+// tables or pinned maps, never another cell's state filled at start.
 var Cell = cell.Group(
 	settings.Cell,
 	config.Cell,
 	nonmasqmaps.Cell,
-	// After nonmasq-maps: scrapes read the maps it opens at start.
 	metrics.Cell,
 	podcidrs.Cell,
 	devices.Cell,
+	datapathtables.Cell,
 	datapath.Cell,
 	ipam.Cell,
 	api.Cell,

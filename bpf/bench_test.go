@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-
-	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
 // The benchmarks report ns/pkt, the in-kernel time per program run measured
@@ -32,7 +30,7 @@ func runBench(b *testing.B, prog *ebpf.Program, frame []byte, n int) {
 // also a masquerade source with a dir-0 entry back to the pod's tuple.
 func pingPong(b *testing.B, e *testEnv, f flow) {
 	natPort := masqueradedB(b, e, f)
-	if err := e.dp.Maps.MasqSrcV4.Put(bpfmap.LPMKeyV4From(netip.PrefixFrom(snat4, 32)), uint8(1)); err != nil {
+	if err := e.dp.Maps.MasqSrcV4.Put(LPMKeyV4From(netip.PrefixFrom(snat4, 32)), uint8(1)); err != nil {
 		b.Fatal(err)
 	}
 	k := NATKeyV4{Src: Addr4(snat4), Dst: Addr4(f.dst), Sport: Port(natPort), Dport: Port(f.dport), Proto: f.proto, Dir: DirEgress}
@@ -77,7 +75,7 @@ func BenchmarkEgressNonMasqDestination(b *testing.B) {
 func BenchmarkEgressNewFlow(b *testing.B) {
 	const chunk = 4096
 	e := newEnv(b, envOptions{natMax: 4 * chunk, portMin: 1024, portMax: 65535})
-	if err := e.dp.Maps.MasqSrcV4.Put(bpfmap.LPMKeyV4From(netip.PrefixFrom(snat4, 32)), uint8(1)); err != nil {
+	if err := e.dp.Maps.MasqSrcV4.Put(LPMKeyV4From(netip.PrefixFrom(snat4, 32)), uint8(1)); err != nil {
 		b.Fatal(err)
 	}
 	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}

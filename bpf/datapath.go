@@ -32,24 +32,52 @@ import (
 // so half as many flows (each flow takes one entry per direction).
 const DefaultNATMaxEntries = 131072
 
-// Map names: the pins under the agent's pin directory.
+// Map names: the pins under the agent's pin directory. They are the names
+// masq.c gives the maps, as bpf2go generated them: declared once, in C.
 const (
-	MapNonMasqV4   = "nonmasq_v4"
-	MapNonMasqV6   = "nonmasq_v6"
-	MapMasqSrcV4   = "masq_src_v4"
-	MapMasqSrcV6   = "masq_src_v6"
-	MapMasqRulesV4 = "masq_rules_v4"
-	MapMasqRulesV6 = "masq_rules_v6"
-	MapNodeAddrsV4 = "node_addrs_v4"
-	MapNodeAddrsV6 = "node_addrs_v6"
-	MapEgressDevs  = "egress_devs"
-	MapConfig      = "config"
-	MapNATV4       = "nat_v4"
-	MapNATV6       = "nat_v6"
-	MapFragV4      = "frag_v4"
-	MapFragV6      = "frag_v6"
-	MapCounters    = "counters"
+	MapNonMasqV4   = masqMapNonmasqV4
+	MapNonMasqV6   = masqMapNonmasqV6
+	MapMasqSrcV4   = masqMapMasqSrcV4
+	MapMasqSrcV6   = masqMapMasqSrcV6
+	MapMasqRulesV4 = masqMapMasqRulesV4
+	MapMasqRulesV6 = masqMapMasqRulesV6
+	MapNodeAddrsV4 = masqMapNodeAddrsV4
+	MapNodeAddrsV6 = masqMapNodeAddrsV6
+	MapEgressDevs  = masqMapEgressDevs
+	MapConfig      = masqMapConfig
+	MapNATV4       = masqMapNatV4
+	MapNATV6       = masqMapNatV6
+	MapFragV4      = masqMapFragV4
+	MapFragV6      = masqMapFragV6
+	MapCounters    = masqMapCounters
 )
+
+// NonMasqSpec is the layout of the trie nonmasq_v4 or nonmasq_v6 as masq.c
+// declares it, sized to maxEntries (--max-nonmasq-cidrs): the one
+// description of the tries, for whoever creates or checks them.
+func NonMasqSpec(name string, maxEntries uint32) (*ebpf.MapSpec, error) {
+	if name != MapNonMasqV4 && name != MapNonMasqV6 {
+		return nil, fmt.Errorf("%s is not a non-masquerade map (want %s or %s)", name, MapNonMasqV4, MapNonMasqV6)
+	}
+	spec, err := loadMasq()
+	if err != nil {
+		return nil, fmt.Errorf("load ipmasq datapath spec: %w", err)
+	}
+	ms := spec.Maps[name].Copy()
+	ms.MaxEntries = maxEntries
+	return ms, nil
+}
+
+// OpenNonMasq opens (or creates) the pinned trie name under pinDir with
+// NonMasqSpec's layout; a pinned map of another layout is replaced (see
+// bpfmap.OpenPinned).
+func OpenNonMasq(log *slog.Logger, pinDir, name string, maxEntries uint32) (*ebpf.Map, error) {
+	spec, err := NonMasqSpec(name, maxEntries)
+	if err != nil {
+		return nil, err
+	}
+	return bpfmap.OpenPinned(log, pinDir, spec)
+}
 
 // Maps are the datapath's maps, named like their pins.
 type Maps = masqMaps

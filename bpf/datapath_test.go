@@ -3,14 +3,13 @@ package bpf
 import (
 	"bytes"
 	"encoding/binary"
-	"github.com/ipmasq/ipmasq/internal/privtest"
 	"net/netip"
 	"path/filepath"
 	"testing"
 
-	"github.com/cilium/ebpf"
+	"github.com/ipmasq/ipmasq/internal/privtest"
 
-	"github.com/ipmasq/ipmasq/bpfmap"
+	"github.com/cilium/ebpf"
 )
 
 // The tests load the programs into the kernel with maps pinned in a private
@@ -68,12 +67,12 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 	root := privtest.MountBPFFS(tb)
 	pinDir := filepath.Join(root, "ipmasq")
 
-	nm4, err := bpfmap.OpenPinned(nil, pinDir, bpfmap.LPMTrieSpec(MapNonMasqV4, 8, 1, 100))
+	nm4, err := OpenNonMasq(nil, pinDir, MapNonMasqV4, 100)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer nm4.Close()
-	nm6, err := bpfmap.OpenPinned(nil, pinDir, bpfmap.LPMTrieSpec(MapNonMasqV6, 20, 1, 100))
+	nm6, err := OpenNonMasq(nil, pinDir, MapNonMasqV6, 100)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -92,8 +91,8 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 			tb.Fatalf("put %s %v: %v", m, k, err)
 		}
 	}
-	v4 := func(s string) bpfmap.LPMKeyV4 { return bpfmap.LPMKeyV4From(netip.MustParsePrefix(s)) }
-	v6 := func(s string) bpfmap.LPMKeyV6 { return bpfmap.LPMKeyV6From(netip.MustParsePrefix(s)) }
+	v4 := func(s string) LPMKeyV4 { return LPMKeyV4From(netip.MustParsePrefix(s)) }
+	v6 := func(s string) LPMKeyV6 { return LPMKeyV6From(netip.MustParsePrefix(s)) }
 	put(dp.Maps.MasqSrcV4, v4("10.0.0.0/16"), uint8(1))
 	put(dp.Maps.MasqSrcV6, v6("fd00:10::/64"), uint8(1))
 	put(dp.Maps.NonmasqV4, v4("192.168.0.0/16"), uint8(0))

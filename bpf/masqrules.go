@@ -6,8 +6,6 @@ import (
 	"math"
 	"net/netip"
 	"strconv"
-
-	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
 // User masquerade rules cover sources that are not pods, e.g. WireGuard
@@ -43,18 +41,18 @@ const ifindexBits = 32
 // MasqRuleKeyV4From returns the masq_rules_v4 key of a rule for the sources
 // in src leaving through ifindex. Host bits of src are cleared and an
 // IPv4-mapped prefix is unmapped. It panics if src is not a valid IPv4
-// prefix, like [bpfmap.LPMKeyV4From].
+// prefix, like [LPMKeyV4From].
 func MasqRuleKeyV4From(ifindex int, src netip.Prefix) MasqRuleKeyV4 {
-	k := bpfmap.LPMKeyV4From(src)
-	return MasqRuleKeyV4{Prefixlen: ifindexBits + k.PrefixLen, Ifindex: uint32(ifindex), Addr: k.Addr}
+	k := LPMKeyV4From(src)
+	return MasqRuleKeyV4{Prefixlen: ifindexBits + k.Prefixlen, Ifindex: uint32(ifindex), Addr: k.Addr}
 }
 
 // MasqRuleKeyV6From returns the masq_rules_v6 key of a rule for the sources
 // in src leaving through ifindex, with host bits cleared. It panics if src
-// is not a valid IPv6 prefix, like [bpfmap.LPMKeyV6From].
+// is not a valid IPv6 prefix, like [LPMKeyV6From].
 func MasqRuleKeyV6From(ifindex int, src netip.Prefix) MasqRuleKeyV6 {
-	k := bpfmap.LPMKeyV6From(src)
-	return MasqRuleKeyV6{Prefixlen: ifindexBits + k.PrefixLen, Ifindex: uint32(ifindex), Addr: k.Addr}
+	k := LPMKeyV6From(src)
+	return MasqRuleKeyV6{Prefixlen: ifindexBits + k.Prefixlen, Ifindex: uint32(ifindex), Addr: k.Addr}
 }
 
 // Source returns the rule's source prefix.

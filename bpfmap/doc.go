@@ -13,7 +13,8 @@
 // untouched when the configuration did not change.
 //
 // [OpenPinned] opens (or creates) the map under the bpffs directory and
-// replaces it only when its layout no longer matches the program's. The LPM
-// helpers in lpm.go describe the key layout of the nonmasq_v4/nonmasq_v6
-// tries.
+// replaces it only when its layout no longer matches the program's.
+// [ByFamily] sends the rows of a table holding both address families to the
+// map of each row's family. The package knows no map layout: key and value
+// types and map specs come from the bpf2go output (package bpf).
 package bpfmap

@@ -27,16 +27,11 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // Netns is the network namespace whose devices the cell lists. Without one
-// in the hive the cell lists the agent's own namespace. The provider keeps
-// ownership of the handle and must keep it open until the hive has stopped.
+// in the hive the cell lists the agent's own namespace (tests provide one
+// with internal/netnstest). The provider keeps ownership of the handle and
+// must keep it open until the hive has stopped.
 type Netns struct {
 	Handle netns.NsHandle
-}
-
-// WithNetns makes the devices cell watch the network namespace ns instead
-// of the agent's own, e.g. a namespace a test created.
-func WithNetns(ns netns.NsHandle) cell.Cell {
-	return cell.Provide(func() *Netns { return &Netns{Handle: ns} })
 }
 
 // Cell provides the egress-devices table and keeps it in step with the

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/cells/devices"
+	"github.com/ipmasq/ipmasq/internal/netnstest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -49,7 +50,7 @@ func start(t *testing.T, ns netns.NsHandle, nl *netlink.Handle, args ...string) 
 	h := hive.New(
 		statedb.Cell, job.Cell, cell.SimpleHealthCell,
 		devices.Cell,
-		devices.WithNetns(ns),
+		netnstest.Devices(ns),
 		cell.Invoke(func(db *statedb.DB, tbl statedb.Table[*tables.EgressDevice]) {
 			f.db, f.tbl = db, tbl
 		}),

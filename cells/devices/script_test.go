@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ipmasq/ipmasq/cells/devices"
+	"github.com/ipmasq/ipmasq/internal/netnstest"
 )
 
 // TestScript runs testdata/*.txtar: each script gets a devices cell
@@ -30,7 +31,7 @@ func TestScript(t *testing.T) {
 
 func newEngine(t testing.TB, args []string) *script.Engine {
 	ns, nl := newNetns(t.(*testing.T))
-	h := hive.New(statedb.Cell, job.Cell, cell.SimpleHealthCell, devices.Cell, devices.WithNetns(ns))
+	h := hive.New(statedb.Cell, job.Cell, cell.SimpleHealthCell, devices.Cell, netnstest.Devices(ns))
 	flags := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse(args); err != nil {

@@ -212,6 +212,9 @@ func (d *demo) writeConfig(content string) error {
 // startAgent runs the agent in the node namespace and waits until its
 // programs are attached to the uplink.
 func (d *demo) startAgent() error {
+	// The log is appended across restarts: this start is done when it holds
+	// one more "Started hive" than now.
+	started := d.countLog(`msg="Started hive"`)
 	logFile, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -234,11 +237,25 @@ func (d *demo) startAgent() error {
 		return err
 	}
 	links := filepath.Join(d.bpfRoot, "ipmasq", "links")
-	return waitFor("the datapath attached to eth0", func() bool {
+	if err := waitFor("the datapath attached to eth0", func() bool {
 		_, e1 := os.Stat(filepath.Join(links, fmt.Sprintf("%d-egress", eth0.Attrs().Index)))
 		_, e2 := os.Stat(filepath.Join(links, fmt.Sprintf("%d-ingress", eth0.Attrs().Index)))
 		return e1 == nil && e2 == nil
-	}, d.logPath)
+	}, d.logPath); err != nil {
+		return err
+	}
+	// After a restart the pinned links exist already; the agent handles
+	// SIGTERM only once its hive has started.
+	return waitFor("the agent to start", func() bool { return d.countLog(`msg="Started hive"`) > started }, d.logPath)
+}
+
+// countLog counts the agent log lines containing s.
+func (d *demo) countLog(s string) int {
+	data, err := os.ReadFile(d.logPath)
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(data), s)
 }
 
 func (d *demo) stopAgent(sig syscall.Signal) error {

@@ -11,9 +11,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/ipmasq/ipmasq/bpfmap"
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/internal/topology"
-	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 )
 
 // prefixes24 returns n distinct /24s in 30.0.0.0/8 and 31.0.0.0/8; seed
@@ -41,7 +40,7 @@ func prefixConfig(ps []netip.Prefix) string {
 
 // pollUntil spins on single lookups of the pinned map until key is in it
 // (present) or gone (!present), and returns when that was seen.
-func pollUntil(b *testing.B, m *ebpf.Map, key bpfmap.LPMKeyV4, present bool) time.Time {
+func pollUntil(b *testing.B, m *ebpf.Map, key bpf.LPMKeyV4, present bool) time.Time {
 	var v uint8
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
 		err := m.Lookup(&key, &v)
@@ -56,7 +55,11 @@ func pollUntil(b *testing.B, m *ebpf.Map, key bpfmap.LPMKeyV4, present bool) tim
 // naiveWrite writes ps into a fresh LPM trie with one update syscall each:
 // what a naive agent does once it has parsed the file.
 func naiveWrite(b *testing.B, ps []netip.Prefix) time.Duration {
-	m, err := ebpf.NewMap(bpfmap.LPMTrieSpec("naive", 8, 1, 16384))
+	spec, err := bpf.NonMasqSpec(bpf.MapNonMasqV4, 16384)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := ebpf.NewMap(spec) // the agent's own map layout
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -64,7 +67,7 @@ func naiveWrite(b *testing.B, ps []netip.Prefix) time.Duration {
 	var zero uint8
 	start := time.Now()
 	for _, p := range ps {
-		k := bpfmap.LPMKeyV4From(p)
+		k := bpf.LPMKeyV4From(p)
 		if err := m.Update(&k, &zero, ebpf.UpdateAny); err != nil {
 			b.Fatal(err)
 		}
@@ -88,7 +91,7 @@ func BenchmarkConfigToPinnedMap(b *testing.B) {
 	defer topo.Close()
 	a := newAgent(b, topo.Node, prefixConfig(nil))
 	a.start()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", nonmasqmaps.MapNameV4), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", bpf.MapNonMasqV4), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -113,7 +116,7 @@ func BenchmarkConfigToPinnedMap(b *testing.B) {
 			next := prefixes24(n, r)
 			start := time.Now()
 			a.writeConfig(prefixConfig(next))
-			seen := pollUntil(b, m, bpfmap.LPMKeyV4From(next[n-1]), true)
+			seen := pollUntil(b, m, bpf.LPMKeyV4From(next[n-1]), true)
 			a.waitFor("the whole config", func() bool { v4, _ := a.mapEntries(); return v4 == n })
 			record(fmt.Sprintf("n=%d", n), seen.Sub(start), naiveWrite(b, next))
 		}
@@ -124,10 +127,10 @@ func BenchmarkConfigToPinnedMap(b *testing.B) {
 		extra := netip.MustParsePrefix("198.18.0.0/15")
 		start := time.Now()
 		a.writeConfig(prefixConfig(append(slices.Clone(base), extra)))
-		added := pollUntil(b, m, bpfmap.LPMKeyV4From(extra), true).Sub(start)
+		added := pollUntil(b, m, bpf.LPMKeyV4From(extra), true).Sub(start)
 		start = time.Now()
 		a.writeConfig(prefixConfig(base))
-		removed := pollUntil(b, m, bpfmap.LPMKeyV4From(extra), false).Sub(start)
+		removed := pollUntil(b, m, bpf.LPMKeyV4From(extra), false).Sub(start)
 		naive := naiveWrite(b, base)
 		record("one-changed-in-1000", added, naive)
 		record("one-changed-in-1000", removed, naive)

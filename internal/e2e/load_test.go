@@ -14,10 +14,10 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/topology"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
-	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -136,7 +136,7 @@ func (a *agent) mapEntries() (v4, v6 int) {
 		}
 		return n
 	}
-	return count(nonmasqmaps.MapNameV4), count(nonmasqmaps.MapNameV6)
+	return count(bpf.MapNonMasqV4), count(bpf.MapNonMasqV6)
 }
 
 // TestLoadSteadyStateRules: 10 000 endpoints restored from the state file,

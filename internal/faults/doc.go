@@ -2,11 +2,10 @@
 // to test that they retry with backoff, report degraded health while
 // failing, converge once the fault clears, and do not hold up each other.
 //
-// It is test and chaos tooling: it is inert unless an *Injector is in the
-// hive. Each reconciler registration takes an optional *Injector and wraps
-// its Operations with Wrap (and WrapBatch) under its fault point; without an
-// Injector the wrappers return the operations unchanged, so production runs
-// the kernel writers directly.
+// It is test and chaos tooling, never imported by production code (the
+// architecture test checks it). Each reconciler provides its Operations in
+// the hive; Decorate wraps them with Wrap (and WrapBatch) under their fault
+// points, the way statedb's reconciler example decorates its operations.
 //
 // A script test provides an Injector and drives it:
 //

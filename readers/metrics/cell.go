@@ -10,8 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/pflag"
 
-	"github.com/ipmasq/ipmasq/reconcilers/datapath"
-	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -82,10 +81,9 @@ type sources struct {
 	ConfigStatus statedb.Table[*tables.ConfigStatus]         `optional:"true"`
 	Endpoints    statedb.Table[*tables.Endpoint]             `optional:"true"`
 	IPRules      statedb.Table[*tables.IPRule]               `optional:"true"`
+	CIDRs        statedb.Table[*tables.NonMasqCIDR]          `optional:"true"`
 	Devices      statedb.Table[*tables.DatapathDevice]       `optional:"true"`
 	RuleSources  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
-	NonMasqMaps  *nonmasqmaps.Handle                         `optional:"true"`
-	Datapath     *datapath.Handle                            `optional:"true"`
 }
 
 func registerCollectors(s sources) error {
@@ -99,11 +97,14 @@ func registerCollectors(s sources) error {
 	if rows := newRowCollector(s); rows != nil {
 		cs = append(cs, rows)
 	}
-	if s.NonMasqMaps != nil {
-		cs = append(cs, &mapsCollector{maps: s.NonMasqMaps, capacity: s.Agent.MaxNonMasqCIDRs})
+	// The maps are read from their pins under --bpf-root: the collectors
+	// work whatever the start order, and report nothing until the maps exist.
+	pinned := bpf.Pinned{Dir: s.Agent.PinDir()}
+	if s.CIDRs != nil && s.Agent.BPFRoot != "" {
+		cs = append(cs, &mapsCollector{maps: pinned, capacity: s.Agent.MaxNonMasqCIDRs})
 	}
-	if s.Datapath != nil {
-		cs = append(cs, &datapathCollector{src: s.Datapath})
+	if s.Devices != nil && s.Agent.BPFRoot != "" {
+		cs = append(cs, &datapathCollector{src: pinned})
 	}
 	for _, c := range cs {
 		if err := s.Registry.Register(c); err != nil {

@@ -7,12 +7,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// DatapathSource is what the datapath metrics read; *datapath.Handle is
-// one. Both methods return datapath.ErrNotLoaded before the datapath runs.
+// DatapathSource is what the datapath metrics read; bpf.Pinned is one. Both
+// methods return an error wrapping bpf.ErrNotPinned before the datapath's
+// maps exist.
 type DatapathSource interface {
 	// Counters returns the datapath counters summed over CPUs, indexed by
 	// bpf.Counter.
@@ -22,7 +22,7 @@ type DatapathSource interface {
 	NATOccupancy() (v4, v6, capacity int, err error)
 }
 
-var _ DatapathSource = (*datapath.Handle)(nil)
+var _ DatapathSource = bpf.Pinned{}
 
 const datapathPacketsHelp = "Packets seen by the masquerade programs, by what happened to them " +
 	"(label counter: the bpf counter names; nat-new counts the packets that created a NAT pair, i.e. new flows)."
@@ -49,7 +49,7 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	counters, err := c.src.Counters()
 	switch {
-	case errors.Is(err, datapath.ErrNotLoaded):
+	case errors.Is(err, bpf.ErrNotPinned):
 	case err != nil:
 		ch <- prometheus.NewInvalidMetric(datapathPacketsDesc, fmt.Errorf("read datapath counters: %w", err))
 	default:
@@ -60,7 +60,7 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 
 	v4, v6, capacity, err := c.src.NATOccupancy()
 	switch {
-	case errors.Is(err, datapath.ErrNotLoaded):
+	case errors.Is(err, bpf.ErrNotPinned):
 	case err != nil:
 		ch <- prometheus.NewInvalidMetric(natEntriesDesc, fmt.Errorf("read NAT occupancy: %w", err))
 	default:

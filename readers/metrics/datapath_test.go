@@ -10,10 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 )
 
-// fakeDatapath stands for *datapath.Handle.
+// fakeDatapath stands for bpf.Pinned.
 type fakeDatapath struct {
 	counters         []uint64
 	v4, v6, capacity int
@@ -75,14 +74,14 @@ ipmasq_nat_entries{family="ipv6"} 4
 // TestDatapathCollectorNotLoaded: before the datapath runs there is
 // nothing to report, and that is not an error.
 func TestDatapathCollectorNotLoaded(t *testing.T) {
-	c := &datapathCollector{src: &fakeDatapath{countErr: datapath.ErrNotLoaded, natErr: datapath.ErrNotLoaded}}
+	c := &datapathCollector{src: &fakeDatapath{countErr: bpf.ErrNotPinned, natErr: bpf.ErrNotPinned}}
 	if n := testutil.CollectAndCount(c); n != 0 {
 		t.Fatalf("collected %d metrics before the datapath is loaded, want 0", n)
 	}
-	// The real handle says so too.
-	c = &datapathCollector{src: &datapath.Handle{}}
+	// The real pins say so too.
+	c = &datapathCollector{src: bpf.Pinned{Dir: t.TempDir()}}
 	if n := testutil.CollectAndCount(c); n != 0 {
-		t.Fatalf("collected %d metrics from an unstarted datapath.Handle, want 0", n)
+		t.Fatalf("collected %d metrics from a pin directory without maps, want 0", n)
 	}
 }
 

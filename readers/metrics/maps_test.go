@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
@@ -20,7 +21,7 @@ import (
 
 // TestMapsCollectorNotStarted: no map metrics before the maps are open.
 func TestMapsCollectorNotStarted(t *testing.T) {
-	c := &mapsCollector{maps: &nonmasqmaps.Handle{}, capacity: 16384}
+	c := &mapsCollector{maps: bpf.Pinned{Dir: t.TempDir()}, capacity: 16384}
 	if n := testutil.CollectAndCount(c); n != 0 {
 		t.Fatalf("collected %d metrics before the maps are open, want 0", n)
 	}
@@ -36,7 +37,6 @@ func TestMapMetrics(t *testing.T) {
 	h := hive.New(
 		statedb.Cell, job.Cell, cell.SimpleHealthCell,
 		settings.Cell, config.Cell, nonmasqmaps.Cell,
-		// After nonmasqmaps: the maps are open before the server starts.
 		Cell,
 		cell.Invoke(func(s *Server) { srv = s }),
 	)

@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ipmasq/ipmasq/agent"
+	"github.com/ipmasq/ipmasq/internal/iprulestest"
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
@@ -34,7 +35,7 @@ import (
 // agent. It also fails on an allow-list entry that names no command.
 func TestEveryCommandDecided(t *testing.T) {
 	dir := t.TempDir()
-	h := agent.New(cell.Provide(func() iprules.Target { return iprules.NewMemoryTarget() }))
+	h := agent.New(cell.Provide(func() iprules.Target { return iprulestest.NewMemoryTarget() }))
 	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse([]string{

@@ -1,6 +1,6 @@
 // Package status gives operators a short, human summary of a running agent
 // ("ipmasq-agent status") and the config status command, as script commands
-// served by the agent's shell. It only reads tables and handles.
+// served by the agent's shell. It only reads tables and, read-only, the pinned maps.
 package status
 
 import (
@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/ipmasq/ipmasq/reconcilers/datapath"
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -40,7 +40,6 @@ type sources struct {
 	Devices   statedb.Table[*tables.EgressDevice]         `optional:"true"`
 	Attached  statedb.Table[*tables.DatapathDevice]       `optional:"true"`
 	RuleSrcs  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
-	Datapath  *datapath.Handle                            `optional:"true"`
 }
 
 func commands(s sources) hive.ScriptCmdsOut {
@@ -113,8 +112,10 @@ func (s sources) summary() string {
 	if s.Rules != nil {
 		fmt.Fprintf(&b, "ip rules:   %d; %s\n", s.Rules.NumObjects(txn), reconciled(statusesOf(s.Rules, txn, (*tables.IPRule).GetStatus)))
 	}
-	if s.Datapath != nil {
-		if n4, n6, capacity, err := s.Datapath.NATOccupancy(); err == nil {
+	if s.Attached != nil {
+		// From the pins, so the summary needs no handle of the datapath
+		// reconciler.
+		if n4, n6, capacity, err := (bpf.Pinned{Dir: s.Agent.PinDir()}).NATOccupancy(); err == nil {
 			fmt.Fprintf(&b, "NAT:        %d IPv4 and %d IPv6 entries of %d each (two per flow)\n", n4, n6, capacity)
 		} else {
 			fmt.Fprintf(&b, "NAT:        %v\n", err)

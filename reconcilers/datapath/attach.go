@@ -17,7 +17,6 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -38,10 +37,12 @@ var hooks = []hook{
 type attachOps struct {
 	linkDir string
 	dp      *Handle
-	netns   *devices.Netns
 	// mode is AttachAuto, AttachTCX or AttachClsact; auto becomes one of
 	// the others at the first attach.
 	mode string
+	// waitMaps waits (bounded) until the maps the programs read besides
+	// the device's own entry are written; nil: no wait.
+	waitMaps func(context.Context)
 }
 
 var _ reconciler.Operations[*tables.DatapathDevice] = (*attachOps)(nil)
@@ -53,23 +54,24 @@ func (o *attachOps) pinPath(ifindex int, h hook) string {
 // Update attaches both programs to the device, or swaps the program inside
 // links left by a previous agent (atomic: no packet goes untranslated), and
 // sets the device's SNAT addresses.
-func (o *attachOps) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, d *tables.DatapathDevice) error {
+func (o *attachOps) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision, d *tables.DatapathDevice) error {
 	dp := o.dp.get()
 	if dp == nil {
 		return ErrNotLoaded
+	}
+	if o.waitMaps != nil {
+		o.waitMaps(ctx)
 	}
 	// The SNAT address first: a program must never see the device without it.
 	if err := dp.SetEgressDevice(d.Index, d.SNATv4, d.SNATv6); err != nil {
 		return err
 	}
-	return o.netns.Do(func() error {
-		for _, h := range hooks {
-			if err := o.attachHook(d, h, h.prog(dp)); err != nil {
-				return err
-			}
+	for _, h := range hooks {
+		if err := o.attachHook(d, h, h.prog(dp)); err != nil {
+			return err
 		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // attachHook attaches with tcx or clsact per mode; in auto mode a kernel
@@ -134,7 +136,7 @@ func (o *attachOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 	for _, h := range hooks {
 		errs = append(errs, detach(o.pinPath(d.Index, h)))
 		if o.mode != AttachTCX {
-			errs = append(errs, o.netns.Do(func() error { return detachClsact(d.Index, h) }))
+			errs = append(errs, detachClsact(d.Index, h))
 		}
 	}
 	if dp := o.dp.get(); dp != nil {
@@ -165,7 +167,7 @@ func (o *attachOps) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*
 		}
 	}
 	if o.mode != AttachTCX {
-		errs = append(errs, o.netns.Do(func() error { return pruneClsact(want) }))
+		errs = append(errs, pruneClsact(want))
 	}
 	if dp := o.dp.get(); dp != nil {
 		var stale []uint32

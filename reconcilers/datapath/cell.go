@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
@@ -14,17 +15,14 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/bpfmap"
-	"github.com/ipmasq/ipmasq/cells/devices"
-	"github.com/ipmasq/ipmasq/internal/faults"
-	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// Cell runs the masquerade datapath. It needs the nonmasq-maps cell (whose
-// maps the programs read), the devices cell and the IPAM config (the pod
-// CIDRs are the masquerade sources).
+// Cell runs the masquerade datapath. It needs the tables of cells/datapath,
+// which it reconciles into tc attachments and the programs' maps; the
+// programs read the nonmasq tries that nonmasq-maps writes, through the same
+// pins (whichever starts first creates them).
 var Cell = cell.Module(
 	"datapath",
 	"eBPF masquerade datapath",
@@ -32,22 +30,16 @@ var Cell = cell.Module(
 	cell.Config(DefaultConfig),
 	cell.Provide(
 		newHandle,
-		newDatapathDeviceTable,
-		statedb.RWTable[*tables.DatapathDevice].ToTable,
-		newMasqueradeRuleSourceTable,
-		statedb.RWTable[*tables.MasqueradeRuleSource].ToTable,
 		scriptCommands,
+		// The Operations of the kernel-writing reconcilers, in the hive so
+		// that tests decorate them (fault injection) the way statedb's
+		// example does.
+		newAttachOps,
+		newMasqRuleOps,
+		func() PortReservation { return reserveNATPorts },
 	),
 	cell.Invoke(register),
 )
-
-func newDatapathDeviceTable(db *statedb.DB) (statedb.RWTable[*tables.DatapathDevice], error) {
-	return tables.NewDatapathDeviceTable(db)
-}
-
-func newMasqueradeRuleSourceTable(db *statedb.DB) (statedb.RWTable[*tables.MasqueradeRuleSource], error) {
-	return tables.NewMasqueradeRuleSourceTable(db)
-}
 
 type params struct {
 	cell.In
@@ -59,20 +51,45 @@ type params struct {
 	ModuleID    cell.FullModuleID
 	Lifecycle   cell.Lifecycle
 	Agent       settings.Config
-	PodCIDRs    statedb.Table[*tables.PodCIDR]
 	Config      Config
-	NonMasq     *nonmasqmaps.Handle
-	Devices     statedb.Table[*tables.EgressDevice]
-	Rules       statedb.Table[*tables.MasqueradeRule]
 	DPDevices   statedb.RWTable[*tables.DatapathDevice]
 	RuleSources statedb.RWTable[*tables.MasqueradeRuleSource]
+	Sources     statedb.RWTable[*tables.MasqueradeSource]
+	NodeAddrs   statedb.RWTable[*tables.NodeAddress]
 	Handle      *Handle
-	// Netns is the namespace of the devices (tests); nil: the agent's own.
-	Netns *devices.Netns `optional:"true"`
+	// Reserve keeps the NAT ports from the node's own connections.
+	Reserve PortReservation
 	// Metrics is the hive's reconciler metrics, when it has any.
-	Metrics reconciler.Metrics `optional:"true"`
-	// Faults injects attach and rule map write failures (tests only).
-	Faults *faults.Injector `optional:"true"`
+	Metrics     reconciler.Metrics `optional:"true"`
+	AttachOps   reconciler.Operations[*tables.DatapathDevice]
+	MasqRuleOps reconciler.Operations[*tables.MasqueradeRuleSource]
+}
+
+type attachParams struct {
+	cell.In
+
+	DB        *statedb.DB
+	Agent     settings.Config
+	Config    Config
+	Handle    *Handle
+	Sources   statedb.Table[*tables.MasqueradeSource]
+	NodeAddrs statedb.Table[*tables.NodeAddress]
+}
+
+// PortReservation keeps the NAT port range from the node's own connections
+// (see reserveNATPorts) and says what it did, for the log. It is in the
+// hive so that a test runs it in its own network namespace.
+type PortReservation func(PortRange) (note string, err error)
+
+// newAttachOps are the operations of the tc-attach reconciler.
+func newAttachOps(p attachParams) reconciler.Operations[*tables.DatapathDevice] {
+	return &attachOps{linkDir: filepath.Join(p.Agent.PinDir(), "links"), dp: p.Handle, mode: p.Config.TCAttachMode,
+		waitMaps: waitMapsWritten(p.DB, p.Sources, p.NodeAddrs)}
+}
+
+// newMasqRuleOps are the operations of the masq-rules reconciler.
+func newMasqRuleOps(h *Handle) reconciler.Operations[*tables.MasqueradeRuleSource] {
+	return &lazyOps[*tables.MasqueradeRuleSource]{dp: h, build: masqRuleOps}
 }
 
 func register(p params) error {
@@ -80,7 +97,6 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
-	sources := podCIDRs(tables.PodCIDRPrefixes(p.DB.ReadTxn(), p.PodCIDRs), p.Agent)
 	switch p.Config.TCAttachMode {
 	case AttachAuto, AttachTCX, AttachClsact:
 	default:
@@ -89,29 +105,30 @@ func register(p params) error {
 	pinDir := p.Agent.PinDir()
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
-			var note string
-			if err := p.Netns.Do(func() (err error) { note, err = reserveNATPorts(ports); return err }); err != nil {
+			note, err := p.Reserve(ports)
+			if err != nil {
 				return err
 			}
 			if note != "" {
 				p.Log.Info(note)
 			}
-			maps := p.NonMasq.Maps()
+			nm4, nm6, err := openNonMasq(p.Log, pinDir, p.Agent)
+			if err != nil {
+				return err
+			}
 			dp, err := bpf.Load(bpf.LoadOptions{
 				PinDir:        pinDir,
-				NonMasqV4:     maps.RawV4(),
-				NonMasqV6:     maps.RawV6(),
+				NonMasqV4:     nm4,
+				NonMasqV6:     nm6,
 				NATMaxEntries: p.Config.NATMaxEntries,
 				Logger:        p.Log,
 			})
+			// The programs hold their own references to the tries.
+			closeAll(nm4, nm6)
 			if err != nil {
 				return err
 			}
 			if err := dp.SetPortRange(ports.Min, ports.Max); err != nil {
-				dp.Close()
-				return err
-			}
-			if err := syncSources(dp, sources); err != nil {
 				dp.Close()
 				return err
 			}
@@ -128,15 +145,6 @@ func register(p params) error {
 		},
 	})
 
-	wtxn := p.DB.WriteTxn(p.DPDevices, p.RuleSources)
-	markDevices := p.DPDevices.RegisterInitializer(wtxn, "datapath")
-	markSources := p.RuleSources.RegisterInitializer(wtxn, "datapath")
-	wtxn.Commit()
-	markInit := func(wtxn statedb.WriteTxn) {
-		markDevices(wtxn)
-		markSources(wtxn)
-	}
-
 	g := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
 	_, err = reconciler.Register(
 		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: g, ModuleID: p.ModuleID, DefaultMetrics: p.Metrics},
@@ -144,8 +152,7 @@ func register(p params) error {
 		(*tables.DatapathDevice).Clone,
 		(*tables.DatapathDevice).SetStatus,
 		(*tables.DatapathDevice).GetStatus,
-		faults.Wrap[*tables.DatapathDevice](p.Faults, faults.TCAttach,
-			&attachOps{linkDir: filepath.Join(pinDir, "links"), dp: p.Handle, netns: p.Netns, mode: p.Config.TCAttachMode}),
+		p.AttachOps,
 		nil,
 		reconciler.WithName("tc-attach"),
 		reconciler.WithPruning(time.Hour),
@@ -155,9 +162,7 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
-	d := &deriver{params: p, markInitialized: markInit}
-	g.Add(job.OneShot("derive-devices", d.run))
-	if err := registerMasqueradeRuleSources(p, g); err != nil {
+	if err := registerMapReconcilers(p, g); err != nil {
 		return err
 	}
 	gc := &collector{log: p.Log, dp: p.Handle, snat: func() (map[netip.Addr]bool, bool) {
@@ -165,85 +170,6 @@ func register(p params) error {
 	}}
 	g.Add(job.Timer("nat-gc", gc.collect, p.Config.NATGCInterval))
 	return nil
-}
-
-// podCIDRs are the masquerade sources of the enabled families.
-func podCIDRs(cidrs []netip.Prefix, agent settings.Config) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range cidrs {
-		if (p.Addr().Is4() && agent.EnableIPv4) || (p.Addr().Is6() && agent.EnableIPv6) {
-			out = append(out, p.Masked())
-		}
-	}
-	return out
-}
-
-// syncSources makes masq_src_v4/v6 hold exactly the sources.
-func syncSources(dp *bpf.Datapath, sources []netip.Prefix) error {
-	v4, err := bpfmap.NewMap[bpfmap.LPMKeyV4, uint8](dp.Maps.MasqSrcV4)
-	if err != nil {
-		return err
-	}
-	v6, err := bpfmap.NewMap[bpfmap.LPMKeyV6, uint8](dp.Maps.MasqSrcV6)
-	if err != nil {
-		return err
-	}
-	want4, want6 := map[bpfmap.LPMKeyV4]uint8{}, map[bpfmap.LPMKeyV6]uint8{}
-	for _, p := range sources {
-		if p.Addr().Is4() {
-			want4[bpfmap.LPMKeyV4From(p)] = 1
-		} else {
-			want6[bpfmap.LPMKeyV6From(p)] = 1
-		}
-	}
-	if err := syncMap(v4, want4); err != nil {
-		return fmt.Errorf("%s: %w", bpf.MapMasqSrcV4, err)
-	}
-	if err := syncMap(v6, want6); err != nil {
-		return fmt.Errorf("%s: %w", bpf.MapMasqSrcV6, err)
-	}
-	return nil
-}
-
-// syncMap makes m hold exactly want, writing only the difference.
-func syncMap[K comparable](m *bpfmap.Map[K, uint8], want map[K]uint8) error {
-	kvs := make([]bpfmap.KV[K, uint8], 0, len(want))
-	for k, v := range want {
-		kvs = append(kvs, bpfmap.KV[K, uint8]{Key: k, Value: v})
-	}
-	return m.Sync(kvs)
-}
-
-// syncNodeAddrs writes every address of every device into node_addrs: such
-// destinations are the node itself and are never masqueraded.
-func (d *deriver) syncNodeAddrs(devs []*tables.EgressDevice) error {
-	dp := d.params.Handle.get()
-	if dp == nil {
-		return ErrNotLoaded
-	}
-	if d.nodeV4 == nil {
-		var err error
-		if d.nodeV4, err = bpfmap.NewMap[uint32, uint8](dp.Maps.NodeAddrsV4); err != nil {
-			return err
-		}
-		if d.nodeV6, err = bpfmap.NewMap[[16]byte, uint8](dp.Maps.NodeAddrsV6); err != nil {
-			return err
-		}
-	}
-	want4, want6 := map[uint32]uint8{}, map[[16]byte]uint8{}
-	for _, dev := range devs {
-		for _, a := range dev.Addresses {
-			if a.Is4() {
-				want4[bpf.Addr4(a)] = 1
-			} else {
-				want6[a.As16()] = 1
-			}
-		}
-	}
-	if err := syncMap(d.nodeV4, want4); err != nil {
-		return err
-	}
-	return syncMap(d.nodeV6, want6)
 }
 
 // currentSNAT lists the SNAT addresses in use: the datapath devices' and
@@ -268,4 +194,30 @@ func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rule
 		}
 	}
 	return out, true
+}
+
+// openNonMasq opens the pinned nonmasq tries of the enabled families, the
+// ones nonmasqmaps writes (whichever of the two starts first creates them,
+// with bpf.NonMasqSpec's layout); a disabled family's trie is nil.
+func openNonMasq(log *slog.Logger, pinDir string, agent settings.Config) (v4, v6 *ebpf.Map, err error) {
+	if agent.EnableIPv4 {
+		if v4, err = bpf.OpenNonMasq(log, pinDir, bpf.MapNonMasqV4, agent.MaxNonMasqCIDRs); err != nil {
+			return nil, nil, err
+		}
+	}
+	if agent.EnableIPv6 {
+		if v6, err = bpf.OpenNonMasq(log, pinDir, bpf.MapNonMasqV6, agent.MaxNonMasqCIDRs); err != nil {
+			closeAll(v4)
+			return nil, nil, err
+		}
+	}
+	return v4, v6, nil
+}
+
+func closeAll(maps ...*ebpf.Map) {
+	for _, m := range maps {
+		if m != nil {
+			m.Close()
+		}
+	}
 }

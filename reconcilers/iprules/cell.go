@@ -17,7 +17,6 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
-	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -30,6 +29,9 @@ var Cell = cell.Module(
 	"Writes the per-endpoint ip rules into the kernel",
 
 	cell.ProvidePrivate(newOps),
+	// The Operations the reconciler runs, in the hive so that tests
+	// decorate them (fault injection) the way statedb's example does.
+	cell.Provide(func(o *Ops) reconciler.Operations[*tables.IPRule] { return o }),
 	cell.Provide(newHandle, scriptCommands),
 	cell.Invoke(register),
 )
@@ -80,12 +82,10 @@ type registerParams struct {
 	Health   cell.Health
 	ModuleID cell.FullModuleID
 	Rules    statedb.RWTable[*tables.IPRule]
-	Ops      *Ops
+	Ops      reconciler.Operations[*tables.IPRule]
 	Handle   *Handle
 	// Metrics is the hive's reconciler metrics, when it has any.
 	Metrics reconciler.Metrics `optional:"true"`
-	// Faults injects rule write failures (tests only).
-	Faults *faults.Injector `optional:"true"`
 }
 
 func register(p registerParams) error {
@@ -102,7 +102,7 @@ func register(p registerParams) error {
 		(*tables.IPRule).Clone,
 		(*tables.IPRule).SetStatus,
 		(*tables.IPRule).GetStatus,
-		faults.Wrap[*tables.IPRule](p.Faults, faults.IPRules, p.Ops), nil,
+		p.Ops, nil,
 		reconciler.WithName("ip-rules"),
 		// Prune once the rules controller has derived the full set (it
 		// marks the table initialized), then hourly to repair drift.
@@ -151,7 +151,7 @@ func scriptCommands(h *Handle) hive.ScriptCmdsOut {
 // Format prints rules the way `ip rule` does, sorted by priority.
 func Format(keys []tables.IPRuleKey) string {
 	keys = slices.Clone(keys)
-	slices.SortFunc(keys, compareKey)
+	slices.SortFunc(keys, CompareKeys)
 	var b strings.Builder
 	for _, k := range keys {
 		from := k.From.String()

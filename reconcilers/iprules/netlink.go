@@ -69,7 +69,7 @@ func (t *netlinkTarget) Add(k tables.IPRuleKey) error {
 		if errors.Is(err, unix.EEXIST) {
 			err = nil
 			if wildcard(k) {
-				err = t.addWildcard(canonical(k), r)
+				err = t.addWildcard(Canonical(k), r)
 			}
 		}
 	}
@@ -86,7 +86,7 @@ func (t *netlinkTarget) Del(k tables.IPRuleKey) error {
 	r, err := toRule(k)
 	if err == nil {
 		if wildcard(k) {
-			err = t.delWildcard(canonical(k), r)
+			err = t.delWildcard(Canonical(k), r)
 		} else {
 			err = t.h.RuleDel(r)
 		}
@@ -203,10 +203,10 @@ func (t *netlinkTarget) aside(rules []*netlink.Rule, op func() error) error {
 // toRule builds the netlink rule for k. A zero-length prefix leaves the
 // selector out, which is how the kernel stores and reports "from all".
 func toRule(k tables.IPRuleKey) (*netlink.Rule, error) {
-	if err := validate(k); err != nil {
+	if err := Validate(k); err != nil {
 		return nil, err
 	}
-	k = canonical(k)
+	k = Canonical(k)
 	r := netlink.NewRule()
 	r.Priority = int(k.Priority)
 	r.Table = int(k.Table)

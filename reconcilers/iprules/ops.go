@@ -58,7 +58,7 @@ func (o *Ops) Stats() Stats {
 
 // Update installs the row's rule unless the target already has it.
 func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *tables.IPRule) error {
-	k := canonical(r.Key())
+	k := Canonical(r.Key())
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if err := o.load(); err != nil {
@@ -72,7 +72,7 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r
 
 // Delete removes the row's rule unless the target already lacks it.
 func (o *Ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r *tables.IPRule) error {
-	k := canonical(r.Key())
+	k := Canonical(r.Key())
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if err := o.load(); err != nil {
@@ -100,7 +100,7 @@ func (o *Ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*t
 	want := make(map[tables.IPRuleKey]struct{})
 	var missing []tables.IPRuleKey
 	for r := range objects {
-		k := canonical(r.Key())
+		k := Canonical(r.Key())
 		if _, dup := want[k]; dup {
 			continue
 		}
@@ -116,8 +116,8 @@ func (o *Ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*t
 		}
 	}
 	// Sorted, so that a prune writes and fails in a reproducible order.
-	slices.SortFunc(missing, compareKey)
-	slices.SortFunc(stale, compareKey)
+	slices.SortFunc(missing, CompareKeys)
+	slices.SortFunc(stale, CompareKeys)
 
 	var errs []error
 	for i, k := range slices.Concat(missing, stale) {
@@ -154,7 +154,7 @@ func (o *Ops) reload() error {
 	}
 	owned := make(map[tables.IPRuleKey]struct{}, len(keys))
 	for _, k := range keys {
-		owned[canonical(k)] = struct{}{}
+		owned[Canonical(k)] = struct{}{}
 	}
 	o.owned = owned
 	o.rules.Store(int64(len(owned)))

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/statedb"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipmasq/ipmasq/internal/iprulestest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -83,7 +84,7 @@ func wantStats(t *testing.T, ops *iprules.Ops, want iprules.Stats) {
 	}
 }
 
-func wantDump(t *testing.T, m *iprules.MemoryTarget, lines ...string) {
+func wantDump(t *testing.T, m *iprulestest.MemoryTarget, lines ...string) {
 	t.Helper()
 	want := ""
 	for _, l := range lines {
@@ -95,7 +96,7 @@ func wantDump(t *testing.T, m *iprules.MemoryTarget, lines ...string) {
 }
 
 func TestOpsUpdateDelete(t *testing.T) {
-	m := iprules.NewMemoryTarget()
+	m := iprulestest.NewMemoryTarget()
 	ops := iprules.NewOps(m)
 	a := rule("10.0.0.5/32", "10.0.0.0/8")
 	b := rule("10.0.0.5/32", "192.168.0.0/16")
@@ -126,7 +127,7 @@ func TestOpsUpdateDelete(t *testing.T) {
 }
 
 func TestOpsHostBitsAreMasked(t *testing.T) {
-	m := iprules.NewMemoryTarget()
+	m := iprulestest.NewMemoryTarget()
 	ops := iprules.NewOps(m)
 	// The kernel matches and reports 10.0.0.0/8 for 10.1.2.3/8: one rule.
 	update(t, ops, rule("10.0.0.5/32", "10.0.0.0/8"), rule("10.0.0.5/32", "10.1.2.3/8"))
@@ -136,7 +137,7 @@ func TestOpsHostBitsAreMasked(t *testing.T) {
 }
 
 func TestOpsPruneNeverTouchesForeignRules(t *testing.T) {
-	m := iprules.NewMemoryTarget()
+	m := iprulestest.NewMemoryTarget()
 	keep := rule("10.0.0.5/32", "10.0.0.0/8")
 	stale := rule("10.0.0.5/32", "172.16.0.0/12")
 	fresh := rule("10.0.0.5/32", "192.168.0.0/16")
@@ -171,7 +172,7 @@ func TestOpsPruneNeverTouchesForeignRules(t *testing.T) {
 }
 
 func TestOpsPruneRepairsDrift(t *testing.T) {
-	m := iprules.NewMemoryTarget()
+	m := iprulestest.NewMemoryTarget()
 	ops := iprules.NewOps(m)
 	a := rule("10.0.0.5/32", "10.0.0.0/8")
 	b := rule("10.0.0.5/32", "192.168.0.0/16")
@@ -199,7 +200,7 @@ func TestOpsPruneRepairsDrift(t *testing.T) {
 }
 
 func TestOpsConfigChangeWritesTheDelta(t *testing.T) {
-	m := iprules.NewMemoryTarget()
+	m := iprulestest.NewMemoryTarget()
 	endpoints := []string{"10.0.0.5/32", "10.0.0.6/32", "10.0.0.7/32"}
 	before := product(endpoints, []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"})
 	after := product(endpoints, []string{"10.0.0.0/8", "192.168.0.0/16", "100.64.0.0/10"})
@@ -219,7 +220,7 @@ func TestOpsConfigChangeWritesTheDelta(t *testing.T) {
 }
 
 func TestOpsRestartMakesNoWrites(t *testing.T) {
-	m := iprules.NewMemoryTarget()
+	m := iprulestest.NewMemoryTarget()
 	rules := product(
 		[]string{"10.0.0.5/32", "10.0.0.6/32", "fd00::5/128"},
 		[]string{"10.0.0.0/8", "192.168.0.0/16", "fd00::/8"},
@@ -249,7 +250,7 @@ func TestOpsRestartMakesNoWrites(t *testing.T) {
 }
 
 func TestOpsFaults(t *testing.T) {
-	m := iprules.NewMemoryTarget()
+	m := iprulestest.NewMemoryTarget()
 	boom := errors.New("injected fault")
 	ctx := context.Background()
 	a := rule("10.0.0.5/32", "10.0.0.0/8")
@@ -296,7 +297,7 @@ func TestOpsFaults(t *testing.T) {
 }
 
 func TestOpsPruneReportsEveryFailure(t *testing.T) {
-	m := iprules.NewMemoryTarget()
+	m := iprulestest.NewMemoryTarget()
 	ops := iprules.NewOps(m)
 	good := rule("10.0.0.5/32", "10.0.0.0/8")
 	mixed := rule("10.0.0.5/32", "fd00::/8")
@@ -309,7 +310,7 @@ func TestOpsPruneReportsEveryFailure(t *testing.T) {
 }
 
 func TestOpsPruneStopsWhenCancelled(t *testing.T) {
-	ops := iprules.NewOps(iprules.NewMemoryTarget())
+	ops := iprules.NewOps(iprulestest.NewMemoryTarget())
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err := ops.Prune(ctx, nil, desired(rule("10.0.0.5/32", "10.0.0.0/8")))
@@ -320,7 +321,7 @@ func TestOpsPruneStopsWhenCancelled(t *testing.T) {
 }
 
 func TestOpsStatsConcurrent(t *testing.T) {
-	ops := iprules.NewOps(iprules.NewMemoryTarget())
+	ops := iprules.NewOps(iprulestest.NewMemoryTarget())
 	var wg sync.WaitGroup
 	done := make(chan struct{})
 	wg.Go(func() {
@@ -340,7 +341,7 @@ func TestOpsStatsConcurrent(t *testing.T) {
 }
 
 func TestMemoryTargetDump(t *testing.T) {
-	m := iprules.NewMemoryTarget()
+	m := iprulestest.NewMemoryTarget()
 	m.AddForeign(tables.IPRuleKey{
 		Priority: 0, From: netip.MustParsePrefix("0.0.0.0/0"), To: netip.MustParsePrefix("0.0.0.0/0"), Table: 255,
 	}, unix.RTPROT_KERNEL)

@@ -29,16 +29,16 @@ type Target interface {
 	Del(tables.IPRuleKey) error
 }
 
-// canonical returns k with host bits cleared, the form the kernel reports a
+// Canonical returns k with host bits cleared, the form the kernel reports a
 // rule in, so a desired rule and the listed one compare equal.
-func canonical(k tables.IPRuleKey) tables.IPRuleKey {
+func Canonical(k tables.IPRuleKey) tables.IPRuleKey {
 	k.From = k.From.Masked()
 	k.To = k.To.Masked()
 	return k
 }
 
-// validate rejects keys that are not one rule of one family.
-func validate(k tables.IPRuleKey) error {
+// Validate rejects keys that are not one rule of one family.
+func Validate(k tables.IPRuleKey) error {
 	switch {
 	case !k.From.IsValid():
 		return fmt.Errorf("invalid from prefix %q", k.From)
@@ -66,8 +66,8 @@ func comparePrefix(a, b netip.Prefix) int {
 	return a.Bits() - b.Bits()
 }
 
-// compareKey orders rules by priority, then from, to and table.
-func compareKey(a, b tables.IPRuleKey) int {
+// CompareKeys orders rules by priority, then from, to and table.
+func CompareKeys(a, b tables.IPRuleKey) int {
 	if c := cmp.Compare(a.Priority, b.Priority); c != 0 {
 		return c
 	}

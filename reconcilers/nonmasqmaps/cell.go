@@ -12,7 +12,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
-	"github.com/ipmasq/ipmasq/internal/faults"
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -24,7 +24,13 @@ var Cell = cell.Module(
 	"nonmasq-maps",
 	"Writes the non-masquerade prefixes into the pinned BPF LPM maps",
 
-	cell.ProvidePrivate(newJobGroup),
+	cell.ProvidePrivate(newJobGroup, newMapOps),
+	// The Operations the reconciler runs, in the hive so that tests
+	// decorate them (fault injection) the way statedb's example does.
+	cell.Provide(
+		func(o *mapOps) reconciler.Operations[*tables.NonMasqCIDR] { return o.ByFamily },
+		func(o *mapOps) reconciler.BatchOperations[*tables.NonMasqCIDR] { return o.ByFamily },
+	),
 	cell.Provide(newHandle, scriptCommands),
 	cell.Invoke(register),
 )
@@ -66,12 +72,21 @@ type registerParams struct {
 	CIDRs     statedb.RWTable[*tables.NonMasqCIDR]
 	Status    statedb.Table[*tables.ConfigStatus]
 	Handle    *Handle
-	// Faults injects map write failures (tests only).
-	Faults *faults.Injector `optional:"true"`
+	MapOps    *mapOps
+	Ops       reconciler.Operations[*tables.NonMasqCIDR]
+	BatchOps  reconciler.BatchOperations[*tables.NonMasqCIDR]
 }
 
+// mapOps are the map operations, set up when the start hook has opened the
+// maps (before the reconciler runs).
+type mapOps struct {
+	*bpfmap.ByFamily[*tables.NonMasqCIDR]
+}
+
+func newMapOps() *mapOps { return &mapOps{&bpfmap.ByFamily[*tables.NonMasqCIDR]{}} }
+
 func register(p registerParams) error {
-	o := &ops{}
+	o := p.MapOps.ByFamily
 	// The maps are opened when the hive starts, before the reconciler's jobs
 	// (appended to the lifecycle after this hook) run.
 	p.Lifecycle.Append(cell.Hook{
@@ -97,8 +112,8 @@ func register(p registerParams) error {
 		(*tables.NonMasqCIDR).Clone,
 		(*tables.NonMasqCIDR).SetStatus,
 		(*tables.NonMasqCIDR).GetStatus,
-		faults.Wrap[*tables.NonMasqCIDR](p.Faults, faults.NonMasqMaps, o),
-		faults.WrapBatch[*tables.NonMasqCIDR](p.Faults, faults.NonMasqMaps, o),
+		p.Ops,
+		p.BatchOps,
 		reconciler.WithName("nonmasq-maps"),
 		// Prune as soon as the table is initialized; later full passes are
 		// driven by the config's resyncInterval (resyncLoop).

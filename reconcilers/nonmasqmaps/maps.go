@@ -10,32 +10,19 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/settings"
-)
-
-// Map names under <bpf-root>/ipmasq/.
-const (
-	MapNameV4 = "nonmasq_v4"
-	MapNameV6 = "nonmasq_v6"
 )
 
 // Maps holds the opened nonmasq maps; a map is nil when its family is
 // disabled.
 type Maps struct {
-	V4 *bpfmap.Map[bpfmap.LPMKeyV4, uint8]
-	V6 *bpfmap.Map[bpfmap.LPMKeyV6, uint8]
+	V4 *bpfmap.Map[bpf.LPMKeyV4, uint8]
+	V6 *bpfmap.Map[bpf.LPMKeyV6, uint8]
 
-	rawV4, rawV6 *ebpf.Map
-	closers      []*ebpf.Map
+	closers []*ebpf.Map
 }
-
-// RawV4 is the IPv4 map itself (nil when IPv4 is disabled), for the
-// datapath programs that read it.
-func (m *Maps) RawV4() *ebpf.Map { return m.rawV4 }
-
-// RawV6 is the IPv6 map itself (nil when IPv6 is disabled).
-func (m *Maps) RawV6() *ebpf.Map { return m.rawV6 }
 
 // CheckBPFFS returns a clear error when root is not a mounted BPF filesystem.
 func CheckBPFFS(root string) error {
@@ -54,31 +41,63 @@ func OpenMaps(log *slog.Logger, cfg settings.Config) (*Maps, error) {
 	if err := CheckBPFFS(cfg.BPFRoot); err != nil {
 		return nil, err
 	}
-	m := &Maps{}
-	if cfg.EnableIPv4 {
-		raw, err := bpfmap.OpenPinned(log, cfg.PinDir(), bpfmap.LPMTrieSpec(MapNameV4, 8, 1, cfg.MaxNonMasqCIDRs))
+	return open(func(name string, enabled bool) (*ebpf.Map, error) {
+		if !enabled {
+			return nil, nil
+		}
+		return bpf.OpenNonMasq(log, cfg.PinDir(), name, cfg.MaxNonMasqCIDRs)
+	}, cfg.EnableIPv4, cfg.EnableIPv6)
+}
+
+// LoadPinnedMaps opens the existing pinned maps read-only for inspection
+// (e.g. by "ipmasq-agent maps"), without creating or replacing anything.
+func LoadPinnedMaps(pinDir string) (*Maps, error) {
+	m, err := open(func(name string, _ bool) (*ebpf.Map, error) {
+		raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("open %s: %w", name, err)
 		}
-		m.closers, m.rawV4 = append(m.closers, raw), raw
-		if m.V4, err = bpfmap.NewMap[bpfmap.LPMKeyV4, uint8](raw); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("read %s: %w", MapNameV4, err)
-		}
+		return raw, nil
+	}, true, true)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.EnableIPv6 {
-		raw, err := bpfmap.OpenPinned(log, cfg.PinDir(), bpfmap.LPMTrieSpec(MapNameV6, 20, 1, cfg.MaxNonMasqCIDRs))
-		if err != nil {
-			m.Close()
-			return nil, err
-		}
-		m.closers, m.rawV6 = append(m.closers, raw), raw
-		if m.V6, err = bpfmap.NewMap[bpfmap.LPMKeyV6, uint8](raw); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("read %s: %w", MapNameV6, err)
-		}
+	if m.V4 == nil && m.V6 == nil {
+		return nil, fmt.Errorf("no ipmasq maps pinned in %s (is the agent's --bpf-root the same?)", pinDir)
 	}
 	return m, nil
+}
+
+// open opens each family's map with openMap (nil, nil: none) and reads it
+// into its cache.
+func open(openMap func(name string, enabled bool) (*ebpf.Map, error), v4, v6 bool) (*Maps, error) {
+	m := &Maps{}
+	var err error
+	if m.V4, err = openFamily[bpf.LPMKeyV4](m, openMap, bpf.MapNonMasqV4, v4); err != nil {
+		m.Close()
+		return nil, err
+	}
+	if m.V6, err = openFamily[bpf.LPMKeyV6](m, openMap, bpf.MapNonMasqV6, v6); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func openFamily[K comparable](m *Maps, openMap func(string, bool) (*ebpf.Map, error), name string, enabled bool) (*bpfmap.Map[K, uint8], error) {
+	raw, err := openMap(name, enabled)
+	if err != nil || raw == nil {
+		return nil, err
+	}
+	m.closers = append(m.closers, raw)
+	cached, err := bpfmap.NewMap[K, uint8](raw)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	return cached, nil
 }
 
 // Close releases the map file descriptors; the pins stay.
@@ -87,34 +106,4 @@ func (m *Maps) Close() {
 		c.Close()
 	}
 	m.closers = nil
-}
-
-// LoadPinnedMaps opens the existing pinned maps read-only for inspection
-// (e.g. by "ipmasq-agent maps"), without creating or replacing anything.
-func LoadPinnedMaps(pinDir string) (*Maps, error) {
-	m := &Maps{}
-	opts := &ebpf.LoadPinOptions{ReadOnly: true}
-	if raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, MapNameV4), opts); err == nil {
-		m.closers = append(m.closers, raw)
-		if m.V4, err = bpfmap.NewMap[bpfmap.LPMKeyV4, uint8](raw); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("read %s: %w", MapNameV4, err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("open %s: %w", MapNameV4, err)
-	}
-	if raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, MapNameV6), opts); err == nil {
-		m.closers = append(m.closers, raw)
-		if m.V6, err = bpfmap.NewMap[bpfmap.LPMKeyV6, uint8](raw); err != nil {
-			m.Close()
-			return nil, fmt.Errorf("read %s: %w", MapNameV6, err)
-		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		m.Close()
-		return nil, fmt.Errorf("open %s: %w", MapNameV6, err)
-	}
-	if m.V4 == nil && m.V6 == nil {
-		return nil, fmt.Errorf("no ipmasq maps pinned in %s (is the agent's --bpf-root the same?)", pinDir)
-	}
-	return m, nil
 }

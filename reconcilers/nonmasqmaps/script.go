@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/hive"
 	"github.com/cilium/hive/script"
 
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -80,13 +81,13 @@ func (h *Handle) dump(names ...string) (string, error) {
 func (m *Maps) Format(names ...string) (string, error) {
 	want := func(n string) bool { return len(names) == 0 || slices.Contains(names, n) }
 	var b strings.Builder
-	if m.V4 != nil && want(MapNameV4) {
-		if err := formatMap(&b, MapNameV4, m.V4); err != nil {
+	if m.V4 != nil && want(bpf.MapNonMasqV4) {
+		if err := formatMap(&b, bpf.MapNonMasqV4, m.V4); err != nil {
 			return "", err
 		}
 	}
-	if m.V6 != nil && want(MapNameV6) {
-		if err := formatMap(&b, MapNameV6, m.V6); err != nil {
+	if m.V6 != nil && want(bpf.MapNonMasqV6) {
+		if err := formatMap(&b, bpf.MapNonMasqV6, m.V6); err != nil {
 			return "", err
 		}
 	}
@@ -124,11 +125,11 @@ func (h *Handle) stats() (string, error) {
 	var b strings.Builder
 	if h.maps.V4 != nil {
 		s := h.maps.V4.Stats()
-		fmt.Fprintf(&b, "%s entries=%d writes=%d deletes=%d\n", MapNameV4, s.Entries, s.Writes, s.Deletes)
+		fmt.Fprintf(&b, "%s entries=%d writes=%d deletes=%d\n", bpf.MapNonMasqV4, s.Entries, s.Writes, s.Deletes)
 	}
 	if h.maps.V6 != nil {
 		s := h.maps.V6.Stats()
-		fmt.Fprintf(&b, "%s entries=%d writes=%d deletes=%d\n", MapNameV6, s.Entries, s.Writes, s.Deletes)
+		fmt.Fprintf(&b, "%s entries=%d writes=%d deletes=%d\n", bpf.MapNonMasqV6, s.Entries, s.Writes, s.Deletes)
 	}
 	return b.String(), nil
 }

@@ -1,10 +1,13 @@
-package bpfmap
+package bpf
 
 import (
 	"bytes"
 	"encoding/binary"
 	"net/netip"
 	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/ipmasq/ipmasq/internal/privtest"
 )
 
 func TestLPMKeyRoundTrip(t *testing.T) {
@@ -67,15 +70,24 @@ func TestLPMKeyLayout(t *testing.T) {
 	}
 }
 
-// The kernel agrees with the layout: a lookup of a host address finds its
-// longest matching prefix.
+// The kernel agrees with the layout: a lookup of a host address in the
+// nonmasq trie (bpf2go's spec) finds its longest matching prefix.
 func TestLPMTrieLongestMatch(t *testing.T) {
-	m := newLPMv4(t, 8)
-	c := newCache(t, m)
-	noErrors(t, c.Put([]KV[LPMKeyV4, uint8]{
-		{key4("10.0.0.0/8"), 0},
-		{key4("10.1.0.0/16"), 1},
-	}))
+	privtest.Require(t)
+	spec, err := NonMasqSpec(MapNonMasqV4, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ebpf.NewMap(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for k, v := range map[LPMKeyV4]uint8{key4("10.0.0.0/8"): 0, key4("10.1.0.0/16"): 1} {
+		if err := m.Put(k, v); err != nil {
+			t.Fatalf("put %s: %v", k, err)
+		}
+	}
 	for addr, want := range map[string]uint8{"10.1.2.3": 1, "10.2.0.1": 0} {
 		var got uint8
 		if err := m.Lookup(key4(addr+"/32"), &got); err != nil {
@@ -85,4 +97,9 @@ func TestLPMTrieLongestMatch(t *testing.T) {
 			t.Errorf("lookup %s = %d, want %d", addr, got, want)
 		}
 	}
+	if _, err := NonMasqSpec(MapNATV4, 8); err == nil {
+		t.Error("NonMasqSpec(nat_v4) is accepted, want an error")
+	}
 }
+
+func key4(s string) LPMKeyV4 { return LPMKeyV4From(netip.MustParsePrefix(s)) }

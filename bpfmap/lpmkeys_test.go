@@ -4,10 +4,16 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"testing"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
+
+// The generic library is tested on LPM tries, with keys of the same layout
+// as masq.c's struct lpm_v4_key/lpm_v6_key. The agent's own keys are
+// bpf.LPMKeyV4/V6, bpf2go's types; these are the tests' (bpfmap cannot
+// import bpf, which imports it).
 
 // LPMKeyV4 is the key of an IPv4 LPM trie, laid out like the C struct
 // `struct { __u32 prefixlen; __u8 addr[4]; }`: PrefixLen in host byte order,
@@ -85,5 +91,25 @@ func LPMTrieSpec(name string, keySize uint32, valueSize uint32, maxEntries uint3
 		ValueSize:  valueSize,
 		MaxEntries: maxEntries,
 		Flags:      unix.BPF_F_NO_PREALLOC,
+	}
+}
+
+// The kernel agrees with the layout: a lookup of a host address finds its
+// longest matching prefix.
+func TestLPMTrieLongestMatch(t *testing.T) {
+	m := newLPMv4(t, 8)
+	c := newCache(t, m)
+	noErrors(t, c.Put([]KV[LPMKeyV4, uint8]{
+		{key4("10.0.0.0/8"), 0},
+		{key4("10.1.0.0/16"), 1},
+	}))
+	for addr, want := range map[string]uint8{"10.1.2.3": 1, "10.2.0.1": 0} {
+		var got uint8
+		if err := m.Lookup(key4(addr+"/32"), &got); err != nil {
+			t.Fatalf("lookup %s: %v", addr, err)
+		}
+		if got != want {
+			t.Errorf("lookup %s = %d, want %d", addr, got, want)
+		}
 	}
 }

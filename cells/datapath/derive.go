@@ -11,17 +11,14 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// deriver keeps datapath-devices, masquerade-rule-sources and the node
-// address maps in step with egress-devices and masquerade-rules.
+// deriver keeps datapath-devices, masquerade-rule-sources and
+// node-addresses in step with egress-devices and masquerade-rules.
 type deriver struct {
 	params          params
 	markInitialized func(statedb.WriteTxn)
-	nodeV4          *bpfmap.Map[uint32, uint8]
-	nodeV6          *bpfmap.Map[[16]byte, uint8]
 	// reported are the problems already logged, so each is logged once.
 	reported map[string]bool
 }
@@ -45,9 +42,6 @@ func (d *deriver) run(ctx context.Context, health cell.Health) error {
 		if devsInit && rulesInit {
 			devs := statedb.Collect(devRows)
 			problems := d.sync(devs, statedb.Collect(ruleRows))
-			if err := d.syncNodeAddrs(devs); err != nil {
-				problems = append(problems, fmt.Errorf("node addresses not written: %w", err))
-			}
 			d.logNew(problems)
 			if len(problems) > 0 {
 				health.Degraded("some masquerade rules are not in force", errors.Join(problems...))
@@ -133,7 +127,8 @@ func (d *deriver) sync(devs []*tables.EgressDevice, rules []*tables.MasqueradeRu
 		}
 	}
 
-	wtxn := p.DB.WriteTxn(p.DPDevices, p.RuleSources)
+	wtxn := p.DB.WriteTxn(p.DPDevices, p.RuleSources, p.NodeAddrs)
+	syncNodeAddresses(wtxn, p.NodeAddrs, local)
 	for row := range p.DPDevices.All(wtxn) {
 		if w, ok := wantDevs[row.Index]; ok && w.SameAs(row) {
 			delete(wantDevs, row.Index)
@@ -185,4 +180,22 @@ func (d *deriver) logNew(problems []error) {
 		}
 	}
 	d.reported = now
+}
+
+// syncNodeAddresses makes node-addresses hold every address of every
+// device: such destinations are the node itself and are never masqueraded.
+func syncNodeAddresses(wtxn statedb.WriteTxn, tbl statedb.RWTable[*tables.NodeAddress], want map[netip.Addr]bool) {
+	keep := make(map[netip.Addr]bool, len(want))
+	for row := range tbl.All(wtxn) {
+		if want[row.Addr] {
+			keep[row.Addr] = true
+		} else {
+			tbl.Delete(wtxn, row)
+		}
+	}
+	for a := range want {
+		if !keep[a] {
+			tbl.Insert(wtxn, &tables.NodeAddress{Addr: a, Status: reconciler.StatusPending()})
+		}
+	}
 }

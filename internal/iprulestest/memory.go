@@ -1,4 +1,6 @@
-package iprules
+// Package iprulestest holds test doubles of the ip rule reconciler: an
+// in-memory iprules.Target. Test tooling only.
+package iprulestest
 
 import (
 	"cmp"
@@ -7,10 +9,11 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// MemoryTarget is an in-memory Target for unprivileged tests and dry runs.
+// MemoryTarget is an in-memory iprules.Target for unprivileged tests.
 // Like the kernel it keeps rules of every protocol side by side: it can hold
 // foreign rules (AddForeign) to prove that pruning ignores them, and it can
 // be made to fail (SetFaulty). It is safe for concurrent use.
@@ -27,7 +30,7 @@ type memRule struct {
 	protocol uint8
 }
 
-var _ Target = (*MemoryTarget)(nil)
+var _ iprules.Target = (*MemoryTarget)(nil)
 
 // NewMemoryTarget returns an empty, healthy MemoryTarget.
 func NewMemoryTarget() *MemoryTarget {
@@ -39,7 +42,7 @@ func NewMemoryTarget() *MemoryTarget {
 func (m *MemoryTarget) AddForeign(k tables.IPRuleKey, protocol uint8) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rules[memRule{canonical(k), protocol}] = struct{}{}
+	m.rules[memRule{iprules.Canonical(k), protocol}] = struct{}{}
 }
 
 // SetFaulty makes every List, Add and Del fail with err; nil makes the
@@ -50,7 +53,7 @@ func (m *MemoryTarget) SetFaulty(err error) {
 	m.faulty = err
 }
 
-// List returns the rules carrying Protocol.
+// List returns the rules carrying iprules.Protocol.
 func (m *MemoryTarget) List() ([]tables.IPRuleKey, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -59,11 +62,11 @@ func (m *MemoryTarget) List() ([]tables.IPRuleKey, error) {
 	}
 	var keys []tables.IPRuleKey
 	for r := range m.rules {
-		if r.protocol == Protocol {
+		if r.protocol == iprules.Protocol {
 			keys = append(keys, r.key)
 		}
 	}
-	slices.SortFunc(keys, compareKey)
+	slices.SortFunc(keys, iprules.CompareKeys)
 	return keys, nil
 }
 
@@ -72,9 +75,9 @@ func (m *MemoryTarget) Add(k tables.IPRuleKey) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(k); err != nil {
-		return opError("add", k, err)
+		return fmt.Errorf("add ip rule %q: %w", k.String(), err)
 	}
-	m.rules[memRule{canonical(k), Protocol}] = struct{}{}
+	m.rules[memRule{iprules.Canonical(k), iprules.Protocol}] = struct{}{}
 	return nil
 }
 
@@ -83,9 +86,9 @@ func (m *MemoryTarget) Del(k tables.IPRuleKey) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(k); err != nil {
-		return opError("delete", k, err)
+		return fmt.Errorf("delete ip rule %q: %w", k.String(), err)
 	}
-	delete(m.rules, memRule{canonical(k), Protocol})
+	delete(m.rules, memRule{iprules.Canonical(k), iprules.Protocol})
 	return nil
 }
 
@@ -93,7 +96,7 @@ func (m *MemoryTarget) check(k tables.IPRuleKey) error {
 	if m.faulty != nil {
 		return m.faulty
 	}
-	return validate(k)
+	return iprules.Validate(k)
 }
 
 // Dump returns every rule, foreign ones included, one per line as
@@ -107,7 +110,7 @@ func (m *MemoryTarget) Dump() string {
 	}
 	m.mu.Unlock()
 	slices.SortFunc(rules, func(a, b memRule) int {
-		if c := compareKey(a.key, b.key); c != 0 {
+		if c := iprules.CompareKeys(a.key, b.key); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.protocol, b.protocol)

@@ -1,0 +1,111 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/ipmasq/ipmasq/bpfmap"
+)
+
+// ErrNotPinned is returned by Pinned's readers when the map they read is not
+// pinned (yet): the agent has not loaded the datapath under that directory.
+var ErrNotPinned = errors.New("datapath maps not pinned")
+
+// Pinned reads the datapath's pinned maps read-only. Readers (metrics,
+// status, the CLI) use it instead of a handle that a reconciler fills in
+// its start hook: they depend on the pins, not on the agent's start order.
+// Each call opens the maps it reads and closes them again.
+type Pinned struct {
+	// Dir is the pin directory, <bpf-root>/ipmasq.
+	Dir string
+}
+
+func (p Pinned) open(name string) (*ebpf.Map, error) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(p.Dir, name), &ebpf.LoadPinOptions{ReadOnly: true})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s in %s: %w", name, p.Dir, ErrNotPinned)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open pinned %s: %w", name, err)
+	}
+	return m, nil
+}
+
+// Counters returns the datapath counters summed over CPUs, indexed by
+// Counter.
+func (p Pinned) Counters() ([]uint64, error) {
+	m, err := p.open(MapCounters)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	return ReadCounters(m)
+}
+
+// NATOccupancy returns the entries in the IPv4 and IPv6 NAT maps and the
+// capacity of each (two entries per flow).
+func (p Pinned) NATOccupancy() (v4, v6, capacity int, err error) {
+	m4, err := p.open(MapNATV4)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer m4.Close()
+	m6, err := p.open(MapNATV6)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer m6.Close()
+	if v4, err = CountEntries[NATKeyV4, NATValV4](m4); err != nil {
+		return 0, 0, 0, fmt.Errorf("%s: %w", MapNATV4, err)
+	}
+	if v6, err = CountEntries[NATKeyV6, NATValV6](m6); err != nil {
+		return 0, 0, 0, fmt.Errorf("%s: %w", MapNATV6, err)
+	}
+	return v4, v6, int(m4.MaxEntries()), nil
+}
+
+// CountEntries counts a map's entries (batch reads where the kernel has
+// them).
+func CountEntries[K, V comparable](m *ebpf.Map) (int, error) {
+	bm, err := bpfmap.NewMap[K, V](m)
+	if err != nil {
+		return 0, err
+	}
+	return bm.Stats().Entries, nil
+}
+
+// NonMasqEntries returns the entries of the non-masquerade maps, per
+// family; a family whose map is not pinned (disabled) is left out, and
+// ErrNotPinned means neither is.
+func (p Pinned) NonMasqEntries() (map[string]int, error) {
+	out := map[string]int{}
+	for _, f := range []struct {
+		family, name string
+		count        func(*ebpf.Map) (int, error)
+	}{
+		{"ipv4", MapNonMasqV4, CountEntries[LPMKeyV4, uint8]},
+		{"ipv6", MapNonMasqV6, CountEntries[LPMKeyV6, uint8]},
+	} {
+		m, err := p.open(f.name)
+		if errors.Is(err, ErrNotPinned) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		n, err := f.count(m)
+		m.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.name, err)
+		}
+		out[f.family] = n
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s, %s in %s: %w", MapNonMasqV4, MapNonMasqV6, p.Dir, ErrNotPinned)
+	}
+	return out, nil
+}
