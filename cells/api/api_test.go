@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/spf13/pflag"
 
@@ -40,6 +41,8 @@ type node struct {
 	pools  []string
 	h      *hive.Hive
 	client *api.Client
+	// ipam is the node's IPAM, for in-process baselines.
+	ipam *ipam.IPAM
 }
 
 func newNode(t testing.TB, args ...string) *node {
@@ -64,7 +67,8 @@ func newNodeWithConfig(t testing.TB, config string, pools []string, args ...stri
 
 func (n *node) start(args ...string) {
 	n.h = hive.NewWithOptions(agent.Options(),
-		agent.Infrastructure, settings.Cell, kubeclient.Cell, config.Cell, podcidrs.Cell, ipam.Cell, api.Cell)
+		agent.Infrastructure, settings.Cell, kubeclient.Cell, config.Cell, podcidrs.Cell, ipam.Cell, api.Cell,
+		cell.Invoke(func(i *ipam.IPAM) { n.ipam = i }))
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	n.h.RegisterFlags(flags)
 	all := append([]string{

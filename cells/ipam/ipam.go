@@ -48,8 +48,12 @@ type Request struct {
 // Allocation is an endpoint with the no-masquerade CIDRs of its family.
 type Allocation struct {
 	Endpoint tables.Endpoint
-	// NonMasqueradeCIDRs come from the nonmasq-cidrs table.
+	// NonMasqueradeCIDRs come from the nonmasq-cidrs table. The slice is
+	// shared with other answers of the same config: do not modify it.
 	NonMasqueradeCIDRs []netip.Prefix
+	// NonMasqueradeCIDRsJSON is NonMasqueradeCIDRs as a JSON array (nil
+	// when empty), encoded once per config.
+	NonMasqueradeCIDRsJSON []byte
 	// Created is false when the owner already held the address.
 	Created bool
 	// Pool is the pool (pod CIDR) holding the address (zero for an
@@ -80,6 +84,8 @@ type IPAM struct {
 	compacting    atomic.Bool
 	compactions   sync.WaitGroup
 	compactHealth cell.Health
+
+	cidrLists cidrCache
 }
 
 // restore fills the endpoints table from disk and marks it initialized.
@@ -186,7 +192,7 @@ func (i *IPAM) Allocate(ctx context.Context, req Request) (Allocation, error) {
 			return Allocation{}, fmt.Errorf("%w: owner %q already holds %s with route table %d (release it first)",
 				ErrConflict, req.Owner, ep.IP, ep.RouteTable)
 		}
-		return i.allocation(ep, false), nil
+		return i.allocation(ep, false)
 	}
 	node := i.nodeAddrs(wtxn)
 	ip, err := i.pools.get(wtxn, i.podCIDRs).Next(req.Family, func(a netip.Addr) bool {
@@ -207,16 +213,21 @@ func (i *IPAM) Allocate(ctx context.Context, req Request) (Allocation, error) {
 	wtxn.Commit()
 	i.maybeCompact()
 	i.log.Info("Allocated", "ip", ip, "owner", req.Owner, "routeTable", table)
-	return i.allocation(ep, true), nil
+	return i.allocation(ep, true)
 }
 
-func (i *IPAM) allocation(ep *tables.Endpoint, created bool) Allocation {
-	return Allocation{
-		Endpoint:           *ep,
-		NonMasqueradeCIDRs: tables.NoMasqueradePrefixes(i.db.ReadTxn(), i.cidrs, ep.Family()),
-		Created:            created,
-		Pool:               i.PoolOf(ep.IP),
+func (i *IPAM) allocation(ep *tables.Endpoint, created bool) (Allocation, error) {
+	cidrs, err := i.cidrLists.get(i.db.ReadTxn(), i.cidrs, ep.Family())
+	if err != nil {
+		return Allocation{}, err
 	}
+	return Allocation{
+		Endpoint:               *ep,
+		NonMasqueradeCIDRs:     cidrs.Prefixes,
+		NonMasqueradeCIDRsJSON: cidrs.JSON,
+		Created:                created,
+		Pool:                   i.PoolOf(ep.IP),
+	}, nil
 }
 
 func (i *IPAM) waitForConfig(ctx context.Context) error {
@@ -359,6 +370,8 @@ func (i *IPAM) List() []tables.Endpoint {
 }
 
 // NonMasqueradeCIDRs lists the no-masquerade CIDRs of a family from memory.
-func (i *IPAM) NonMasqueradeCIDRs(f tables.Family) []netip.Prefix {
-	return tables.NoMasqueradePrefixes(i.db.ReadTxn(), i.cidrs, f)
+// The list is shared with other readers of the same config: do not modify
+// it.
+func (i *IPAM) NonMasqueradeCIDRs(f tables.Family) (*CIDRList, error) {
+	return i.cidrLists.get(i.db.ReadTxn(), i.cidrs, f)
 }

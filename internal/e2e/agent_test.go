@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 // agent is ipmasq-agent running as a process in the node namespace, with
 // a private bpffs, config and state.
 type agent struct {
-	t       *testing.T
+	t       testing.TB
 	node    *topology.Netns
 	dir     string
 	bpfRoot string
@@ -57,7 +57,7 @@ type agent struct {
 	cmd     *exec.Cmd
 }
 
-func newAgent(t *testing.T, node *topology.Netns, config string) *agent {
+func newAgent(t testing.TB, node *topology.Netns, config string) *agent {
 	privtest.Require(t)
 	dir := t.TempDir()
 	a := &agent{
