@@ -30,10 +30,10 @@ type layer struct {
 }
 
 // layers, lowest first. Leaves (shared settings, the generic map library,
-// the socket helper) import no other package of the module and may be
-// imported by all.
+// the socket helper, the Kubernetes API connection) import no other package
+// of the module and may be imported by all.
 var layers = []layer{
-	{"leaf", []string{"settings", "bpfmap", "internal/unixsock"}},
+	{"leaf", []string{"settings", "bpfmap", "internal/unixsock", "internal/kubeclient"}},
 	{"tables", []string{"tables"}},
 	{"bpf", []string{"bpf"}},
 	{"reconcilers", []string{"reconcilers/"}},
@@ -57,11 +57,12 @@ var testTooling = []string{
 	module + "/internal/privtest",
 	module + "/internal/e2e",
 	module + "/internal/perf",
+	module + "/internal/kubetest",
 }
 
 // testOnly are the module's packages that are test tooling or test suites:
 // they are exempt from the rules, and the layering does not place them.
-var testOnly = []string{"", "deploy", "internal/faults", "internal/iprulestest", "internal/netnstest", "internal/privtest", "internal/e2e", "internal/perf"}
+var testOnly = []string{"", "deploy", "internal/faults", "internal/iprulestest", "internal/netnstest", "internal/privtest", "internal/e2e", "internal/perf", "internal/kubetest"}
 
 // knownViolations are imports that break the rules, each with the change
 // that will remove it; the test fails for a listed import that no longer

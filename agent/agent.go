@@ -17,8 +17,11 @@ import (
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/iprules"
+	"github.com/ipmasq/ipmasq/cells/k8snode"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
+	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/readers/metrics"
+	"github.com/ipmasq/ipmasq/readers/nodeevents"
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/readers/status"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
@@ -47,16 +50,21 @@ var Infrastructure = cell.Group(
 	}),
 )
 
-// Cell is every ipmasq cell: settings, config file, BPF maps, devices and
-// the eBPF datapath, IPAM and its API, the per-endpoint ip rules, and the
-// readers (metrics, status). Their order does not matter: each reads
-// tables or pinned maps, never another cell's state filled at start.
+// Cell is every ipmasq cell: settings, the Kubernetes connection, config
+// file, pod CIDRs (flags and Node), BPF maps, devices and the eBPF
+// datapath, IPAM and its API, the per-endpoint ip rules, and the readers
+// (metrics, status, the Node's Events). Their order does not matter: each
+// reads tables or pinned maps, never another cell's state filled at start.
 var Cell = cell.Group(
 	settings.Cell,
+	// The API server connection (disabled without --k8s-node-name).
+	kubeclient.Cell,
 	config.Cell,
 	nonmasqmaps.Cell,
 	metrics.Cell,
+	// The pod CIDRs from the flags and from the Node.
 	podcidrs.Cell,
+	k8snode.Cell,
 	devices.Cell,
 	datapathtables.Cell,
 	datapath.Cell,
@@ -65,6 +73,8 @@ var Cell = cell.Group(
 	iprules.Cell,
 	iprulesreconciler.Cell,
 	status.Cell,
+	// Config rejections as Events on the Node (with --k8s-node-name).
+	nodeevents.Cell,
 	// The live shell, read-only: the db/* queries and the cells' own
 	// read commands (maps/dump, datapath/nat, config/status, ...); no exec,
 	// no file access, no table writes.

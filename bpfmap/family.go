@@ -102,8 +102,17 @@ func (b *ByFamily[Obj]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, ba
 }
 
 func (b *ByFamily[Obj]) batch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[Obj], update bool) {
-	var v4, v6 []reconciler.BatchEntry[Obj]
-	var i4, i6 []int
+	// Sized up front: a 16 384-prefix config is one batch per family, and
+	// growing these by appending was the largest allocation of a load
+	// (issue #14).
+	n4 := 0
+	for i := range batch {
+		if b.Is4(batch[i].Object) {
+			n4++
+		}
+	}
+	v4, v6 := make([]reconciler.BatchEntry[Obj], 0, n4), make([]reconciler.BatchEntry[Obj], 0, len(batch)-n4)
+	i4, i6 := make([]int, 0, n4), make([]int, 0, len(batch)-n4)
 	for i := range batch {
 		if _, err := b.side(batch[i].Object); err != nil {
 			if update {

@@ -481,14 +481,24 @@ func TestVolumeMountsHaveVolumes(t *testing.T) {
 	}
 }
 
-// TestReferencesResolve: the ServiceAccount exists, and everything is in
-// one namespace.
+// clusterScoped are the kinds in deploy/ that have no namespace.
+var clusterScoped = map[string]bool{"Namespace": true, "ClusterRole": true, "ClusterRoleBinding": true}
+
+// TestReferencesResolve: the ServiceAccount exists, the ClusterRoleBinding
+// binds the ClusterRole to it, and everything namespaced is in one
+// namespace.
 func TestReferencesResolve(t *testing.T) {
 	ms := loadManifests(t)
 	p := loadAgentPod(t, ms)
 	ns := str(p.m.obj, "metadata", "namespace")
 	for _, m := range ms {
-		if got := str(m.obj, "metadata", "namespace"); got != ns && str(m.obj, "kind") != "Namespace" {
+		if clusterScoped[str(m.obj, "kind")] {
+			if got := str(m.obj, "metadata", "namespace"); got != "" {
+				t.Errorf("%s: cluster-scoped, but has namespace %q", m, got)
+			}
+			continue
+		}
+		if got := str(m.obj, "metadata", "namespace"); got != ns {
 			t.Errorf("%s: namespace %q, want %q like the DaemonSet", m, got, ns)
 		}
 	}
@@ -499,5 +509,20 @@ func TestReferencesResolve(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("%s: serviceAccountName %q is not defined in deploy/*.yaml", p.m, sa)
+	}
+	bound := false
+	for _, m := range find(ms, "ClusterRoleBinding") {
+		role := str(m.obj, "roleRef", "name")
+		if len(find(ms, "ClusterRole")) == 0 || str(m.obj, "roleRef", "kind") != "ClusterRole" {
+			continue
+		}
+		for _, s := range list(m.obj, "subjects") {
+			if str(s, "kind") == "ServiceAccount" && str(s, "name") == sa && str(s, "namespace") == ns && role != "" {
+				bound = true
+			}
+		}
+	}
+	if !bound {
+		t.Errorf("no ClusterRoleBinding in deploy/*.yaml binds a ClusterRole to ServiceAccount %s/%s", ns, sa)
 	}
 }

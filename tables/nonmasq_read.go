@@ -34,9 +34,21 @@ func FamilyOf(addr netip.Addr) Family {
 }
 
 // LongestMatch returns the row whose prefix is the longest match for addr.
+// It probes the primary index once per prefix length, longest first (at
+// most 33 lookups for IPv4, 129 for IPv6), so that the table needs no
+// longest-match index to keep up to date on every write.
 func LongestMatch(txn statedb.ReadTxn, tbl statedb.Table[*NonMasqCIDR], addr netip.Addr) (*NonMasqCIDR, bool) {
-	row, _, ok := tbl.Get(txn, NonMasqCIDRByLPM.Query(addr.Unmap()))
-	return row, ok
+	addr = addr.Unmap()
+	if !addr.IsValid() {
+		return nil, false
+	}
+	for bits := addr.BitLen(); bits >= 0; bits-- {
+		p, _ := addr.Prefix(bits)
+		if row, _, ok := tbl.Get(txn, NonMasqCIDRByPrefix.Query(p)); ok {
+			return row, true
+		}
+	}
+	return nil, false
 }
 
 // ShouldMasquerade is the decision the datapath makes for a destination:

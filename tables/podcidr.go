@@ -19,8 +19,15 @@ const PodCIDRTableName = "pod-cidrs"
 type PodCIDRSource string
 
 const (
-	// PodCIDRFromFlag is a --pod-cidr value.
+	// PodCIDRFromFlag is a --pod-cidr value: an IPAM pool and a masquerade
+	// source.
 	PodCIDRFromFlag PodCIDRSource = "flag"
+	// PodCIDRFromKubernetes is one of the agent's Node's spec.podCIDRs (or
+	// the copy of them kept on disk): an IPAM pool and a masquerade source.
+	PodCIDRFromKubernetes PodCIDRSource = "kubernetes"
+	// PodCIDRFromClusterCIDR is a --cluster-cidr value: the whole cluster's
+	// pod range, a masquerade source only (another CNI may do the IPAM).
+	PodCIDRFromClusterCIDR PodCIDRSource = "cluster-cidr"
 )
 
 // PodCIDR is one pool of endpoint addresses on this node: IPAM allocates
@@ -34,6 +41,9 @@ type PodCIDR struct {
 	// --pod-cidr flags): IPAM fills the pools of a family in this order.
 	Position int `json:"position" yaml:"position"`
 }
+
+// IsPool reports whether IPAM hands out addresses from the prefix.
+func (c *PodCIDR) IsPool() bool { return c.Source != PodCIDRFromClusterCIDR }
 
 // TableHeader implements statedb.TableWritable.
 func (c *PodCIDR) TableHeader() []string { return []string{"Prefix", "Source", "Position"} }
@@ -82,7 +92,45 @@ func NewPodCIDRTable(db *statedb.DB) (statedb.RWTable[*PodCIDR], error) {
 
 // PodCIDRPrefixes lists the distinct pod CIDR prefixes of all sources,
 // ordered by position, then source: with only --pod-cidr, the flags' order.
+// These are the masquerade sources.
 func PodCIDRPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR]) []netip.Prefix {
+	return podCIDRPrefixes(txn, tbl, func(*PodCIDR) bool { return true })
+}
+
+// PoolPrefixes lists the distinct prefixes IPAM allocates from (every
+// source but --cluster-cidr), in the order of PodCIDRPrefixes.
+func PoolPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR]) []netip.Prefix {
+	return podCIDRPrefixes(txn, tbl, (*PodCIDR).IsPool)
+}
+
+// SetPodCIDRs makes the rows of source exactly prefixes, at positions in
+// their order, leaving the other sources' rows alone. It reports whether
+// anything changed.
+func SetPodCIDRs(wtxn statedb.WriteTxn, tbl statedb.RWTable[*PodCIDR], source PodCIDRSource, prefixes []netip.Prefix) bool {
+	want := map[PodCIDRKey]int{}
+	for i, p := range prefixes {
+		if _, dup := want[PodCIDRKey{p, source}]; !dup {
+			want[PodCIDRKey{p, source}] = i
+		}
+	}
+	changed := false
+	for row := range tbl.List(wtxn, PodCIDRBySource.Query(source)) {
+		pos, keep := want[PodCIDRKey{row.Prefix, source}]
+		if !keep || pos != row.Position {
+			tbl.Delete(wtxn, row)
+			changed = true
+			continue
+		}
+		delete(want, PodCIDRKey{row.Prefix, source})
+	}
+	for k, pos := range want {
+		tbl.Insert(wtxn, &PodCIDR{Prefix: k.Prefix, Source: source, Position: pos})
+		changed = true
+	}
+	return changed
+}
+
+func podCIDRPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR], keep func(*PodCIDR) bool) []netip.Prefix {
 	rows := statedb.Collect(tbl.All(txn))
 	slices.SortStableFunc(rows, func(a, b *PodCIDR) int {
 		return cmp.Or(cmp.Compare(a.Position, b.Position), cmp.Compare(a.Source, b.Source))
@@ -90,7 +138,7 @@ func PodCIDRPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR]) []netip.P
 	var out []netip.Prefix
 	seen := map[netip.Prefix]bool{}
 	for _, c := range rows {
-		if !seen[c.Prefix] {
+		if keep(c) && !seen[c.Prefix] {
 			seen[c.Prefix] = true
 			out = append(out, c.Prefix)
 		}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/cilium/hive"
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/hivetest"
 	"github.com/spf13/pflag"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
+	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/settings"
 )
 
@@ -39,6 +41,8 @@ type node struct {
 	pools  []string
 	h      *hive.Hive
 	client *api.Client
+	// ipam is the node's IPAM, for in-process baselines.
+	ipam *ipam.IPAM
 }
 
 func newNode(t testing.TB, args ...string) *node {
@@ -63,7 +67,8 @@ func newNodeWithConfig(t testing.TB, config string, pools []string, args ...stri
 
 func (n *node) start(args ...string) {
 	n.h = hive.NewWithOptions(agent.Options(),
-		agent.Infrastructure, settings.Cell, config.Cell, podcidrs.Cell, ipam.Cell, api.Cell)
+		agent.Infrastructure, settings.Cell, kubeclient.Cell, config.Cell, podcidrs.Cell, ipam.Cell, api.Cell,
+		cell.Invoke(func(i *ipam.IPAM) { n.ipam = i }))
 	flags := pflag.NewFlagSet("", pflag.ContinueOnError)
 	n.h.RegisterFlags(flags)
 	all := append([]string{
@@ -131,17 +136,17 @@ func TestAllocateIdempotentAndCIDRs(t *testing.T) {
 	n := newNodeWithConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8, fd00::/8]\n", []string{"10.244.1.0/24", "fd00:10:244:1::/64"})
 	ctx := context.Background()
 	status, body := n.raw("POST", "/v1/ipam/allocations", `{"owner":"c1/eth0","family":"ipv4","routeTable":11}`)
-	if status != http.StatusCreated || !strings.Contains(body, `"ip":"10.244.1.1"`) ||
+	if status != http.StatusCreated || !strings.Contains(body, `"ip":"10.244.1.2"`) ||
 		!strings.Contains(body, `"nonMasqueradeCIDRs":["10.0.0.0/8","169.254.0.0/16"]`) || !strings.Contains(body, `"routeTable":11`) {
 		t.Fatalf("first allocation: %d %s", status, body)
 	}
 	status, body = n.raw("POST", "/v1/ipam/allocations", `{"owner":"c1/eth0","family":"ipv4","routeTable":11}`)
-	if status != http.StatusOK || !strings.Contains(body, `"ip":"10.244.1.1"`) {
+	if status != http.StatusOK || !strings.Contains(body, `"ip":"10.244.1.2"`) {
 		t.Fatalf("repeated allocation must return the same address with 200: %d %s", status, body)
 	}
 	// The same owner may hold one address per family.
 	a6, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: "c1/eth0", Family: "ipv6"})
-	if err != nil || a6.IP.String() != "fd00:10:244:1::1" || fmt.Sprint(a6.NonMasqueradeCIDRs) != "[fd00::/8 fe80::/10]" {
+	if err != nil || a6.IP.String() != "fd00:10:244:1::2" || fmt.Sprint(a6.NonMasqueradeCIDRs) != "[fd00::/8 fe80::/10]" {
 		t.Fatalf("ipv6 allocation: %+v %v", a6, err)
 	}
 	// A different route table for the same owner is a conflict.
@@ -182,14 +187,26 @@ func TestBadRequests(t *testing.T) {
 }
 
 func TestExhaustionAndRelease(t *testing.T) {
-	n := newNodeWithPools(t, []string{"10.250.0.0/30"})
+	// A /29 has five usable addresses: .0 is the network, .1 the gateway,
+	// .7 the broadcast address.
+	n := newNodeWithPools(t, []string{"10.250.0.0/29"})
 	ctx := context.Background()
 	c := n.client
-	a, err1 := c.Allocate(ctx, api.AllocationRequest{Owner: "a", Family: "ipv4"})
-	_, err2 := c.Allocate(ctx, api.AllocationRequest{Owner: "b", Family: "ipv4"})
+	var allocs []api.AllocationResponse
+	for _, owner := range []string{"a", "b", "x1", "x2", "x3"} {
+		a, err := c.Allocate(ctx, api.AllocationRequest{Owner: owner, Family: "ipv4"})
+		if err != nil {
+			t.Fatalf("allocate %s: %v", owner, err)
+		}
+		allocs = append(allocs, a)
+	}
+	if got := allocs[0].IP.String(); got != "10.250.0.2" {
+		t.Fatalf("first allocation %s, want 10.250.0.2 (.1 is the gateway)", got)
+	}
+	a := allocs[0]
 	_, err3 := c.Allocate(ctx, api.AllocationRequest{Owner: "c", Family: "ipv4"})
-	if err1 != nil || err2 != nil || apiStatus(err3) != http.StatusConflict || !strings.Contains(err3.Error(), "exhausted") {
-		t.Fatalf("exhaustion: %v %v %v", err1, err2, err3)
+	if apiStatus(err3) != http.StatusConflict || !strings.Contains(err3.Error(), "exhausted") {
+		t.Fatalf("exhaustion: %v", err3)
 	}
 	if _, err := c.Allocate(ctx, api.AllocationRequest{Owner: "d", Family: "ipv6"}); apiStatus(err) != http.StatusBadRequest || !strings.Contains(err.Error(), "no pool for ipv6") {
 		t.Fatalf("no ipv6 pool: %v", err)
@@ -203,8 +220,10 @@ func TestExhaustionAndRelease(t *testing.T) {
 	if _, err := c.Allocate(ctx, api.AllocationRequest{Owner: "c", Family: "ipv4"}); err != nil {
 		t.Fatalf("allocation after release: %v", err)
 	}
-	if err := c.ReleaseOwner(ctx, "b"); err != nil {
-		t.Fatal(err)
+	for _, owner := range []string{"b", "x1", "x2", "x3"} {
+		if err := c.ReleaseOwner(ctx, owner); err != nil {
+			t.Fatal(err)
+		}
 	}
 	list, _ := c.List(ctx)
 	if len(list) != 1 || list[0].Owner != "c" {

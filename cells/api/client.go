@@ -40,9 +40,11 @@ func (e *Error) Error() string { return fmt.Sprintf("ipmasq API: %s (HTTP %d)", 
 
 // Allocate asks for the owner's address of a family ("ipv4" or "ipv6").
 func (c *Client) Allocate(ctx context.Context, req AllocationRequest) (AllocationResponse, error) {
-	var out AllocationResponse
+	var out allocationWire
 	body, _ := json.Marshal(req)
-	return out, c.do(ctx, http.MethodPost, "/v1/ipam/allocations", body, &out)
+	err := c.do(ctx, http.MethodPost, "/v1/ipam/allocations", body, &out)
+	out.AllocationResponse.NonMasqueradeCIDRs = out.NonMasqueradeCIDRs
+	return out.AllocationResponse, err
 }
 
 // List returns every allocation.

@@ -57,19 +57,16 @@ type ipamParams struct {
 	Health    cell.Health
 	Config    Config
 	CIDRs     statedb.Table[*tables.NonMasqCIDR]
-	// PodCIDRs are the pools, written before IPAM is constructed (see
-	// cells/podcidrs).
+	// PodCIDRs are the pools (podcidrs.Cell), followed live.
 	PodCIDRs statedb.Table[*tables.PodCIDR]
+	// Devices hold the node's own addresses, which are never handed out.
+	Devices statedb.Table[*tables.EgressDevice] `optional:"true"`
 }
 
-// newIPAM builds the pools from table pod-cidrs, creates the endpoints table and restores it
-// from disk. A state that cannot be read is a start error: starting empty
-// would hand out addresses that are in use.
+// newIPAM creates the endpoints table and restores it from disk. A state
+// that cannot be read is a start error: starting empty would hand out
+// addresses that are in use.
 func newIPAM(p ipamParams) (*IPAM, error) {
-	pools, err := NewPools(tables.PodCIDRPrefixes(p.DB.ReadTxn(), p.PodCIDRs))
-	if err != nil {
-		return nil, err
-	}
 	store, err := NewStore(p.Config.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("--state-dir %s: %w", p.Config.StateDir, err)
@@ -80,7 +77,7 @@ func newIPAM(p ipamParams) (*IPAM, error) {
 	}
 	i := &IPAM{
 		log: p.Log, db: p.DB, endpoints: endpoints, cidrs: p.CIDRs,
-		pools: pools, store: store, config: p.Config,
+		podCIDRs: p.PodCIDRs, devices: p.Devices, store: store, config: p.Config,
 		health:        p.Health.NewScope("state"),
 		compactHealth: p.Health.NewScope("compaction"),
 	}

@@ -18,9 +18,13 @@ import (
 )
 
 var (
-	// ErrConfigNotLoaded means the first masquerade config has not been
-	// loaded within --ipam-config-wait.
+	// ErrConfigNotLoaded means the first masquerade config, or the node's
+	// pod CIDRs (from its Node), were not known within --ipam-config-wait.
 	ErrConfigNotLoaded = errors.New("the masquerade config has not been loaded yet")
+	// ErrPoolsNotKnown means the pod CIDRs were not known within
+	// --ipam-config-wait (the Node was not read yet); it is an
+	// ErrConfigNotLoaded.
+	ErrPoolsNotKnown = fmt.Errorf("%w: the pod CIDRs are not known yet", ErrConfigNotLoaded)
 	// ErrNotFound means no endpoint has the given address or owner.
 	ErrNotFound = errors.New("no such allocation")
 	// ErrConflict means the owner already holds an address of the family
@@ -44,12 +48,16 @@ type Request struct {
 // Allocation is an endpoint with the no-masquerade CIDRs of its family.
 type Allocation struct {
 	Endpoint tables.Endpoint
-	// NonMasqueradeCIDRs come from the nonmasq-cidrs table.
+	// NonMasqueradeCIDRs come from the nonmasq-cidrs table. The slice is
+	// shared with other answers of the same config: do not modify it.
 	NonMasqueradeCIDRs []netip.Prefix
+	// NonMasqueradeCIDRsJSON is NonMasqueradeCIDRs as a JSON array (nil
+	// when empty), encoded once per config.
+	NonMasqueradeCIDRsJSON []byte
 	// Created is false when the owner already held the address.
 	Created bool
-	// Pool is the --pod-cidr pool holding the address (zero for an
-	// endpoint restored outside the current pools).
+	// Pool is the pool (pod CIDR) holding the address (zero for an
+	// endpoint outside the current pools).
 	Pool netip.Prefix
 }
 
@@ -60,7 +68,9 @@ type IPAM struct {
 	db        *statedb.DB
 	endpoints statedb.RWTable[*tables.Endpoint]
 	cidrs     statedb.Table[*tables.NonMasqCIDR]
-	pools     *Pools
+	podCIDRs  statedb.Table[*tables.PodCIDR]
+	devices   statedb.Table[*tables.EgressDevice] // nil without the devices cell
+	pools     poolsCache
 	store     *Store
 	config    Config
 	health    cell.Health
@@ -74,6 +84,8 @@ type IPAM struct {
 	compacting    atomic.Bool
 	compactions   sync.WaitGroup
 	compactHealth cell.Health
+
+	cidrLists cidrCache
 }
 
 // restore fills the endpoints table from disk and marks it initialized.
@@ -84,10 +96,11 @@ func (i *IPAM) restore() error {
 	}
 	wtxn := i.db.WriteTxn(i.endpoints)
 	done := i.endpoints.RegisterInitializer(wtxn, "ipam-state")
+	pools := i.pools.get(wtxn, i.podCIDRs)
 	var outside []string
 	for _, ep := range eps {
 		i.endpoints.Insert(wtxn, ep)
-		if !i.pools.Usable(ep.IP) {
+		if !pools.Usable(ep.IP) {
 			outside = append(outside, ep.IP.String()+" ("+ep.Owner+")")
 		}
 	}
@@ -163,6 +176,9 @@ func (i *IPAM) Allocate(ctx context.Context, req Request) (Allocation, error) {
 	if err := i.waitForConfig(ctx); err != nil {
 		return Allocation{}, err
 	}
+	if err := i.waitForPools(ctx); err != nil {
+		return Allocation{}, err
+	}
 
 	i.mu.Lock()
 	defer i.mu.Unlock()
@@ -176,9 +192,13 @@ func (i *IPAM) Allocate(ctx context.Context, req Request) (Allocation, error) {
 			return Allocation{}, fmt.Errorf("%w: owner %q already holds %s with route table %d (release it first)",
 				ErrConflict, req.Owner, ep.IP, ep.RouteTable)
 		}
-		return i.allocation(ep, false), nil
+		return i.allocation(ep, false)
 	}
-	ip, err := i.pools.Next(req.Family, func(a netip.Addr) bool {
+	node := i.nodeAddrs(wtxn)
+	ip, err := i.pools.get(wtxn, i.podCIDRs).Next(req.Family, func(a netip.Addr) bool {
+		if node[a] {
+			return true
+		}
 		_, _, used := i.endpoints.Get(wtxn, tables.EndpointByIP.Query(a))
 		return used
 	})
@@ -193,16 +213,21 @@ func (i *IPAM) Allocate(ctx context.Context, req Request) (Allocation, error) {
 	wtxn.Commit()
 	i.maybeCompact()
 	i.log.Info("Allocated", "ip", ip, "owner", req.Owner, "routeTable", table)
-	return i.allocation(ep, true), nil
+	return i.allocation(ep, true)
 }
 
-func (i *IPAM) allocation(ep *tables.Endpoint, created bool) Allocation {
-	return Allocation{
-		Endpoint:           *ep,
-		NonMasqueradeCIDRs: tables.NoMasqueradePrefixes(i.db.ReadTxn(), i.cidrs, ep.Family()),
-		Created:            created,
-		Pool:               i.PoolOf(ep.IP),
+func (i *IPAM) allocation(ep *tables.Endpoint, created bool) (Allocation, error) {
+	cidrs, err := i.cidrLists.get(i.db.ReadTxn(), i.cidrs, ep.Family())
+	if err != nil {
+		return Allocation{}, err
 	}
+	return Allocation{
+		Endpoint:               *ep,
+		NonMasqueradeCIDRs:     cidrs.Prefixes,
+		NonMasqueradeCIDRsJSON: cidrs.JSON,
+		Created:                created,
+		Pool:                   i.PoolOf(ep.IP),
+	}, nil
 }
 
 func (i *IPAM) waitForConfig(ctx context.Context) error {
@@ -215,6 +240,44 @@ func (i *IPAM) waitForConfig(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// waitForPools waits until the pod-cidrs table is complete: at once with
+// --pod-cidr, after the Node (or its copy on disk) was read with
+// --k8s-node-name.
+func (i *IPAM) waitForPools(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, i.config.IPAMConfigWait)
+	defer cancel()
+	for {
+		init, watch := i.podCIDRs.Initialized(i.db.ReadTxn())
+		if init {
+			return nil
+		}
+		select {
+		case <-watch:
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("%w after %s (waiting for the Node's spec.podCIDRs)", ErrPoolsNotKnown, i.config.IPAMConfigWait)
+			}
+			return ctx.Err()
+		}
+	}
+}
+
+// nodeAddrs are the node's own addresses, never handed out: an address
+// that a device of the node holds inside a pool (the pods' gateway on a
+// bridge, a misconfigured device) would be answered by the node itself.
+func (i *IPAM) nodeAddrs(txn statedb.ReadTxn) map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	if i.devices == nil {
+		return out
+	}
+	for d := range i.devices.All(txn) {
+		for _, a := range d.Addresses {
+			out[a] = true
+		}
+	}
+	return out
 }
 
 // Release frees an address. Releasing it twice is ErrNotFound.
@@ -289,7 +352,7 @@ func (i *IPAM) persist(change func() error) error {
 
 // PoolOf returns the pool holding ip, or the zero prefix.
 func (i *IPAM) PoolOf(ip netip.Addr) netip.Prefix {
-	for _, p := range i.pools.Prefixes(tables.FamilyOf(ip)) {
+	for _, p := range i.pools.get(i.db.ReadTxn(), i.podCIDRs).Prefixes(tables.FamilyOf(ip)) {
 		if p.Contains(ip) {
 			return p
 		}
@@ -307,6 +370,8 @@ func (i *IPAM) List() []tables.Endpoint {
 }
 
 // NonMasqueradeCIDRs lists the no-masquerade CIDRs of a family from memory.
-func (i *IPAM) NonMasqueradeCIDRs(f tables.Family) []netip.Prefix {
-	return tables.NoMasqueradePrefixes(i.db.ReadTxn(), i.cidrs, f)
+// The list is shared with other readers of the same config: do not modify
+// it.
+func (i *IPAM) NonMasqueradeCIDRs(f tables.Family) (*CIDRList, error) {
+	return i.cidrLists.get(i.db.ReadTxn(), i.cidrs, f)
 }

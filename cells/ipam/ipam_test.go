@@ -23,6 +23,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
+	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -39,7 +40,7 @@ type fixture struct {
 func startIPAM(t *testing.T, stateDir string, pool string) (*fixture, error) {
 	var f fixture
 	f.h = hive.NewWithOptions(agent.Options(),
-		agent.Infrastructure, settings.Cell, config.Cell, podcidrs.Cell, ipam.Cell,
+		agent.Infrastructure, settings.Cell, kubeclient.Cell, config.Cell, podcidrs.Cell, ipam.Cell,
 		cell.Invoke(func(i *ipam.IPAM, db *statedb.DB, eps statedb.Table[*tables.Endpoint], h *cell.SimpleHealth) {
 			f.ipam, f.db, f.eps, f.health = i, db, eps, h
 		}))

@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
+
+	"github.com/cilium/statedb"
 
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -52,8 +55,8 @@ func (p *pool) holds(ip netip.Addr) bool {
 }
 
 // NewPools validates the pools: each must be masked, must not overlap
-// another, and must leave room for at least two (IPv4, /30) or three
-// (IPv6, /126) usable addresses. IPv4-mapped IPv6 prefixes are rejected:
+// another, and must leave room for at least one (IPv4, /30) or two (IPv6,
+// /126) usable addresses. IPv4-mapped IPv6 prefixes are rejected:
 // write them as IPv4. Pools of a family are searched in the order given.
 func NewPools(cidrs []netip.Prefix) (*Pools, error) {
 	p := &Pools{}
@@ -92,27 +95,29 @@ func checkPool(c netip.Prefix) error {
 		return fmt.Errorf("--pod-cidr %s has host bits set; did you mean %s?", c, m)
 	}
 	if addr.Is4() && c.Bits() > 30 {
-		return fmt.Errorf("--pod-cidr %s is too small: an IPv4 pool must be /30 or larger (2 usable addresses)", c)
+		return fmt.Errorf("--pod-cidr %s is too small: an IPv4 pool must be /30 or larger (1 usable address)", c)
 	}
 	if addr.Is6() && c.Bits() > 126 {
-		return fmt.Errorf("--pod-cidr %s is too small: an IPv6 pool must be /126 or larger (3 usable addresses)", c)
+		return fmt.Errorf("--pod-cidr %s is too small: an IPv6 pool must be /126 or larger (2 usable addresses)", c)
 	}
 	return nil
 }
 
 // newPool computes the usable range of a checked prefix: all but the
-// network address, and for IPv4 also all but the broadcast address.
+// network address and the first address (the pods' gateway by convention:
+// the node's address on the pod side, as host-local and Cilium reserve
+// it), and for IPv4 also all but the broadcast address.
 func newPool(c netip.Prefix) pool {
 	hostBits := c.Addr().BitLen() - c.Bits()
-	pl := pool{prefix: c, first: c.Addr().Next(), last: lastAddr(c)}
+	pl := pool{prefix: c, first: c.Addr().Next().Next(), last: lastAddr(c)}
 	switch {
 	case c.Addr().Is4():
 		pl.last = pl.last.Prev()
-		pl.size = 1<<hostBits - 2
+		pl.size = 1<<hostBits - 3
 	case hostBits >= 64:
-		pl.size = math.MaxUint64 // 2^64-1 is exact for a /64; larger saturate
+		pl.size = math.MaxUint64 // 2^64-2 for a /64, saturated like the larger ones
 	default:
-		pl.size = 1<<hostBits - 1
+		pl.size = 1<<hostBits - 2
 	}
 	return pl
 }
@@ -159,7 +164,8 @@ func (p *Pools) Contains(ip netip.Addr) bool {
 }
 
 // Usable reports whether ip may be handed out: inside a pool and not the
-// pool's network address, nor (IPv4) its broadcast address.
+// pool's network address, its first address (the gateway), nor (IPv4) its
+// broadcast address.
 func (p *Pools) Usable(ip netip.Addr) bool {
 	for _, pl := range p.family(tables.FamilyOf(ip)).pools {
 		if pl.holds(ip) {
@@ -289,4 +295,38 @@ func (p *Pools) errExhausted(f tables.Family, budget []uint64) error {
 	}
 	return fmt.Errorf("%s pools %s %w: the %d addresses checked are all allocated (the search stops after %d per pool)",
 		f, p.poolList(f), ErrExhausted, checked, maxScanPerPool)
+}
+
+// poolsCache is the Pools of the pod-cidrs table's current pool ranges. It
+// builds a new Pools only when the ranges change, so next-fit keeps its
+// place between allocations.
+type poolsCache struct {
+	mu       sync.Mutex
+	prefixes []netip.Prefix
+	pools    *Pools
+	// err is why the current ranges are not usable; the previous pools
+	// stay in use.
+	err error
+}
+
+// get returns the pools for the table's ranges as of txn. Ranges that do
+// not form valid pools (overlapping pod CIDRs from two sources) leave the
+// previous pools in use.
+func (c *poolsCache) get(txn statedb.ReadTxn, tbl statedb.Table[*tables.PodCIDR]) *Pools {
+	prefixes := tables.PoolPrefixes(txn, tbl)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pools != nil && slices.Equal(prefixes, c.prefixes) {
+		return c.pools
+	}
+	c.prefixes = prefixes
+	pools, err := NewPools(prefixes)
+	c.err = err
+	if err == nil {
+		c.pools = pools
+	}
+	if c.pools == nil {
+		c.pools = &Pools{}
+	}
+	return c.pools
 }

@@ -107,17 +107,18 @@ func TestPrefixes(t *testing.T) {
 }
 
 func TestExhaustSlash30(t *testing.T) {
+	// .0 network, .1 gateway, .3 broadcast: .2 is the one usable address.
 	p := mustPools(t, "10.244.1.0/30")
 	u := usedSet{}
-	got := []netip.Addr{u.alloc(t, p, tables.IPv4), u.alloc(t, p, tables.IPv4)}
-	if want := addrs("10.244.1.1", "10.244.1.2"); !slices.Equal(got, want) {
+	got := []netip.Addr{u.alloc(t, p, tables.IPv4)}
+	if want := addrs("10.244.1.2"); !slices.Equal(got, want) {
 		t.Fatalf("allocated %v, want %v", got, want)
 	}
 	_, err := p.Next(tables.IPv4, u.used)
 	if !errors.Is(err, ErrExhausted) {
-		t.Fatalf("third Next: %v, want ErrExhausted", err)
+		t.Fatalf("second Next: %v, want ErrExhausted", err)
 	}
-	if want := "ipv4 pools 10.244.1.0/30 exhausted: all 2 addresses are allocated"; err.Error() != want {
+	if want := "ipv4 pools 10.244.1.0/30 exhausted: all 1 addresses are allocated"; err.Error() != want {
 		t.Errorf("error %q, want %q", err, want)
 	}
 }
@@ -126,15 +127,15 @@ func TestExhaustSlash29(t *testing.T) {
 	p := mustPools(t, "10.244.1.0/29")
 	u := usedSet{}
 	var got []netip.Addr
-	for range 6 {
+	for range 5 {
 		got = append(got, u.alloc(t, p, tables.IPv4))
 	}
-	want := addrs("10.244.1.1", "10.244.1.2", "10.244.1.3", "10.244.1.4", "10.244.1.5", "10.244.1.6")
+	want := addrs("10.244.1.2", "10.244.1.3", "10.244.1.4", "10.244.1.5", "10.244.1.6")
 	if !slices.Equal(got, want) {
 		t.Fatalf("allocated %v, want %v", got, want)
 	}
 	if _, err := p.Next(tables.IPv4, u.used); !errors.Is(err, ErrExhausted) {
-		t.Fatalf("seventh Next: %v, want ErrExhausted", err)
+		t.Fatalf("sixth Next: %v, want ErrExhausted", err)
 	}
 	// Exhaustion is not sticky: a release makes room again.
 	delete(u, netip.MustParseAddr("10.244.1.4"))
@@ -146,7 +147,7 @@ func TestExhaustSlash29(t *testing.T) {
 func TestNextFitWrapsAround(t *testing.T) {
 	p := mustPools(t, "10.244.1.0/29")
 	u := usedSet{}
-	for range 6 {
+	for range 5 {
 		u.alloc(t, p, tables.IPv4)
 	}
 	// The cursor is at .6, the end of the pool. Free .2 and .5: nothing is
@@ -175,13 +176,13 @@ func TestReleasedAddressNotReusedAtOnce(t *testing.T) {
 	delete(u, a3) // the most recent one, where the cursor is
 	delete(u, a1)
 	got := []netip.Addr{u.alloc(t, p, tables.IPv4), u.alloc(t, p, tables.IPv4), u.alloc(t, p, tables.IPv4)}
-	if want := addrs("10.244.1.4", "10.244.1.5", "10.244.1.6"); !slices.Equal(got, want) {
+	if want := addrs("10.244.1.5", "10.244.1.6", "10.244.1.2"); !slices.Equal(got, want) {
 		t.Fatalf("after releasing %s and %s allocated %v, want %v", a1, a3, got, want)
 	}
-	// Only now, with the pool's end reached, do released addresses return,
-	// oldest position first; the just-released a3 comes last.
-	got = []netip.Addr{u.alloc(t, p, tables.IPv4), u.alloc(t, p, tables.IPv4)}
-	if want := []netip.Addr{a1, a3}; !slices.Equal(got, want) {
+	// Only with the pool's end reached did a released address return
+	// (a1, the oldest position); the just-released a3 comes last.
+	got = []netip.Addr{u.alloc(t, p, tables.IPv4)}
+	if want := []netip.Addr{a3}; !slices.Equal(got, want) {
 		t.Fatalf("then allocated %v, want %v", got, want)
 	}
 
@@ -196,14 +197,14 @@ func TestNextAcrossPools(t *testing.T) {
 	p := mustPools(t, "10.244.2.0/30", "fd00::/126", "10.244.1.0/30")
 	u := usedSet{}
 	var got []netip.Addr
-	for range 4 {
+	for range 2 {
 		got = append(got, u.alloc(t, p, tables.IPv4))
 	}
-	if want := addrs("10.244.2.1", "10.244.2.2", "10.244.1.1", "10.244.1.2"); !slices.Equal(got, want) {
+	if want := addrs("10.244.2.2", "10.244.1.2"); !slices.Equal(got, want) {
 		t.Fatalf("allocated %v, want %v (pools in the order given)", got, want)
 	}
 	_, err := p.Next(tables.IPv4, u.used)
-	if want := "ipv4 pools 10.244.2.0/30, 10.244.1.0/30 exhausted: all 4 addresses are allocated"; err == nil || err.Error() != want {
+	if want := "ipv4 pools 10.244.2.0/30, 10.244.1.0/30 exhausted: all 2 addresses are allocated"; err == nil || err.Error() != want {
 		t.Fatalf("error %v, want %q", err, want)
 	}
 
@@ -213,16 +214,16 @@ func TestNextAcrossPools(t *testing.T) {
 		t.Errorf("got %s, want 10.244.2.2", ip)
 	}
 
-	// IPv6 is independent: /126 has ::1, ::2, ::3.
+	// IPv6 is independent: /126 has ::2 and ::3 (::1 is the gateway).
 	got = nil
-	for range 3 {
+	for range 2 {
 		got = append(got, u.alloc(t, p, tables.IPv6))
 	}
-	if want := addrs("fd00::1", "fd00::2", "fd00::3"); !slices.Equal(got, want) {
+	if want := addrs("fd00::2", "fd00::3"); !slices.Equal(got, want) {
 		t.Fatalf("allocated %v, want %v", got, want)
 	}
 	if _, err := p.Next(tables.IPv6, u.used); !errors.Is(err, ErrExhausted) {
-		t.Fatalf("fourth ipv6 Next: %v, want ErrExhausted", err)
+		t.Fatalf("third ipv6 Next: %v, want ErrExhausted", err)
 	}
 }
 
@@ -247,8 +248,8 @@ func TestNextIPv6Slash64(t *testing.T) {
 	start := time.Now()
 	for i := range 10000 {
 		ip := u.alloc(t, p, tables.IPv6)
-		if i == 0 && ip != netip.MustParseAddr("fd00:10:244:1::1") {
-			t.Fatalf("first address %s, want fd00:10:244:1::1", ip)
+		if i == 0 && ip != netip.MustParseAddr("fd00:10:244:1::2") {
+			t.Fatalf("first address %s, want fd00:10:244:1::2 (::1 is the gateway)", ip)
 		}
 	}
 	if d := time.Since(start); d > 5*time.Second {
@@ -270,11 +271,10 @@ func TestNextIPv6Slash64(t *testing.T) {
 	top := mustPools(t, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffc/126")
 	u = usedSet{}
 	var got []netip.Addr
-	for range 3 {
+	for range 2 {
 		got = append(got, u.alloc(t, top, tables.IPv6))
 	}
-	want := addrs("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffd", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe",
-		"ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")
+	want := addrs("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")
 	if !slices.Equal(got, want) {
 		t.Fatalf("allocated %v, want %v", got, want)
 	}
@@ -291,14 +291,16 @@ func TestUsableAndContains(t *testing.T) {
 		contains, usable bool
 	}{
 		{"10.244.1.0", true, false},   // network
-		{"10.244.1.1", true, true},    // first usable
+		{"10.244.1.1", true, false},   // gateway
+		{"10.244.1.2", true, true},    // first usable
 		{"10.244.1.254", true, true},  // last usable
 		{"10.244.1.255", true, false}, // broadcast
 		{"10.244.2.1", false, false},
 		{"10.244.0.255", false, false},
 		{"::ffff:10.244.1.1", false, false}, // IPv4-mapped: not an endpoint address
 		{"fd00::", true, false},             // network (subnet-router anycast)
-		{"fd00::1", true, true},
+		{"fd00::1", true, false},            // gateway
+		{"fd00::2", true, true},
 		{"fd00::ffff:ffff:ffff:ffff", true, true}, // IPv6 has no broadcast
 		{"fd00:0:0:1::1", false, false},
 		{"fe80::1", false, false},
@@ -319,11 +321,11 @@ func TestCapacity(t *testing.T) {
 		cidrs  []string
 		v4, v6 uint64
 	}{
-		{[]string{"10.244.1.0/24"}, 254, 0},
-		{[]string{"10.244.1.0/30", "10.244.2.0/29"}, 8, 0},
-		{[]string{"10.0.0.0/8"}, 1<<24 - 2, 0},
-		{[]string{"fd00::/126"}, 0, 3},
-		{[]string{"fd00::/120", "10.244.1.0/24"}, 254, 255},
+		{[]string{"10.244.1.0/24"}, 253, 0},
+		{[]string{"10.244.1.0/30", "10.244.2.0/29"}, 6, 0},
+		{[]string{"10.0.0.0/8"}, 1<<24 - 3, 0},
+		{[]string{"fd00::/126"}, 0, 2},
+		{[]string{"fd00::/120", "10.244.1.0/24"}, 253, 254},
 		{[]string{"fd00::/64"}, 0, math.MaxUint64},
 		{[]string{"fd00::/64", "fd01::/64"}, 0, math.MaxUint64},
 		{[]string{"fd00::/48"}, 0, math.MaxUint64},

@@ -1,8 +1,10 @@
 package iprules
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -18,17 +20,33 @@ type template struct {
 // templates computes the per-family rule templates from the prefixes and
 // actions of nonmasq-cidrs. Prefixes nested too deep for the priority
 // range are reported in errs and get no rule.
+//
+// One pass over the prefixes sorted by address, then length, with a stack
+// of the prefixes that contain the current one: a prefix's ancestors all
+// sort before it, and a prefix popped from the stack contains none of the
+// later ones. (Probing a map once per shorter length cost 24 lookups per
+// IPv4 prefix and was a sixth of the agent's CPU at 16 384 prefixes.)
 func templates(rows []*tables.NonMasqCIDR, base uint32) (v4, v6 []template, errs []error) {
-	byPrefix := make(map[netip.Prefix]tables.Action, len(rows))
+	sorted := slices.Clone(rows)
+	slices.SortFunc(sorted, func(a, b *tables.NonMasqCIDR) int { return comparePrefix(a.Prefix, b.Prefix) })
+	n4 := 0
 	for _, r := range rows {
-		byPrefix[r.Prefix] = r.Action
+		if r.Prefix.Addr().Is4() {
+			n4++
+		}
 	}
-	for _, r := range rows {
-		depth, parent, hasParent := ancestors(byPrefix, r.Prefix)
-		if !hasParent && r.Action == tables.ActionMasquerade {
+	v4, v6 = make([]template, 0, n4), make([]template, 0, len(rows)-n4)
+	var stack []*tables.NonMasqCIDR
+	for _, r := range sorted {
+		for len(stack) > 0 && !contains(stack[len(stack)-1].Prefix, r.Prefix) {
+			stack = stack[:len(stack)-1]
+		}
+		depth := len(stack)
+		stack = append(stack, r)
+		if depth == 0 && r.Action == tables.ActionMasquerade {
 			continue // masqueraded anyway: the main table is the default
 		}
-		if hasParent && parent == r.Action {
+		if depth > 0 && stack[depth-1].Action == r.Action {
 			continue // the parent's rule already decides the same
 		}
 		if uint32(depth) >= base {
@@ -45,19 +63,17 @@ func templates(rows []*tables.NonMasqCIDR, base uint32) (v4, v6 []template, errs
 	return v4, v6, errs
 }
 
-// ancestors counts the table prefixes strictly containing p and returns the
-// action of the nearest (longest) one.
-func ancestors(byPrefix map[netip.Prefix]tables.Action, p netip.Prefix) (depth int, nearest tables.Action, found bool) {
-	for bits := p.Bits() - 1; bits >= 0; bits-- {
-		q, _ := p.Addr().Prefix(bits)
-		if a, ok := byPrefix[q]; ok {
-			if !found {
-				nearest, found = a, true
-			}
-			depth++
-		}
+// comparePrefix orders prefixes by address, then length.
+func comparePrefix(p, q netip.Prefix) int {
+	if c := p.Addr().Compare(q.Addr()); c != 0 {
+		return c
 	}
-	return depth, nearest, found
+	return cmp.Compare(p.Bits(), q.Bits())
+}
+
+// contains reports whether p strictly contains q.
+func contains(p, q netip.Prefix) bool {
+	return p.Bits() < q.Bits() && p.Contains(q.Addr())
 }
 
 // desired computes every rule for the endpoints that have a route table.

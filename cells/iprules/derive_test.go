@@ -2,6 +2,8 @@ package iprules
 
 import (
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -153,4 +155,70 @@ func TestDesiredMemoryFollowsRules(t *testing.T) {
 	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > limit {
 		t.Fatalf("desired allocated %d MiB for 16 384 rules (limit %d MiB): sized by endpoints × prefixes?", alloc>>20, limit>>20)
 	}
+}
+
+// TestTemplatesMatchAncestorProbe compares the one-pass nesting walk with
+// the definition (count the table prefixes strictly containing each one, by
+// probing every shorter length) on random nested prefixes of both families.
+func TestTemplatesMatchAncestorProbe(t *testing.T) {
+	rng := rand.New(rand.NewPCG(14, 1))
+	for round := range 50 {
+		seen := map[netip.Prefix]bool{}
+		var cidrs []*tables.NonMasqCIDR
+		for range 300 {
+			var a netip.Addr
+			if rng.IntN(2) == 0 {
+				a = netip.AddrFrom4([4]byte{10, byte(rng.IntN(3)), byte(rng.IntN(3)), byte(rng.IntN(256))})
+			} else {
+				a = netip.AddrFrom16([16]byte{0xfd, byte(rng.IntN(3)), 15: byte(rng.IntN(256))})
+			}
+			p, _ := a.Prefix(rng.IntN(a.BitLen() + 1))
+			if !seen[p] {
+				seen[p] = true
+				cidrs = append(cidrs, &tables.NonMasqCIDR{Prefix: p, Action: tables.Action(rng.IntN(2))})
+			}
+		}
+		base := uint32(2 + rng.IntN(8)) // small enough that some nest too deep
+		actions := cidrActions(cidrs)
+		want := map[template]bool{}
+		wantErrs := 0
+		for _, r := range cidrs {
+			depth, parent, found := 0, tables.Action(0), false
+			for bits := r.Prefix.Bits() - 1; bits >= 0; bits-- {
+				q, _ := r.Prefix.Addr().Prefix(bits)
+				if seen[q] {
+					if !found {
+						parent, found = actions[q], true
+					}
+					depth++
+				}
+			}
+			switch {
+			case !found && r.Action == tables.ActionMasquerade, found && parent == r.Action:
+			case uint32(depth) >= base:
+				wantErrs++
+			default:
+				want[template{priority: base - uint32(depth), to: r.Prefix, main: r.Action == tables.ActionMasquerade}] = true
+			}
+		}
+		v4, v6, errs := templates(cidrs, base)
+		got := map[template]bool{}
+		for _, tm := range slices.Concat(v4, v6) {
+			got[tm] = true
+			if tm.to.Addr().Is4() != slices.Contains(v4, tm) {
+				t.Fatalf("round %d: %v in the wrong family", round, tm)
+			}
+		}
+		if !maps.Equal(got, want) || len(errs) != wantErrs || len(v4)+len(v6) != len(got) {
+			t.Fatalf("round %d (base %d): %d templates, %d errors; want %d templates, %d errors", round, base, len(got), len(errs), len(want), wantErrs)
+		}
+	}
+}
+
+func cidrActions(cidrs []*tables.NonMasqCIDR) map[netip.Prefix]tables.Action {
+	m := map[netip.Prefix]tables.Action{}
+	for _, c := range cidrs {
+		m[c.Prefix] = c.Action
+	}
+	return m
 }

@@ -1,13 +1,15 @@
-// Package podcidrs writes the node's pod CIDRs from --pod-cidr into table
-// pod-cidrs, the one place IPAM (its pools) and the datapath (its
-// masquerade sources) read them from.
+// Package podcidrs provides table pod-cidrs, the one place IPAM (its pools)
+// and the datapath (its masquerade sources) read the node's pod CIDRs from,
+// and writes the ones given on the command line into it:
 //
-//	--pod-cidr ──▶ [pod-cidrs cell] ──▶ table pod-cidrs ──▶ IPAM pools, masquerade sources
+//	--pod-cidr     ──▶ [pod-cidrs cell] ──▶ table pod-cidrs ──▶ IPAM pools, masquerade sources
+//	--cluster-cidr ──▶ [pod-cidrs cell] ──▶ table pod-cidrs ──▶ masquerade sources only
+//	Node spec.podCIDRs ──▶ [k8s-node cell] ──▶ table pod-cidrs ──▶ IPAM pools, masquerade sources
 //
-// Rows carry their source (tables.PodCIDRFromFlag here), so that other
-// writers (e.g. a Kubernetes Node's spec.podCIDRs) add theirs next to the
-// flag's: each writer owns its source's rows and registers its own
-// initializer on the table in its constructor.
+// Rows carry their source (tables.PodCIDRFromFlag, PodCIDRFromClusterCIDR
+// here, PodCIDRFromKubernetes from cells/k8snode): each writer owns its
+// source's rows. With --k8s-node-name the table is initialized only once
+// the Node's ranges are known (KubernetesDone).
 package podcidrs
 
 import (
@@ -18,13 +20,19 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
+	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/internal/kubeclient"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
 // Config is the pod-cidrs cell's command-line configuration.
 type Config struct {
-	// PodCIDR are the pools endpoint addresses are allocated from.
-	PodCIDR []string
+	// PodCIDR are the pools endpoint addresses are allocated from
+	// (standalone mode).
+	PodCIDR []string `mapstructure:"pod-cidr"`
+	// ClusterCIDR are masquerade sources that are not pools.
+	ClusterCIDR []string `mapstructure:"cluster-cidr"`
 }
 
 // DefaultConfig is the configuration used when no flag is given: no pools.
@@ -32,13 +40,14 @@ var DefaultConfig = Config{}
 
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
-	flags.StringSlice("pod-cidr", def.PodCIDR, "Pool of endpoint addresses (repeatable; IPv4 and IPv6)")
+	flags.StringSlice("pod-cidr", def.PodCIDR, "Pool of endpoint addresses and masquerade source (repeatable; IPv4 and IPv6); not with --k8s-node-name, which takes the Node's spec.podCIDRs")
+	flags.StringSlice("cluster-cidr", def.ClusterCIDR, "Pod range of the whole cluster, as kube-proxy's --cluster-cidr: traffic from it is masqueraded, no address is allocated from it (repeatable)")
 }
 
-// Cell provides table pod-cidrs with the --pod-cidr rows in it.
+// Cell provides table pod-cidrs with the flags' rows in it.
 var Cell = cell.Module(
 	"pod-cidrs",
-	"Pod CIDRs from --pod-cidr",
+	"Pod CIDRs from the flags",
 
 	cell.Config(DefaultConfig),
 	cell.Provide(
@@ -47,41 +56,85 @@ var Cell = cell.Module(
 	),
 )
 
-// Parse turns the --pod-cidr values into rows, in the flags' order.
-func Parse(values []string) ([]*tables.PodCIDR, error) {
+// KubernetesDone marks the pod-cidrs table initialized for the Node
+// watcher (cells/k8snode): it calls it in the write transaction that first
+// writes the Node's ranges (from the API server or from the copy on disk).
+// Without Kubernetes it does nothing.
+type KubernetesDone func(statedb.WriteTxn)
+
+type params struct {
+	cell.In
+
+	DB     *statedb.DB
+	Config Config
+	Agent  settings.Config
+	Client *kubeclient.Client
+}
+
+// Parse turns flag values into rows of source, in the flags' order. Ranges
+// of a disabled family are dropped: the agent does nothing for that family.
+func Parse(flag string, values []string, source tables.PodCIDRSource, agent settings.Config) ([]*tables.PodCIDR, error) {
 	rows := make([]*tables.PodCIDR, 0, len(values))
 	for i, s := range values {
 		pfx, err := netip.ParsePrefix(s)
 		if err != nil {
-			return nil, fmt.Errorf("--pod-cidr %q is not a CIDR (want e.g. 10.244.1.0/24 or fd00:10:244:1::/64)", s)
+			return nil, fmt.Errorf("%s %q is not a CIDR (want e.g. 10.244.1.0/24 or fd00:10:244:1::/64)", flag, s)
 		}
-		rows = append(rows, &tables.PodCIDR{Prefix: pfx, Source: tables.PodCIDRFromFlag, Position: i})
+		if m := pfx.Masked(); m != pfx {
+			return nil, fmt.Errorf("%s %s has host bits set; did you mean %s?", flag, pfx, m)
+		}
+		if (pfx.Addr().Is4() && !agent.EnableIPv4) || (pfx.Addr().Is6() && !agent.EnableIPv6) {
+			continue
+		}
+		rows = append(rows, &tables.PodCIDR{Prefix: pfx, Source: source, Position: i})
 	}
 	return rows, nil
 }
 
-// newTable creates the table and writes the flag's rows before anything
+// newTable creates the table and writes the flags' rows before anything
 // reads it, so that a reader built after it (IPAM restoring its state) sees
-// them even in its constructor. The flag's initializer is done at once:
-// the flag never changes while the agent runs.
-func newTable(db *statedb.DB, cfg Config) (statedb.RWTable[*tables.PodCIDR], error) {
-	rows, err := Parse(cfg.PodCIDR)
+// them even in its constructor. The flags' initializer is done at once (they
+// never change while the agent runs); with a node name the table waits for
+// the Node watcher's as well, registered here in the same transaction so
+// that no reader sees the table initialized before the Node is known.
+func newTable(p params) (statedb.RWTable[*tables.PodCIDR], KubernetesDone, error) {
+	agent := p.Agent
+	pools, err := Parse("--pod-cidr", p.Config.PodCIDR, tables.PodCIDRFromFlag, agent)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	tbl, err := tables.NewPodCIDRTable(db)
+	if len(p.Config.PodCIDR) > 0 && p.Client.Enabled() {
+		return nil, nil, fmt.Errorf("--pod-cidr=%s and --k8s-node-name=%s are exclusive: with a node name the pools are the Node's spec.podCIDRs",
+			p.Config.PodCIDR[0], p.Client.NodeName)
+	}
+	prefixes := make([]netip.Prefix, len(pools))
+	for i, r := range pools {
+		prefixes[i] = r.Prefix
+	}
+	if _, err := ipam.NewPools(prefixes); err != nil {
+		return nil, nil, err
+	}
+	cluster, err := Parse("--cluster-cidr", p.Config.ClusterCIDR, tables.PodCIDRFromClusterCIDR, agent)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	wtxn := db.WriteTxn(tbl)
+	tbl, err := tables.NewPodCIDRTable(p.DB)
+	if err != nil {
+		return nil, nil, err
+	}
+	wtxn := p.DB.WriteTxn(tbl)
 	done := tbl.RegisterInitializer(wtxn, string(tables.PodCIDRFromFlag))
-	for _, r := range rows {
+	k8sDone := KubernetesDone(func(statedb.WriteTxn) {})
+	if p.Client.Enabled() {
+		k8sDone = KubernetesDone(tbl.RegisterInitializer(wtxn, string(tables.PodCIDRFromKubernetes)))
+	}
+	for _, r := range append(pools, cluster...) {
 		if _, _, err := tbl.Insert(wtxn, r); err != nil {
 			wtxn.Abort()
-			return nil, fmt.Errorf("insert pod CIDR %s: %w", r.Prefix, err)
+			return nil, nil, fmt.Errorf("insert pod CIDR %s: %w", r.Prefix, err)
 		}
 	}
 	done(wtxn)
 	wtxn.Commit()
-	return tbl, nil
+	return tbl, k8sDone, nil
 }

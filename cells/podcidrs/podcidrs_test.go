@@ -6,12 +6,14 @@ import (
 
 	"github.com/cilium/statedb"
 
+	"github.com/ipmasq/ipmasq/internal/kubeclient"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
 func TestTableHoldsFlagsInOrder(t *testing.T) {
 	db := statedb.New()
-	tbl, err := newTable(db, Config{PodCIDR: []string{"10.244.2.0/24", "fd00:244::/64", "10.1.0.0/24"}})
+	tbl, err := newTestTable(db, Config{PodCIDR: []string{"10.244.2.0/24", "fd00:244::/64", "10.1.0.0/24"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +39,7 @@ func TestTableHoldsFlagsInOrder(t *testing.T) {
 }
 
 func TestTableRejectsBadFlag(t *testing.T) {
-	_, err := newTable(statedb.New(), Config{PodCIDR: []string{"10.244.1.0/24", "10.244.2.0"}})
+	_, err := newTestTable(statedb.New(), Config{PodCIDR: []string{"10.244.1.0/24", "10.244.2.0"}})
 	want := `--pod-cidr "10.244.2.0" is not a CIDR (want e.g. 10.244.1.0/24 or fd00:10:244:1::/64)`
 	if err == nil || err.Error() != want {
 		t.Fatalf("error %v, want %s", err, want)
@@ -46,7 +48,7 @@ func TestTableRejectsBadFlag(t *testing.T) {
 
 func TestNoFlagInitializedEmpty(t *testing.T) {
 	db := statedb.New()
-	tbl, err := newTable(db, DefaultConfig)
+	tbl, err := newTestTable(db, DefaultConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +60,7 @@ func TestNoFlagInitializedEmpty(t *testing.T) {
 // Two sources naming the same prefix are two rows and one prefix.
 func TestPrefixesDistinctAcrossSources(t *testing.T) {
 	db := statedb.New()
-	tbl, err := newTable(db, Config{PodCIDR: []string{"10.244.1.0/24"}})
+	tbl, err := newTestTable(db, Config{PodCIDR: []string{"10.244.1.0/24"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,4 +75,10 @@ func TestPrefixesDistinctAcrossSources(t *testing.T) {
 	if got := tables.PodCIDRPrefixes(txn, tbl); len(got) != 2 || got[0].String() != "10.244.1.0/24" || got[1].String() != "10.245.0.0/24" {
 		t.Fatalf("prefixes %v, want [10.244.1.0/24 10.245.0.0/24]", got)
 	}
+}
+
+// newTestTable is newTable without Kubernetes, with both families enabled.
+func newTestTable(db *statedb.DB, cfg Config) (statedb.RWTable[*tables.PodCIDR], error) {
+	tbl, _, err := newTable(params{DB: db, Config: cfg, Agent: settings.Default, Client: &kubeclient.Client{}})
+	return tbl, err
 }

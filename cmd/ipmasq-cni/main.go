@@ -33,9 +33,8 @@
 // has no config yet, is error 11 "try again later", naming the socket.
 //
 // The result gives each address its pool's prefix length and a default
-// route. The IPv4
-// gateway is the pool's network address: the agent never hands it out, so
-// it is never a pod, and it is on link when the default route through it
+// route. The IPv4 gateway is the pool's first address: the agent reserves
+// it and never hands it out, so it is never a pod, and it is on link when the default route through it
 // is added. ptp puts it on every host-side veth and routes all the pod's
 // traffic, to other pods too, through it. The IPv6 gateway is fe80::1.
 package main

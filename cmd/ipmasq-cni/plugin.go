@@ -94,8 +94,9 @@ func cmdAdd(args *skel.CmdArgs) error {
 // addIP adds an address, its gateway and a default route to a result.
 //
 // The address carries its pool's prefix length, and the IPv4 gateway is
-// the pool's network address: the agent never hands it out, and it is on
-// link when the main plugin adds the default route (the kernel refuses a
+// the pool's first address, which the agent reserves for it (as host-local
+// does) and never hands out; it is on link when the main plugin adds the
+// default route (the kernel refuses a
 // gateway it cannot reach, and ptp applies the result's routes before its
 // own). ptp puts the gateway on every host-side veth. The IPv6 gateway is
 // fe80::1.
@@ -104,7 +105,7 @@ func addIP(r *types100.Result, ip netip.Addr, answeredPool string, conf ipamConf
 	if err != nil {
 		return err
 	}
-	gw := net.IP(pool.Addr().AsSlice())
+	gw := net.IP(pool.Addr().Next().AsSlice())
 	dst := net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
 	if ip.Is6() {
 		gw, dst = gateway6, net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}

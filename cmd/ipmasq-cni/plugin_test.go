@@ -39,8 +39,8 @@ func newFakeAgent(t *testing.T) *fakeAgent {
 	t.Helper()
 	f := &fakeAgent{
 		socket: filepath.Join(t.TempDir(), "api.sock"),
-		next4:  netip.MustParseAddr("10.244.1.1"),
-		next6:  netip.MustParseAddr("fd00:244::1"),
+		next4:  netip.MustParseAddr("10.244.1.2"),
+		next6:  netip.MustParseAddr("fd00:244::2"),
 	}
 	l, err := net.Listen("unix", f.socket)
 	if err != nil {
@@ -208,11 +208,11 @@ func TestAddIPv4(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.IPs) != 1 || r.IPs[0].Address.String() != "10.244.1.1/24" || r.IPs[0].Gateway.String() != "10.244.1.0" {
-		t.Fatalf("IPs %v, want 10.244.1.1/24 via 10.244.1.0", r.IPs)
+	if len(r.IPs) != 1 || r.IPs[0].Address.String() != "10.244.1.2/24" || r.IPs[0].Gateway.String() != "10.244.1.1" {
+		t.Fatalf("IPs %v, want 10.244.1.2/24 via 10.244.1.1", r.IPs)
 	}
-	if len(r.Routes) != 1 || r.Routes[0].Dst.String() != "0.0.0.0/0" || r.Routes[0].GW.String() != "10.244.1.0" {
-		t.Fatalf("routes %v, want 0.0.0.0/0 via 10.244.1.0", r.Routes)
+	if len(r.Routes) != 1 || r.Routes[0].Dst.String() != "0.0.0.0/0" || r.Routes[0].GW.String() != "10.244.1.1" {
+		t.Fatalf("routes %v, want 0.0.0.0/0 via 10.244.1.1", r.Routes)
 	}
 	if r.CNIVersion != "1.1.0" {
 		t.Fatalf("result version %q, want the config's 1.1.0", r.CNIVersion)
@@ -224,7 +224,7 @@ func TestAddIPv4(t *testing.T) {
 
 	// ADD again (a runtime retry): the same address.
 	r2, err := add(t, cmdArgs("c0ffee", conf(ipamFor(f.socket, `,"routeTable":11`))))
-	if err != nil || r2.IPs[0].Address.String() != "10.244.1.1/24" {
+	if err != nil || r2.IPs[0].Address.String() != "10.244.1.2/24" {
 		t.Fatalf("second ADD: %v %v", r2, err)
 	}
 }
@@ -238,8 +238,8 @@ func TestAddPoolFromAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.IPs) != 2 || r.IPs[0].Address.String() != "10.244.1.1/24" || r.IPs[0].Gateway.String() != "10.244.1.0" ||
-		r.IPs[1].Address.String() != "fd00:244::1/64" {
+	if len(r.IPs) != 2 || r.IPs[0].Address.String() != "10.244.1.2/24" || r.IPs[0].Gateway.String() != "10.244.1.1" ||
+		r.IPs[1].Address.String() != "fd00:244::2/64" {
 		t.Fatalf("IPs %v", r.IPs)
 	}
 }
@@ -257,7 +257,7 @@ func TestAddDualStack(t *testing.T) {
 	for _, rt := range r.Routes {
 		got = append(got, "route "+rt.Dst.String()+" via "+rt.GW.String())
 	}
-	want := "10.244.1.1/24 via 10.244.1.0, fd00:244::1/64 via fe80::1, route 0.0.0.0/0 via 10.244.1.0, route ::/0 via fe80::1"
+	want := "10.244.1.2/24 via 10.244.1.1, fd00:244::2/64 via fe80::1, route 0.0.0.0/0 via 10.244.1.1, route ::/0 via fe80::1"
 	if strings.Join(got, ", ") != want {
 		t.Fatalf("result %s\nwant   %s", strings.Join(got, ", "), want)
 	}
@@ -295,7 +295,7 @@ func TestAddPools(t *testing.T) {
 	}
 	elsewhere := fmt.Sprintf(`{"type":"ipmasq-cni","socketPath":%q,"podCIDRs":["10.99.0.0/16"]}`, f.socket)
 	_, err = add(t, cmdArgs("c0ffee", conf(elsewhere)))
-	if e := cniError(t, err, types.ErrInvalidNetworkConfig); !strings.Contains(e.Msg, "10.244.1.1, which is in none of ipam.podCIDRs [10.99.0.0/16]") {
+	if e := cniError(t, err, types.ErrInvalidNetworkConfig); !strings.Contains(e.Msg, "10.244.1.2, which is in none of ipam.podCIDRs [10.99.0.0/16]") {
 		t.Fatalf("error %q", e.Msg)
 	}
 	if o := f.owners(); len(o) != 0 {
@@ -344,7 +344,7 @@ func TestCheck(t *testing.T) {
 	}
 
 	// The runtime thinks it has another address.
-	other := strings.Replace(string(withPrev), "10.244.1.1/24", "10.244.1.50/24", 1)
+	other := strings.Replace(string(withPrev), "10.244.1.2/24", "10.244.1.50/24", 1)
 	e := cniError(t, cmdCheck(cmdArgs("c0ffee", []byte(other))), types.ErrUnknownContainer)
 	if !strings.Contains(e.Msg, "10.244.1.50") {
 		t.Fatalf("error %q does not name the address", e.Msg)

@@ -303,6 +303,12 @@ func (d *demo) ipamAndRules() error {
 		return err
 	}
 	fmt.Printf("   POST /v1/ipam/allocations → %s, route table %d, nonMasqueradeCIDRs %v\n", a.IP, a.RouteTable, a.NonMasqueradeCIDRs)
+	// The pool's first address is the pods' gateway: here the node's own
+	// address on pod0. Handing it out would give a pod the node's address.
+	if gw := topology.NodePodSideIP4; a.IP == gw {
+		return fmt.Errorf("IPAM handed out %s, the node's own address on the pod side (the gateway)", a.IP)
+	}
+	fmt.Printf("   (%s, the pool's first address, is the node's own address on pod0, the pods' gateway: reserved, never handed out)\n", topology.NodePodSideIP4)
 	// 172.16/12, 192.168/16, 10.0.0.0/24, 169.254/16 → table 11; the
 	// 10.0.0.2/32 exception → main, more preferred.
 	if err := d.waitRules(5); err != nil {

@@ -36,7 +36,7 @@ const (
 
 // seedEndpoints writes n IPv4 endpoints with route table 11 into the
 // agent's state directory, as a previous run would have left them.
-func seedEndpoints(t *testing.T, a *agent, n int) {
+func seedEndpoints(t testing.TB, a *agent, n int) {
 	t.Helper()
 	store, err := ipam.NewStore(filepath.Join(a.dir, "state"))
 	if err != nil {

@@ -227,6 +227,9 @@ var (
 	RemoteIP4, RemoteIP6 = netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("2001:db8:ff::10")
 	FarIP4, FarIP6       = netip.MustParseAddr("198.51.100.20"), netip.MustParseAddr("2001:db8:20::20")
 	PodCIDR4, PodCIDR6   = "10.244.1.0/24", "fd00:244::/64"
+	// NodePodSideIP4 is the node's address on pod0: the pods' gateway,
+	// the pool's first address.
+	NodePodSideIP4 = netip.MustParseAddr("10.244.1.1")
 	// FarMTU is the MTU of ext's link to far: smaller than the others so
 	// ext must send "fragmentation needed" / "packet too big" for full-size
 	// packets towards far (far itself has MTU 1500 and advertises a full MSS).

@@ -1,0 +1,60 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"testing"
+)
+
+// TestPrefixListDecodesLikeEncodingJSON: the fast decoder gives the same
+// result, or the same error where encoding/json gives one, for the agent's plain
+// form and for everything it hands back to encoding/json.
+func TestPrefixListDecodesLikeEncodingJSON(t *testing.T) {
+	inputs := []string{
+		`["10.0.0.0/8","169.254.0.0/16"]`,
+		` [ "10.0.0.0/8" , "fd00::/8" ] `,
+		`[]`, `[ ]`, `null`,
+		`["10.0.0.1/8"]`,              // host bits: ParsePrefix keeps them, as UnmarshalText does
+		`["10.0.0.0\/8"]`,             // an escape
+		`["\u0031\u0030.0.0.0/8"]`,    // escapes only
+		`["10.0.0.0/8",]`, `[,]`, `[`, // malformed
+		`["10.0.0.0/33"]`, `["nope"]`, `[1]`, `["10.0.0.0/8" "fd00::/8"]`, `{}`, `"10.0.0.0/8"`,
+		`["fe80::1%eth0/64"]`,
+	}
+	var many []netip.Prefix
+	for i := range 1000 {
+		many = append(many, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24))
+	}
+	b, _ := json.Marshal(many)
+	inputs = append(inputs, string(b))
+	for _, in := range inputs {
+		var want []netip.Prefix
+		wantErr := json.Unmarshal([]byte(in), &want)
+		var got prefixList
+		gotErr := json.Unmarshal([]byte(in), &got)
+		if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || (wantErr == nil && !reflect.DeepEqual([]netip.Prefix(got), want)) {
+			t.Errorf("%.60s: got %v, %v; encoding/json gives %v, %v", in, got, gotErr, want, wantErr)
+		}
+	}
+}
+
+// TestAllocationWireDecodesTheResponse: the client's decoding of a whole
+// answer gives the AllocationResponse encoding/json would.
+func TestAllocationWireDecodesTheResponse(t *testing.T) {
+	for _, cidrs := range [][]netip.Prefix{nil, {netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("169.254.0.0/16")}} {
+		r := AllocationResponse{IP: netip.MustParseAddr("10.244.1.2"), Owner: "o", RouteTable: 11, NonMasqueradeCIDRs: cidrs, Pool: "10.244.1.0/24"}
+		b, _ := json.Marshal(r)
+		var want AllocationResponse
+		json.Unmarshal(b, &want)
+		var w allocationWire
+		if err := json.Unmarshal(b, &w); err != nil {
+			t.Fatal(err)
+		}
+		w.AllocationResponse.NonMasqueradeCIDRs = w.NonMasqueradeCIDRs
+		if fmt.Sprintf("%#v", w.AllocationResponse) != fmt.Sprintf("%#v", want) {
+			t.Errorf("got %#v\nwant %#v", w.AllocationResponse, want)
+		}
+	}
+}

@@ -1,0 +1,173 @@
+// Package nodeevents makes the config file's state visible in Kubernetes:
+// it reads the ipmasq-config table and posts an Event on the agent's Node
+// when a file is rejected (reason IPMasqConfigRejected, the error naming
+// file, key and value), once per distinct error, and when a good file
+// follows a rejected one (IPMasqConfigAccepted). It is a reader: it writes
+// no table, and without --k8s-node-name it does nothing.
+package nodeevents
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
+	"github.com/cilium/statedb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ipmasq/ipmasq/internal/kubeclient"
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// Reasons of the Events posted on the Node.
+const (
+	ReasonRejected = "IPMasqConfigRejected"
+	ReasonAccepted = "IPMasqConfigAccepted"
+)
+
+// Component is the Events' source component.
+const Component = "ipmasq-agent"
+
+// eventNamespace is where Events about cluster-scoped objects such as
+// Nodes live (the kubelet posts its Node events there too).
+const eventNamespace = metav1.NamespaceDefault
+
+// maxMessage is the API server's limit on an Event's message.
+const maxMessage = 1024
+
+// Cell posts the config Events. It needs kubeclient.Cell and the config cell.
+var Cell = cell.Module(
+	"node-events",
+	"Config rejections as Events on the Node",
+
+	cell.Invoke(register),
+)
+
+type params struct {
+	cell.In
+
+	Log    *slog.Logger
+	DB     *statedb.DB
+	Jobs   job.Registry
+	Health cell.Health
+	Client *kubeclient.Client
+	Status statedb.Table[*tables.ConfigStatus]
+}
+
+func register(p params) {
+	if !p.Client.Enabled() {
+		return
+	}
+	r := &reporter{log: p.Log, db: p.DB, status: p.Status, client: p.Client}
+	g := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
+	g.Add(job.OneShot("post-config-events", r.run))
+}
+
+// Event is what the reporter posts: a reason, a type and a message.
+type Event struct {
+	Type, Reason, Message string
+}
+
+// decider turns config states into Events: one per distinct rejection, and
+// one when a good file replaces a rejected one.
+type decider struct {
+	// reported is the rejection last posted; empty when none is
+	// outstanding.
+	reported string
+}
+
+// next is the Event the state st calls for, or nil. It does not change the
+// decider: call posted once the Event is in the API server, so that a
+// failed post is tried again.
+func (d *decider) next(st *tables.ConfigStatus) *Event {
+	switch {
+	case st.LastError != "" && st.LastError != d.reported:
+		return &Event{Type: corev1.EventTypeWarning, Reason: ReasonRejected, Message: st.LastError}
+	case st.LastError == "" && d.reported != "":
+		return &Event{Type: corev1.EventTypeNormal, Reason: ReasonAccepted,
+			Message: fmt.Sprintf("%s: accepted (generation %d); the rejected content is replaced", st.Path, st.Generation)}
+	}
+	return nil
+}
+
+// posted records that e was posted.
+func (d *decider) posted(e *Event) {
+	if e.Reason == ReasonRejected {
+		d.reported = e.Message
+	} else {
+		d.reported = ""
+	}
+}
+
+type reporter struct {
+	log    *slog.Logger
+	db     *statedb.DB
+	status statedb.Table[*tables.ConfigStatus]
+	client *kubeclient.Client
+	d      decider
+}
+
+// run follows the ipmasq-config table. A post that fails (API server
+// unreachable) is retried every few seconds; meanwhile newer states replace
+// the pending Event, so what is posted in the end is the current state.
+func (r *reporter) run(ctx context.Context, health cell.Health) error {
+	const retry = 2 * time.Second
+	for {
+		var retryC <-chan time.Time
+		iter, watch := r.status.AllWatch(r.db.ReadTxn())
+		for st := range iter {
+			e := r.d.next(st)
+			if e == nil {
+				continue
+			}
+			if err := r.post(ctx, e); err != nil {
+				health.Degraded("post Event "+e.Reason+" on Node "+r.client.NodeName, err)
+				retryC = time.After(retry)
+				continue
+			}
+			r.d.posted(e)
+			health.OK("posted " + e.Reason)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-watch:
+		case <-retryC:
+		}
+	}
+}
+
+func (r *reporter) post(ctx context.Context, e *Event) error {
+	node := r.client.NodeName
+	msg := e.Message
+	if len(msg) > maxMessage {
+		msg = msg[:maxMessage-3] + "..."
+	}
+	now := metav1.Now()
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: node + ".", Namespace: eventNamespace},
+		// The kubelet uses the node name as the UID of its Node events;
+		// doing the same groups them in kubectl describe node.
+		InvolvedObject:      corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node, UID: types.UID(node)},
+		Type:                e.Type,
+		Reason:              e.Reason,
+		Message:             msg,
+		Source:              corev1.EventSource{Component: Component, Host: node},
+		FirstTimestamp:      now,
+		LastTimestamp:       now,
+		Count:               1,
+		ReportingController: Component,
+		ReportingInstance:   Component + "-" + node,
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := r.client.Clientset.CoreV1().Events(eventNamespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create Event: %w", err)
+	}
+	r.log.Info("Posted Event on Node", "node", node, "reason", e.Reason, "message", msg)
+	return nil
+}
