@@ -177,31 +177,26 @@ func register(p params) error {
 		return err
 	}
 	gc := &collector{log: p.Log, dp: p.Handle, lifetimes: lifetimes, snat: func() (map[netip.Addr]bool, bool) {
-		return liveSNATAddrs(p.DB, p.Devices, p.DPDevices, p.RuleSources)
+		return liveSNATAddrs(p.DB, p.NodeAddrs, p.RuleSources)
 	}}
 	g.Add(job.Timer("nat-gc", gc.collect, p.Config.NATGCInterval))
 	return nil
 }
 
-// liveSNATAddrs lists the addresses a NAT pair may keep: every address of
-// every device (a flow keeps the address it started with until that address
-// is deleted, as with MASQUERADE; adding or reordering addresses changes
-// only the choice for new flows) and the masquerade rules' toAddress, once
-// the tables have been derived.
-func liveSNATAddrs(db *statedb.DB, devs statedb.Table[*tables.EgressDevice], tbl statedb.Table[*tables.DatapathDevice],
+// liveSNATAddrs lists the addresses a NAT pair may keep: the node's
+// addresses (a flow keeps the address it started with until that address is
+// deleted, as with MASQUERADE; adding or reordering addresses changes only
+// the choice for new flows) and the masquerade rules' toAddress, once the
+// node-addresses table has been derived.
+func liveSNATAddrs(db *statedb.DB, nodeAddrs statedb.Table[*tables.NodeAddress],
 	rules statedb.Table[*tables.MasqueradeRuleSource]) (map[netip.Addr]bool, bool) {
 	txn := db.ReadTxn()
-	if init, _ := tbl.Initialized(txn); !init {
-		return nil, false
-	}
-	if init, _ := devs.Initialized(txn); !init {
+	if init, _ := nodeAddrs.Initialized(txn); !init {
 		return nil, false
 	}
 	out := map[netip.Addr]bool{}
-	for d := range devs.All(txn) {
-		for _, a := range d.Addresses {
-			out[a] = true
-		}
+	for a := range nodeAddrs.All(txn) {
+		out[a.Addr] = true
 	}
 	for r := range rules.All(txn) {
 		if r.ToAddress.IsValid() {

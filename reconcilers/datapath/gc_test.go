@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -167,5 +168,22 @@ func TestNATLineNamesEveryProtocol(t *testing.T) {
 		if got := natLine(proto, bpf.DirEgress, a("10.0.0.1"), a("8.8.8.8"), a("1.2.3.4")); got != want {
 			t.Errorf("natLine(%d) = %q, want %q", proto, got, want)
 		}
+	}
+}
+
+func TestLifetimeFlags(t *testing.T) {
+	l, err := DefaultConfig.Lifetimes()
+	if err != nil || l != bpf.DefaultLifetimes {
+		t.Fatalf("defaults: %+v %v", l, err)
+	}
+	c := DefaultConfig
+	c.TimeoutUDPReplied = 0
+	if _, err := c.Lifetimes(); err == nil || err.Error() != "--nat-timeout-udp-replied=0s: want a positive duration, e.g. 30s" {
+		t.Fatalf("zero lifetime: %v", err)
+	}
+	c = DefaultConfig
+	c.TimeoutOther = -time.Second
+	if _, err := c.Lifetimes(); err == nil || !strings.Contains(err.Error(), "--nat-timeout-other=-1s") {
+		t.Fatalf("negative lifetime: %v", err)
 	}
 }

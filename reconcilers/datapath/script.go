@@ -20,8 +20,8 @@ import (
 //	datapath/counters  the datapath's counters, summed over CPUs
 //	datapath/nat       the NAT pairs, one line per direction
 //	datapath/gc        expire idle NAT pairs now
-func scriptCommands(l *Handle, db *statedb.DB, cfg Config, egress statedb.Table[*tables.EgressDevice],
-	devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.MasqueradeRuleSource]) hive.ScriptCmdsOut {
+func scriptCommands(l *Handle, db *statedb.DB, cfg Config, nodeAddrs statedb.Table[*tables.NodeAddress],
+	srcs statedb.Table[*tables.MasqueradeRuleSource]) hive.ScriptCmdsOut {
 	// Bad lifetimes stop the agent in register; these are never used then.
 	lifetimes, _ := cfg.Lifetimes()
 	return hive.NewScriptCmds(map[string]script.Cmd{
@@ -49,7 +49,7 @@ func scriptCommands(l *Handle, db *statedb.DB, cfg Config, egress statedb.Table[
 			script.CmdUsage{Summary: "Expire idle NAT entries now"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
 				c := &collector{dp: l, lifetimes: lifetimes, snat: func() (map[netip.Addr]bool, bool) {
-					return liveSNATAddrs(db, egress, devs, srcs)
+					return liveSNATAddrs(db, nodeAddrs, srcs)
 				}}
 				return nil, c.collectNow()
 			}),
