@@ -37,6 +37,7 @@ import (
 	"github.com/ipmasq/ipmasq/internal/iprulestest"
 	"github.com/ipmasq/ipmasq/internal/netnstest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/internal/topology"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -185,6 +186,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	maps.Copy(cmds, apiCommands(api.NewClient(apiSocket)))
 	maps.Copy(cmds, stateCommands(filepath.Join(dir, "state")))
 	maps.Copy(cmds, netnsCommands(nlh))
+	maps.Copy(cmds, tunCommands(t, &topology.Netns{Name: "agent", Handle: ns, NL: nlh}))
 	maps.Copy(cmds, faultCommands(inj))
 	cmds["agent/restart"] = script.Command(
 		script.CmdUsage{Summary: "Stop the agent and start a new one on the same bpffs and config, like a process restart"},
@@ -399,6 +401,36 @@ func rulesTarget(t testing.TB, args []string, h *netlink.Handle) ([]string, ipru
 	}
 	t.Fatalf("--rules-target=%s: want memory or netns", kind)
 	return nil, nil
+}
+
+// tunCommands add L3 devices (no link-layer header) to the test's network
+// namespace; they go away when the test ends.
+func tunCommands(t testing.TB, n *topology.Netns) map[string]script.Cmd {
+	return map[string]script.Cmd{
+		"netns/tun-uplink": script.Command(
+			script.CmdUsage{Summary: "Give the test netns an L3 uplink: tun device <name>, up, with the address and a default route through it", Args: "name cidr"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				f, err := topology.OpenTun(n, args[0])
+				if err != nil {
+					return nil, err
+				}
+				t.Cleanup(func() { f.Close() })
+				l, err := n.NL.LinkByName(args[0])
+				if err != nil {
+					return nil, err
+				}
+				if err := n.NL.LinkSetUp(l); err != nil {
+					return nil, err
+				}
+				if err := n.Addr(args[0], args[1]); err != nil {
+					return nil, err
+				}
+				return nil, n.NL.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}})
+			}),
+	}
 }
 
 // netnsCommands set up and query routing in the test's network namespace.

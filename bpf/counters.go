@@ -12,42 +12,66 @@ type Counter uint32
 
 // Counters, in map order.
 const (
-	CounterMasqueraded      = Counter(masqCounterCOUNTER_MASQUERADED)
-	CounterNATNew           = Counter(masqCounterCOUNTER_NAT_NEW)
-	CounterSkipNonMasqDst   = Counter(masqCounterCOUNTER_SKIP_NONMASQ_DST)
-	CounterSkipNodeDst      = Counter(masqCounterCOUNTER_SKIP_NODE_DST)
-	CounterSkipNotSource    = Counter(masqCounterCOUNTER_SKIP_NOT_SOURCE)
-	CounterSkipNoSNATAddr   = Counter(masqCounterCOUNTER_SKIP_NO_SNAT_ADDR)
-	CounterSkipUnsupported  = Counter(masqCounterCOUNTER_SKIP_UNSUPPORTED)
-	CounterReverse          = Counter(masqCounterCOUNTER_REVERSE)
-	CounterICMPErrorReverse = Counter(masqCounterCOUNTER_ICMP_ERR_REVERSE)
-	CounterNATFull          = Counter(masqCounterCOUNTER_NAT_FULL)
-	CounterNoPort           = Counter(masqCounterCOUNTER_NO_PORT)
-	CounterFragments        = Counter(masqCounterCOUNTER_FRAGMENTS)
-	CounterFragUnknown      = Counter(masqCounterCOUNTER_FRAG_UNKNOWN)
-	CounterError            = Counter(masqCounterCOUNTER_ERROR)
-	CounterNATNewByRule     = Counter(masqCounterCOUNTER_NAT_NEW_BY_RULE)
+	CounterMasqueraded        = Counter(masqCounterCOUNTER_MASQUERADED)
+	CounterNATNew             = Counter(masqCounterCOUNTER_NAT_NEW)
+	CounterSkipNonMasqDst     = Counter(masqCounterCOUNTER_SKIP_NONMASQ_DST)
+	CounterSkipNodeDst        = Counter(masqCounterCOUNTER_SKIP_NODE_DST)
+	CounterSkipNotSource      = Counter(masqCounterCOUNTER_SKIP_NOT_SOURCE)
+	CounterSkipNoSNATAddr     = Counter(masqCounterCOUNTER_SKIP_NO_SNAT_ADDR)
+	CounterDropUntranslatable = Counter(masqCounterCOUNTER_DROP_UNTRANSLATABLE)
+	CounterReverse            = Counter(masqCounterCOUNTER_REVERSE)
+	CounterICMPErrorReverse   = Counter(masqCounterCOUNTER_ICMP_ERR_REVERSE)
+	CounterNATFull            = Counter(masqCounterCOUNTER_NAT_FULL)
+	CounterNoPort             = Counter(masqCounterCOUNTER_NO_PORT)
+	CounterFragments          = Counter(masqCounterCOUNTER_FRAGMENTS)
+	CounterFragUnknown        = Counter(masqCounterCOUNTER_FRAG_UNKNOWN)
+	CounterError              = Counter(masqCounterCOUNTER_ERROR)
+	CounterNATNewByRule       = Counter(masqCounterCOUNTER_NAT_NEW_BY_RULE)
+	CounterInboundNew         = Counter(masqCounterCOUNTER_INBOUND_NEW)
+	CounterSkipInboundReply   = Counter(masqCounterCOUNTER_SKIP_INBOUND_REPLY)
+	CounterSkipNotFlowStart   = Counter(masqCounterCOUNTER_SKIP_NOT_FLOW_START)
+	CounterNATReopened        = Counter(masqCounterCOUNTER_NAT_REOPENED)
+	CounterNATReused          = Counter(masqCounterCOUNTER_NAT_REUSED)
+	CounterDropNoSNATAddr     = Counter(masqCounterCOUNTER_DROP_NO_SNAT_ADDR)
+	CounterICMPErrorEgress    = Counter(masqCounterCOUNTER_ICMP_ERR_EGRESS)
+	CounterICMPErrorUnknown   = Counter(masqCounterCOUNTER_ICMP_ERR_UNMATCHED)
+	CounterNATNewSCTP         = Counter(masqCounterCOUNTER_NAT_NEW_SCTP)
+	CounterNATNewAddrOnly     = Counter(masqCounterCOUNTER_NAT_NEW_ADDR_ONLY)
+	CounterPairTaken          = Counter(masqCounterCOUNTER_PAIR_TAKEN)
+	CounterHostFlowNew        = Counter(masqCounterCOUNTER_HOST_FLOW_NEW)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
 )
 
 var counterNames = [NumCounters]string{
-	CounterMasqueraded:      "masqueraded",
-	CounterNATNew:           "nat-new",
-	CounterSkipNonMasqDst:   "skip-nonmasq-destination",
-	CounterSkipNodeDst:      "skip-node-destination",
-	CounterSkipNotSource:    "skip-not-masq-source",
-	CounterSkipNoSNATAddr:   "skip-no-snat-address",
-	CounterSkipUnsupported:  "skip-unsupported",
-	CounterReverse:          "reverse-translated",
-	CounterICMPErrorReverse: "icmp-error-reverse-translated",
-	CounterNATFull:          "drop-nat-table-full",
-	CounterNoPort:           "drop-no-free-port",
-	CounterFragments:        "fragments-translated",
-	CounterFragUnknown:      "drop-fragment-unknown",
-	CounterError:            "error",
-	CounterNATNewByRule:     "nat-new-by-rule",
+	CounterMasqueraded:        "masqueraded",
+	CounterNATNew:             "nat-new",
+	CounterSkipNonMasqDst:     "skip-nonmasq-destination",
+	CounterSkipNodeDst:        "skip-node-destination",
+	CounterSkipNotSource:      "skip-not-masq-source",
+	CounterSkipNoSNATAddr:     "skip-no-snat-address",
+	CounterDropUntranslatable: "drop-untranslatable",
+	CounterReverse:            "reverse-translated",
+	CounterICMPErrorReverse:   "icmp-error-reverse-translated",
+	CounterNATFull:            "drop-nat-table-full",
+	CounterNoPort:             "drop-no-free-port",
+	CounterFragments:          "fragments-translated",
+	CounterFragUnknown:        "drop-fragment-unknown",
+	CounterError:              "error",
+	CounterNATNewByRule:       "nat-new-by-rule",
+	CounterInboundNew:         "inbound-new",
+	CounterSkipInboundReply:   "skip-inbound-reply",
+	CounterSkipNotFlowStart:   "skip-not-flow-start",
+	CounterNATReopened:        "nat-reopened",
+	CounterNATReused:          "nat-port-reused",
+	CounterDropNoSNATAddr:     "drop-no-snat-address",
+	CounterICMPErrorEgress:    "icmp-error-translated",
+	CounterICMPErrorUnknown:   "drop-icmp-error-unmatched",
+	CounterNATNewSCTP:         "nat-new-sctp",
+	CounterNATNewAddrOnly:     "nat-new-address-only",
+	CounterPairTaken:          "drop-pair-taken",
+	CounterHostFlowNew:        "host-flow-new",
 }
 
 // String returns the counter's name as shown to operators.
@@ -72,9 +96,9 @@ func (c Counter) Description() string {
 	case CounterSkipNotSource:
 		return "not masqueraded: source is not a masquerade source"
 	case CounterSkipNoSNATAddr:
-		return "not masqueraded: egress device has no address of the family"
-	case CounterSkipUnsupported:
-		return "not masqueraded: protocol or IPv6 extension header not handled"
+		return "not masqueraded: the device is not an egress device (yet)"
+	case CounterDropUntranslatable:
+		return "dropped: a masquerade source's packet to a masqueraded destination that cannot be translated (IPv6 extension header chain too long, fragmented ICMP error, echo reply of no flow)"
 	case CounterReverse:
 		return "replies translated back to the pod on ingress"
 	case CounterICMPErrorReverse:
@@ -91,6 +115,30 @@ func (c Counter) Description() string {
 		return "malformed packets and helper failures"
 	case CounterNATNewByRule:
 		return "new NAT pairs (flows) created for a user masquerade rule's source (also counted in nat-new)"
+	case CounterInboundNew:
+		return "flows opened from outside toward a masquerade source recorded (their replies are not translated)"
+	case CounterSkipInboundReply:
+		return "not masqueraded: a reply of an inbound flow"
+	case CounterSkipNotFlowStart:
+		return "not masqueraded: no NAT pair and the packet cannot start a flow (SYN-ACK, RST, mid-stream)"
+	case CounterNATReopened:
+		return "a new SYN reopened a closed or expired NAT pair"
+	case CounterNATReused:
+		return "NAT ports taken over from an expired pair or a closed pair of the same source"
+	case CounterDropNoSNATAddr:
+		return "dropped: to be masqueraded, but the egress device has no address of the family"
+	case CounterICMPErrorEgress:
+		return "ICMP errors about translated flows translated on egress: quoted packet, and the source of a pod's own error"
+	case CounterICMPErrorUnknown:
+		return "dropped: ICMP error from a masquerade source to a masqueraded destination that quotes no translated flow"
+	case CounterNATNewSCTP:
+		return "new SCTP pairs, the pod's port kept (also counted in nat-new)"
+	case CounterNATNewAddrOnly:
+		return "new address-only pairs: GRE, ESP and other protocols without ports (also counted in nat-new)"
+	case CounterPairTaken:
+		return "dropped: another source holds the SCTP port or address-only pair to this remote"
+	case CounterHostFlowNew:
+		return "node flows from a port of the NAT range whose tuple is held so no NAT pair takes it"
 	}
 	return ""
 }

@@ -3,7 +3,8 @@
 // masq_bpfel.go/.o) and the maps they share with the agent.
 //
 // The agent loads the datapath with [Load], attaches [Datapath.Egress] and
-// [Datapath.Ingress] with tcx on each selected egress device, and fills the
+// [Datapath.Ingress] with tcx on each selected Ethernet egress device (the
+// *L3 variants on devices without a link-layer header), and fills the
 // maps: masquerade sources (masq_src_*), user masquerade rules for other
 // sources per egress device (masq_rules_*), node addresses (node_addrs_*),
 // the SNAT address per device (egress_devs) and the NAT port range (config).
@@ -88,6 +89,10 @@ type Datapath struct {
 	Egress *ebpf.Program
 	// Ingress is ipmasq_ingress, for tcx ingress of the same devices.
 	Ingress *ebpf.Program
+	// EgressL3 and IngressL3 are the same programs for devices without a
+	// link-layer header (tun, WireGuard, ipip, ...), whose packets start
+	// at the network header.
+	EgressL3, IngressL3 *ebpf.Program
 	// Maps are the maps the programs use.
 	Maps Maps
 
@@ -155,7 +160,13 @@ func Load(opts LoadOptions) (*Datapath, error) {
 			MapNodeAddrsV4, MapNodeAddrsV6, MapEgressDevs, MapConfig,
 			MapNATV4, MapNATV6, MapFragV4, MapFragV6, MapCounters,
 		} {
-			m, err := bpfmap.OpenPinned(opts.Logger, opts.PinDir, spec.Maps[name])
+			open := bpfmap.OpenPinned
+			if name == MapNATV4 || name == MapNATV6 {
+				// A resized NAT map keeps its pairs: established flows
+				// survive a changed --nat-max-entries.
+				open = bpfmap.OpenPinnedKeep
+			}
+			m, err := open(opts.Logger, opts.PinDir, spec.Maps[name])
 			if err != nil {
 				return nil, err
 			}
@@ -174,6 +185,8 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	}
 	d.Egress = d.objs.IpmasqEgress
 	d.Ingress = d.objs.IpmasqIngress
+	d.EgressL3 = d.objs.IpmasqEgressL3
+	d.IngressL3 = d.objs.IpmasqIngressL3
 	d.Maps = d.objs.masqMaps
 	return d, nil
 }

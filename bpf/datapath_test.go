@@ -109,6 +109,9 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 	if err := dp.SetPortRange(o.portMin, o.portMax); err != nil {
 		tb.Fatal(err)
 	}
+	if err := dp.SetLifetimes(DefaultLifetimes); err != nil {
+		tb.Fatal(err)
+	}
 	return e
 }
 
@@ -333,11 +336,11 @@ func TestICMPErrorForTranslatedFlow(t *testing.T) {
 		code     uint8
 		truncate bool
 	}{
-		{"v4 frag needed, full quote", flow{src: pod1, dst: remote4, proto: protoTCP, sport: 41000, dport: 443, tcpFlags: tcpACK, payload: []byte("data")}, router4, snat4, 3, 4, false},
-		{"v4 frag needed, 8 byte quote", flow{src: pod1, dst: remote4, proto: protoTCP, sport: 41001, dport: 443, tcpFlags: tcpACK}, router4, snat4, 3, 4, true},
+		{"v4 frag needed, full quote", flow{src: pod1, dst: remote4, proto: protoTCP, sport: 41000, dport: 443, tcpFlags: tcpSYN, payload: []byte("data")}, router4, snat4, 3, 4, false},
+		{"v4 frag needed, 8 byte quote", flow{src: pod1, dst: remote4, proto: protoTCP, sport: 41001, dport: 443, tcpFlags: tcpSYN}, router4, snat4, 3, 4, true},
 		{"v4 port unreachable, UDP", flow{src: pod1, dst: remote4, proto: protoUDP, sport: 41002, dport: 53, payload: []byte("q")}, remote4, snat4, 3, 3, false},
 		{"v4 time exceeded, echo", flow{src: pod1, dst: remote4, proto: protoICMP, icmpType: 8, sport: 777, payload: []byte("p")}, router4, snat4, 11, 0, false},
-		{"v6 packet too big", flow{src: pod6, dst: remote6, proto: protoTCP, sport: 41000, dport: 443, tcpFlags: tcpACK, payload: []byte("data")}, router6, snat6, 2, 0, false},
+		{"v6 packet too big", flow{src: pod6, dst: remote6, proto: protoTCP, sport: 41000, dport: 443, tcpFlags: tcpSYN, payload: []byte("data")}, router6, snat6, 2, 0, false},
 		{"v6 time exceeded, UDP", flow{src: pod6, dst: remote6, proto: protoUDP, sport: 41002, dport: 53, payload: []byte("q")}, router6, snat6, 3, 0, false},
 	}
 	for _, c := range cases {
@@ -390,7 +393,6 @@ func TestNotMasqueraded(t *testing.T) {
 		{"node address destination", flow{src: pod1, dst: host, proto: protoUDP, sport: 40000, dport: 53}, CounterSkipNodeDst},
 		{"v6 non-masquerade destination", flow{src: pod6, dst: netip.MustParseAddr("fd00:20::1"), proto: protoUDP, sport: 40000, dport: 53}, CounterSkipNonMasqDst},
 		{"v6 not a source", flow{src: snat6, dst: remote6, proto: protoUDP, sport: 40000, dport: 53}, CounterSkipNotSource},
-		{"unsupported protocol", flow{src: pod1, dst: remote4, proto: 47}, CounterSkipUnsupported},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -413,12 +415,13 @@ func TestNotMasqueraded(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer e.dp.SetEgressDevice(loIfindex, snat4, snat6)
+		// Dropped, as MASQUERADE does: the pod address never leaves.
 		f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40100, dport: 443}
 		before := e.counters()
-		if in, out := f.packet(), e.egress(f.packet()); !bytes.Equal(in, out) {
-			t.Fatal("packet modified")
+		if ret, _ := e.run(e.dp.Egress, f.packet()); ret != tcActShot {
+			t.Fatalf("verdict %d, want TC_ACT_SHOT", int32(ret))
 		}
-		e.checkCounters(before, map[Counter]uint64{CounterSkipNoSNATAddr: 1})
+		e.checkCounters(before, map[Counter]uint64{CounterDropNoSNATAddr: 1})
 	})
 }
 

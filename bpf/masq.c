@@ -31,10 +31,10 @@
  * and TC_ACT_SHOT only when a packet of a flow that must be masqueraded
  * cannot be: the pod address is never sent out.
  *
- * Packets are assumed to start with an Ethernet header (the egress devices
- * are uplinks); L3-only devices (tun, wireguard) are not supported yet as
- * egress devices. Traffic that arrived on one (WireGuard clients leaving
- * through eth0) is masqueraded with a masq_rules_* entry.
+ * Each program comes in two variants: ipmasq_egress/ipmasq_ingress for
+ * Ethernet devices (the network header at ETH_HLEN) and *_l3 for devices
+ * without a link-layer header (tun, WireGuard, ipip, ...: the network
+ * header at 0). The agent attaches the variant that fits the device's kind.
  */
 
 #include <linux/bpf.h>
@@ -67,6 +67,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Linear probes for a free NAT port before giving up on a new flow. */
 #define PORT_PROBES	32
 #define PORT_PROBES_HASHED 8
+/* Probes that may take over an expired or closed pair's port. */
+#define PORT_PROBES_REUSE 16
 /* Extension headers skipped before giving up on an IPv6 packet. */
 #define IPV6_MAX_EXT	4
 /* last_seen_ns is written at most this often per entry: the collector's
@@ -81,8 +83,8 @@ enum counter {
 	COUNTER_SKIP_NONMASQ_DST,	/* not masqueraded: destination is a non-masquerade CIDR */
 	COUNTER_SKIP_NODE_DST,		/* not masqueraded: destination is a node address */
 	COUNTER_SKIP_NOT_SOURCE,	/* not masqueraded: source is not a masquerade source */
-	COUNTER_SKIP_NO_SNAT_ADDR,	/* not masqueraded: device has no address of the family */
-	COUNTER_SKIP_UNSUPPORTED,	/* not masqueraded: protocol or IPv6 extension header not handled */
+	COUNTER_SKIP_NO_SNAT_ADDR,	/* not masqueraded: the device is not (yet) an egress device */
+	COUNTER_DROP_UNTRANSLATABLE,	/* dropped: from a masquerade source to a masqueraded destination, cannot be translated (IPv6 extension header chain, fragmented ICMP error, echo reply of no flow) */
 	COUNTER_REVERSE,		/* replies destination-translated on ingress */
 	COUNTER_ICMP_ERR_REVERSE,	/* ICMP errors translated back to the pod on ingress */
 	COUNTER_NAT_FULL,		/* dropped: NAT table full */
@@ -91,6 +93,18 @@ enum counter {
 	COUNTER_FRAG_UNKNOWN,		/* dropped: egress non-first fragment of a masqueraded flow without its first fragment */
 	COUNTER_ERROR,			/* malformed packets and helper failures */
 	COUNTER_NAT_NEW_BY_RULE,	/* new NAT pairs created for a masq_rules_* source (also in COUNTER_NAT_NEW) */
+	COUNTER_INBOUND_NEW,		/* inbound flows to a masquerade source recorded (their replies are not translated) */
+	COUNTER_SKIP_INBOUND_REPLY,	/* not masqueraded: a reply of an inbound flow */
+	COUNTER_SKIP_NOT_FLOW_START,	/* not masqueraded: no NAT pair and the packet does not start a flow (SYN-ACK, RST, mid-stream) */
+	COUNTER_NAT_REOPENED,		/* a new SYN reopened a closed or expired pair */
+	COUNTER_NAT_REUSED,		/* a NAT port taken over from an expired pair or a closed pair of the same source */
+	COUNTER_DROP_NO_SNAT_ADDR,	/* dropped: to be masqueraded, but the device has no address of the family */
+	COUNTER_ICMP_ERR_EGRESS,	/* ICMP errors about translated flows translated on egress (quote, and the source of a pod's error) */
+	COUNTER_ICMP_ERR_UNMATCHED,	/* dropped: ICMP error from a masquerade source to a masqueraded destination about no translated flow */
+	COUNTER_NAT_NEW_SCTP,		/* new SCTP pairs, port kept (also in COUNTER_NAT_NEW) */
+	COUNTER_NAT_NEW_ADDR_ONLY,	/* new address-only pairs: GRE, ESP, other protocols (also in COUNTER_NAT_NEW) */
+	COUNTER_PAIR_TAKEN,		/* dropped: another source holds the SCTP port or address-only pair to this remote */
+	COUNTER_HOST_FLOW_NEW,		/* node flows whose tuple is held from NAT (a node socket's port in the NAT range) */
 	COUNTER_MAX,
 };
 
@@ -147,10 +161,30 @@ struct egress_dev {
 	__u8 pad[2];
 };
 
-/* Host byte order. */
+/* Connection states, each with its own lifetime (masq_config.timeout_ns).
+ * The state of a pair is derived from the flags both directions recorded. */
+enum nat_state {
+	NAT_TCP_SYN,		/* TCP, not answered yet */
+	NAT_TCP_ESTABLISHED,	/* TCP, answered, no FIN or RST */
+	NAT_TCP_CLOSING,	/* TCP, a FIN seen (either side) */
+	NAT_TCP_RESET,		/* TCP, a RST seen */
+	NAT_UDP,		/* UDP, one way so far */
+	NAT_UDP_REPLIED,	/* UDP, answered */
+	NAT_ICMP,		/* ICMP echo */
+	NAT_OTHER,		/* SCTP and address-only pairs (GRE, ESP, ...) */
+	NAT_STATE_MAX,
+};
+
+/* Exported so that bpf2go emits the enum for Go (-type nat_state). */
+const volatile enum nat_state nat_state_max = NAT_STATE_MAX;
+
+/* Host byte order. timeout_ns: idle lifetime per enum nat_state, written by
+ * the agent (a zero lifetime never expires a pair here). */
 struct masq_config {
 	__u16 port_min;
 	__u16 port_max;
+	__u32 pad;
+	__u64 timeout_ns[NAT_STATE_MAX];
 };
 
 struct nat_v4_key {
@@ -173,9 +207,15 @@ struct nat_v6_key {
 	__u8 pad[2];
 };
 
-/* nat_*_val.flags: what each direction has seen, for the collector. */
-#define NAT_F_FIN	0x01
-#define NAT_F_RST	0x02
+/* nat_*_val.flags: what each direction has seen, for lifetimes. */
+#define NAT_F_FIN	0x01	/* this direction sent a FIN */
+#define NAT_F_RST	0x02	/* this direction sent a RST */
+#define NAT_F_SEEN	0x04	/* dir 1 and 2: the answering side has sent a packet */
+#define NAT_F_HOST	0x08	/* dir 1: a node flow's tuple, held so no NAT pair takes it */
+#define NAT_F_STORED	(NAT_F_FIN | NAT_F_RST | NAT_F_SEEN | NAT_F_HOST)
+/* pkt.tcp_flags only, never stored. */
+#define PKT_F_SYN	0x40
+#define PKT_F_ACK	0x80
 
 struct nat_v4_val {
 	__be32 addr;
@@ -226,6 +266,9 @@ struct frag_v6_val {
 enum {
 	DIR_EGRESS = 0,
 	DIR_INGRESS = 1,
+	/* An inbound flow: a remote opened it toward a masquerade source. Keyed
+	 * like dir 0 (the source's reply tuple); its replies leave untranslated. */
+	DIR_INBOUND = 2,
 };
 
 /* Maps. Sizes are defaults: the loader overrides them (and the nonmasq
@@ -364,7 +407,10 @@ enum frag_kind {
 enum pkt_kind {
 	PKT_OTHER,	/* nothing to translate */
 	PKT_PORTS,	/* TCP, UDP, ICMP echo request (egress) or reply (ingress) */
-	PKT_ICMP_ERR,	/* ICMP error (ingress) */
+	PKT_ICMP_ERR,	/* ICMP error */
+	PKT_ECHO_INBOUND, /* ICMP echo of an inbound flow: request (ingress) or reply (egress) */
+	PKT_SCTP,	/* SCTP: ports, the NAT port is the pod's (see proto.h) */
+	PKT_ADDR,	/* any other protocol, other ICMP types: address-only (proto.h) */
 };
 
 /* A parsed packet; addresses in network byte order. */
@@ -379,6 +425,7 @@ struct pkt {
 			__u8 daddr[16];
 		} v6;
 	};
+	__u32 l3_off;		/* network header: 0 on L3 devices, ETH_HLEN on Ethernet */
 	__u32 l4_off;
 	__be32 frag_id;
 	__be16 sport;		/* ICMP echo request: the identifier */
@@ -394,14 +441,14 @@ static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
 	struct iphdr ip;
 	__u16 frag_off;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	if (bpf_skb_load_bytes(skb, p->l3_off, &ip, sizeof(ip)) < 0)
 		return -1;
 	if (ip.version != 4 || ip.ihl < 5)
 		return -1;
 	p->v4.saddr = ip.saddr;
 	p->v4.daddr = ip.daddr;
 	p->proto = ip.protocol;
-	p->l4_off = ETH_HLEN + ip.ihl * 4;
+	p->l4_off = p->l3_off + ip.ihl * 4;
 	p->frag_id = ip.id;
 	frag_off = bpf_ntohs(ip.frag_off);
 	if (frag_off & IP_OFFSET)
@@ -418,10 +465,10 @@ static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
 static __always_inline int parse_l3_v6(struct __sk_buff *skb, struct pkt *p)
 {
 	struct ipv6hdr ip;
-	__u32 off = ETH_HLEN + sizeof(ip);
+	__u32 off = p->l3_off + sizeof(ip);
 	__u8 nexthdr;
 
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	if (bpf_skb_load_bytes(skb, p->l3_off, &ip, sizeof(ip)) < 0)
 		return -1;
 	if (ip.version != 6)
 		return -1;
@@ -521,9 +568,11 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 			return -1;
 		p->sport = l4.sport;
 		p->dport = l4.dport;
-		/* FIN 0x01, RST 0x04 */
+		/* FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10 */
 		p->tcp_flags = (l4.flags & 0x01 ? NAT_F_FIN : 0) |
-			       (l4.flags & 0x04 ? NAT_F_RST : 0);
+			       (l4.flags & 0x04 ? NAT_F_RST : 0) |
+			       (l4.flags & 0x02 ? PKT_F_SYN : 0) |
+			       (l4.flags & 0x10 ? PKT_F_ACK : 0);
 		p->kind = PKT_PORTS;
 		break;
 	case IPPROTO_UDP:
@@ -537,7 +586,10 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 	case IPPROTO_ICMPV6:
 		if (bpf_skb_load_bytes(skb, p->l4_off, icmp, 8) < 0)
 			return -1;
-		if (dir == DIR_EGRESS && icmp->type == echo_req) {
+		if (p->proto == IPPROTO_ICMP ? is_icmp_error_v4(icmp->type)
+					     : is_icmp_error_v6(icmp->type)) {
+			p->kind = PKT_ICMP_ERR;
+		} else if (dir == DIR_EGRESS && icmp->type == echo_req) {
 			p->sport = icmp->id;
 			p->dport = 0;
 			p->kind = PKT_PORTS;
@@ -545,11 +597,27 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 			p->sport = 0;
 			p->dport = icmp->id;
 			p->kind = PKT_PORTS;
-		} else if (dir == DIR_INGRESS &&
-			   (p->proto == IPPROTO_ICMP ? is_icmp_error_v4(icmp->type)
-						     : is_icmp_error_v6(icmp->type))) {
-			p->kind = PKT_ICMP_ERR;
+		} else if ((dir == DIR_INGRESS && icmp->type == echo_req) ||
+			   (dir == DIR_EGRESS && icmp->type == echo_rep)) {
+			/* laid out so that the dir-2 key comes out like the
+			 * ports': source side id, remote side 0 */
+			p->sport = dir == DIR_EGRESS ? icmp->id : 0;
+			p->dport = dir == DIR_EGRESS ? 0 : icmp->id;
+			p->kind = PKT_ECHO_INBOUND;
+		} else {
+			/* other types (timestamps, ...): address-only */
+			p->kind = PKT_ADDR;
 		}
+		break;
+	case IPPROTO_SCTP:
+		if (bpf_skb_load_bytes(skb, p->l4_off, &l4, 4) < 0)
+			return -1;
+		p->sport = l4.sport;
+		p->dport = l4.dport;
+		p->kind = PKT_SCTP;
+		break;
+	default:
+		p->kind = PKT_ADDR;
 		break;
 	}
 	return 0;
@@ -655,7 +723,89 @@ static __always_inline int masq_source_v6(struct __sk_buff *skb, const __u8 *src
  * masq_source_v4, which found rule (NULL for a pod source). The device must
  * be an egress device even when the rule names its own address: the agent
  * writes an entry for every device it attached, with or without addresses. */
-static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 dst,
+/* ---- SNAT address ------------------------------------------------------- */
+
+/*
+ * The SNAT address of a new flow is the kernel's own source selection for
+ * the route the packet takes through this device (bpf_fib_lookup with
+ * BPF_FIB_LOOKUP_SRC, from the source's point of view so ip rules apply):
+ * the route's preferred source, else the device's address that fits the
+ * next hop (IPv4) or RFC 6724's choice (IPv6), exactly what MASQUERADE
+ * asks the kernel for. The pair keeps it for the flow's life. When the
+ * lookup finds no route through the device, the device's primary address
+ * (egress_devs) is used.
+ */
+
+#define AF_INET_	2
+#define AF_INET6_	10
+
+/* The lookup's parameters (64 bytes) live in a per-CPU scratch value, not on
+ * the stack: the deepest call chains of the programs are near the 512-byte
+ * limit already. */
+/* Opaque to bpf2go, which cannot express the struct's anonymous unions. */
+struct fib_scratch_val {
+	__u8 raw[sizeof(struct bpf_fib_lookup)];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct fib_scratch_val);
+	__uint(max_entries, 1);
+} fib_scratch SEC(".maps");
+
+static __always_inline struct bpf_fib_lookup *fib_params(struct __sk_buff *skb, __u8 family)
+{
+	__u32 zero = 0;
+	struct bpf_fib_lookup *fib = (void *)bpf_map_lookup_elem(&fib_scratch, &zero);
+
+	if (!fib)
+		return NULL;
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = family;
+	fib->ifindex = skb->ifindex;
+	return fib;
+}
+
+#define FIB_SOURCE_FLAGS (BPF_FIB_LOOKUP_OUTPUT | BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH)
+
+/* fib_source_v4 returns 1 with *snat set, 0 when the kernel has no route
+ * through this device, -1 when it has one but no source address for it. */
+static __always_inline int fib_source_v4(struct __sk_buff *skb, __be32 src, __be32 dst, __be32 *snat)
+{
+	struct bpf_fib_lookup *fib = fib_params(skb, AF_INET_);
+	long ret;
+
+	if (!fib)
+		return 0;
+	fib->ipv4_src = src;
+	fib->ipv4_dst = dst;
+	ret = bpf_fib_lookup(skb, fib, sizeof(*fib), FIB_SOURCE_FLAGS);
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS && fib->ifindex == skb->ifindex && fib->ipv4_src) {
+		*snat = fib->ipv4_src;
+		return 1;
+	}
+	return ret == BPF_FIB_LKUP_RET_NO_SRC_ADDR ? -1 : 0;
+}
+
+static __always_inline int fib_source_v6(struct __sk_buff *skb, const struct pkt *p, __u8 *snat)
+{
+	struct bpf_fib_lookup *fib = fib_params(skb, AF_INET6_);
+	long ret;
+
+	if (!fib)
+		return 0;
+	__builtin_memcpy(fib->ipv6_src, p->v6.saddr, 16);
+	__builtin_memcpy(fib->ipv6_dst, p->v6.daddr, 16);
+	ret = bpf_fib_lookup(skb, fib, sizeof(*fib), FIB_SOURCE_FLAGS);
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS && fib->ifindex == skb->ifindex) {
+		__builtin_memcpy(snat, fib->ipv6_src, 16);
+		return 1;
+	}
+	return ret == BPF_FIB_LKUP_RET_NO_SRC_ADDR ? -1 : 0;
+}
+
+static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 src, __be32 dst,
 					      const struct masq_rule *rule, __be32 *snat)
 {
 	struct lpm_v4_key k = { .prefixlen = 32 };
@@ -678,15 +828,23 @@ static __always_inline enum counter decide_v4(struct __sk_buff *skb, __be32 dst,
 		*snat = rule->to_v4;
 		return COUNTER_MASQUERADED;
 	}
+	switch (fib_source_v4(skb, src, dst, snat)) {
+	case 1:
+		return COUNTER_MASQUERADED;
+	case -1:
+		return COUNTER_DROP_NO_SNAT_ADDR;
+	}
 	if (!dev->has_v4)
-		return COUNTER_SKIP_NO_SNAT_ADDR;
+		return COUNTER_DROP_NO_SNAT_ADDR;
 	*snat = dev->snat_v4;
 	return COUNTER_MASQUERADED;
 }
 
-static __always_inline enum counter decide_v6(struct __sk_buff *skb, const __u8 *dst,
+/* decide_v6 is decide_v4 for IPv6. */
+static __always_inline enum counter decide_v6(struct __sk_buff *skb, const struct pkt *p,
 					      const struct masq_rule *rule, __u8 *snat)
 {
+	const __u8 *dst = p->v6.daddr;
 	struct lpm_v6_key k = { .prefixlen = 128 };
 	struct egress_dev *dev;
 	__u32 ifindex = skb->ifindex;
@@ -705,8 +863,14 @@ static __always_inline enum counter decide_v6(struct __sk_buff *skb, const __u8 
 		__builtin_memcpy(snat, rule->to_v6, 16);
 		return COUNTER_MASQUERADED;
 	}
+	switch (fib_source_v6(skb, p, snat)) {
+	case 1:
+		return COUNTER_MASQUERADED;
+	case -1:
+		return COUNTER_DROP_NO_SNAT_ADDR;
+	}
 	if (!dev->has_v6)
-		return COUNTER_SKIP_NO_SNAT_ADDR;
+		return COUNTER_DROP_NO_SNAT_ADDR;
 	__builtin_memcpy(snat, dev->snat_v6, 16);
 	return COUNTER_MASQUERADED;
 }
@@ -744,6 +908,87 @@ static __always_inline __u32 probe_offset(__u32 start, __u32 i)
 	return bpf_get_prandom_u32();
 }
 
+/* ---- Flow state and lifetimes --------------------------------------------- */
+
+/*
+ * Like conntrack, a pair lives as long as its state allows without a packet:
+ * an unanswered SYN briefly, an established TCP flow long, a closing or reset
+ * one briefly again. The state is derived from the flags both directions
+ * recorded (FIN and RST per direction, SEEN once the remote answered). The
+ * programs apply the lifetimes themselves, when a SYN meets an old pair and
+ * when a NAT port is wanted, so that nothing waits for the agent's collector
+ * (which only frees the memory of expired pairs, and may be down).
+ */
+
+/* A closed TCP pair's port goes to a new flow of the same source only after
+ * this long, so the last ACK of the old connection still finds its pair. */
+#define NAT_CLOSED_LINGER_NS	2000000000ULL
+
+/* flow_start says whether p may start a flow in direction dir: a SYN without
+ * ACK, any UDP datagram, an ICMP echo request. */
+static __always_inline int flow_start(const struct pkt *p, int dir)
+{
+	switch (p->proto) {
+	case IPPROTO_TCP:
+		return (p->tcp_flags & (PKT_F_SYN | PKT_F_ACK)) == PKT_F_SYN;
+	case IPPROTO_UDP:
+		return 1;
+	}
+	/* egress PKT_PORTS: echo request; ingress PKT_ECHO_INBOUND: echo request */
+	return dir == DIR_EGRESS ? p->kind == PKT_PORTS : p->kind == PKT_ECHO_INBOUND;
+}
+
+static __always_inline int tcp_syn(const struct pkt *p)
+{
+	return p->proto == IPPROTO_TCP && flow_start(p, DIR_EGRESS);
+}
+
+/* nat_state is the state of a pair from the flags of both its directions. */
+static __always_inline __u32 nat_state(__u8 proto, __u8 flags)
+{
+	switch (proto) {
+	case IPPROTO_TCP:
+		if (flags & NAT_F_RST)
+			return NAT_TCP_RESET;
+		if (flags & NAT_F_FIN)
+			return NAT_TCP_CLOSING;
+		return flags & NAT_F_SEEN ? NAT_TCP_ESTABLISHED : NAT_TCP_SYN;
+	case IPPROTO_UDP:
+		return flags & NAT_F_SEEN ? NAT_UDP_REPLIED : NAT_UDP;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		return NAT_ICMP;
+	}
+	return NAT_OTHER;
+}
+
+/* nat_expired says whether a pair last seen at last has outlived its state. */
+static __always_inline int nat_expired(const struct masq_config *cfg, __u8 proto, __u8 flags,
+				       __u64 last, __u64 now)
+{
+	__u32 state = nat_state(proto, flags);
+	__u64 lifetime;
+
+	if (state >= NAT_STATE_MAX)
+		return 0;
+	lifetime = cfg->timeout_ns[state];
+	return lifetime && now > last && now - last > lifetime;
+}
+
+/* nat_closed: both sides sent a FIN, or one a RST (out: the source's side's
+ * flags, in: the remote's). */
+static __always_inline int nat_closed(__u8 out, __u8 in)
+{
+	return ((out | in) & NAT_F_RST) || ((out & in) & NAT_F_FIN);
+}
+
+static __always_inline struct masq_config *masq_cfg(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&config, &zero);
+}
+
 static __always_inline void nat_touch_v4(struct nat_v4_val *v, __u8 flags)
 {
 	__u64 now = bpf_ktime_get_ns();
@@ -764,26 +1009,515 @@ static __always_inline void nat_touch_v6(struct nat_v6_val *v, __u8 flags)
 		v->last_seen_ns = now;
 }
 
+/* Restart an entry's life as a new flow's (a reopened pair). */
+#define NAT_RESET(v, now) do {		\
+	(v)->flags = 0;			\
+	(v)->created_ns = (now);	\
+	(v)->last_seen_ns = (now);	\
+} while (0)
+
+/* nat_pair_v4 is the key of the other direction of an entry (dir 0 <-> 1). */
+static __always_inline void nat_pair_v4(const struct nat_v4_key *k, const struct nat_v4_val *v,
+					struct nat_v4_key *peer)
+{
+	__builtin_memset(peer, 0, sizeof(*peer));
+	peer->proto = k->proto;
+	if (k->dir == DIR_EGRESS) {
+		peer->src = k->dst;
+		peer->dst = v->addr;
+		peer->sport = k->dport;
+		peer->dport = v->port;
+		peer->dir = DIR_INGRESS;
+	} else {
+		peer->src = v->addr;
+		peer->dst = k->src;
+		peer->sport = v->port;
+		peer->dport = k->sport;
+		peer->dir = DIR_EGRESS;
+	}
+}
+
+static __always_inline void nat_pair_v6(const struct nat_v6_key *k, const struct nat_v6_val *v,
+					struct nat_v6_key *peer)
+{
+	__builtin_memset(peer, 0, sizeof(*peer));
+	peer->proto = k->proto;
+	if (k->dir == DIR_EGRESS) {
+		__builtin_memcpy(peer->src, k->dst, 16);
+		__builtin_memcpy(peer->dst, v->addr, 16);
+		peer->sport = k->dport;
+		peer->dport = v->port;
+		peer->dir = DIR_INGRESS;
+	} else {
+		__builtin_memcpy(peer->src, v->addr, 16);
+		__builtin_memcpy(peer->dst, k->src, 16);
+		peer->sport = v->port;
+		peer->dport = k->sport;
+		peer->dir = DIR_EGRESS;
+	}
+}
+
+/* nat_established_v4 handles an egress packet of a pair whose dir-0 entry v
+ * exists. Cheap for most packets; once a second per pair, and for every SYN,
+ * it checks the reply entry: one lost (LRU eviction) is put back, one taken
+ * by another flow ends this pair (returns 1: the caller treats the packet
+ * as having no pair). A SYN on a closed or expired pair reopens it. */
+__noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val *v,
+				   const struct pkt *p)
+{
+	struct masq_config *cfg;
+	__u8 flags;
+	struct nat_v4_key peer;
+	struct nat_v4_val *r, nr = {};
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!k || !v || !p)
+		return 0;
+	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
+	if (!tcp_syn(p) && now - v->last_seen_ns <= NAT_REFRESH_NS) {
+		if (flags & ~v->flags)
+			v->flags |= flags;
+		return 0;
+	}
+	nat_pair_v4(k, v, &peer);
+	r = bpf_map_lookup_elem(&nat_v4, &peer);
+	if (!r) {
+		nr.addr = k->src;
+		nr.port = k->sport;
+		nr.last_seen_ns = now;
+		nr.created_ns = v->created_ns;
+		if (bpf_map_update_elem(&nat_v4, &peer, &nr, BPF_NOEXIST) == 0) {
+			nat_touch_v4(v, flags);
+			return 0;
+		}
+		r = bpf_map_lookup_elem(&nat_v4, &peer);
+		if (!r)
+			return 0;
+	}
+	if (r->addr != k->src || r->port != k->sport) {
+		bpf_map_delete_elem(&nat_v4, k);
+		return 1;
+	}
+	cfg = masq_cfg();
+	if (tcp_syn(p) && cfg &&
+	    (nat_closed(v->flags, r->flags) ||
+	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
+			 v->last_seen_ns : r->last_seen_ns, now))) {
+		NAT_RESET(v, now);
+		NAT_RESET(r, now);
+		count(COUNTER_NAT_REOPENED);
+		return 0;
+	}
+	nat_touch_v4(v, flags);
+	return 0;
+}
+
+__noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val *v,
+				   const struct pkt *p)
+{
+	struct masq_config *cfg;
+	__u8 flags;
+	struct nat_v6_key peer;
+	struct nat_v6_val *r, nr = {};
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!k || !v || !p)
+		return 0;
+	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
+	if (!tcp_syn(p) && now - v->last_seen_ns <= NAT_REFRESH_NS) {
+		if (flags & ~v->flags)
+			v->flags |= flags;
+		return 0;
+	}
+	nat_pair_v6(k, v, &peer);
+	r = bpf_map_lookup_elem(&nat_v6, &peer);
+	if (!r) {
+		__builtin_memcpy(nr.addr, k->src, 16);
+		nr.port = k->sport;
+		nr.last_seen_ns = now;
+		nr.created_ns = v->created_ns;
+		if (bpf_map_update_elem(&nat_v6, &peer, &nr, BPF_NOEXIST) == 0) {
+			nat_touch_v6(v, flags);
+			return 0;
+		}
+		r = bpf_map_lookup_elem(&nat_v6, &peer);
+		if (!r)
+			return 0;
+	}
+	if (!addr6_equal(r->addr, k->src) || r->port != k->sport) {
+		bpf_map_delete_elem(&nat_v6, k);
+		return 1;
+	}
+	cfg = masq_cfg();
+	if (tcp_syn(p) && cfg &&
+	    (nat_closed(v->flags, r->flags) ||
+	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
+			 v->last_seen_ns : r->last_seen_ns, now))) {
+		NAT_RESET(v, now);
+		NAT_RESET(r, now);
+		count(COUNTER_NAT_REOPENED);
+		return 0;
+	}
+	nat_touch_v6(v, flags);
+	return 0;
+}
+
+/* nat_reusable_v4 says whether the NAT tuple in (a dir-1 key that exists)
+ * may be given to a new flow from src: its pair expired, lost its other
+ * half, or is a closed TCP pair of the same source address (whose TCP
+ * timestamps keep increasing toward this server, so the server's TIME_WAIT
+ * socket accepts the new SYN: no PAWS drop). The old dir-0 entry is deleted. */
+__noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 now)
+{
+	struct masq_config *cfg = masq_cfg();
+	struct nat_v4_key peer;
+	struct nat_v4_val *r, *o;
+	__u64 last;
+
+	if (!in || !cfg)
+		return 0;
+	r = bpf_map_lookup_elem(&nat_v4, in);
+	if (!r)
+		return 1;
+	if (r->flags & NAT_F_HOST)
+		return nat_expired(cfg, in->proto, r->flags, r->last_seen_ns, now);
+	nat_pair_v4(in, r, &peer);
+	o = bpf_map_lookup_elem(&nat_v4, &peer);
+	if (!o || o->addr != in->dst || o->port != in->dport)
+		/* half a pair: reusable unless another CPU is creating it */
+		return now - r->created_ns > NAT_REFRESH_NS;
+	last = o->last_seen_ns > r->last_seen_ns ? o->last_seen_ns : r->last_seen_ns;
+	if (nat_expired(cfg, in->proto, o->flags | r->flags, last, now) ||
+	    (in->proto == IPPROTO_TCP && r->addr == src && nat_closed(o->flags, r->flags) &&
+	     now - last > NAT_CLOSED_LINGER_NS)) {
+		bpf_map_delete_elem(&nat_v4, &peer);
+		return 1;
+	}
+	return 0;
+}
+
+/* Inlined into nat_create_v6: a call of its own would take the IPv6 egress
+ * path's stack over 512 bytes. */
+static __always_inline int nat_reusable_v6(const struct nat_v6_key *in, const struct nat_v6_key *out,
+					   __u64 now)
+{
+	struct masq_config *cfg = masq_cfg();
+	struct nat_v6_key peer;
+	struct nat_v6_val *r, *o;
+	__u64 last;
+
+	if (!in || !out || !cfg)
+		return 0;
+	r = bpf_map_lookup_elem(&nat_v6, in);
+	if (!r)
+		return 1;
+	if (r->flags & NAT_F_HOST)
+		return nat_expired(cfg, in->proto, r->flags, r->last_seen_ns, now);
+	nat_pair_v6(in, r, &peer);
+	o = bpf_map_lookup_elem(&nat_v6, &peer);
+	if (!o || !addr6_equal(o->addr, in->dst) || o->port != in->dport)
+		return now - r->created_ns > NAT_REFRESH_NS;
+	last = o->last_seen_ns > r->last_seen_ns ? o->last_seen_ns : r->last_seen_ns;
+	if (nat_expired(cfg, in->proto, o->flags | r->flags, last, now) ||
+	    (in->proto == IPPROTO_TCP && addr6_equal(r->addr, out->src) && nat_closed(o->flags, r->flags) &&
+	     now - last > NAT_CLOSED_LINGER_NS)) {
+		bpf_map_delete_elem(&nat_v6, &peer);
+		return 1;
+	}
+	return 0;
+}
+
+/* ---- Inbound flows ------------------------------------------------------ */
+
+/*
+ * A flow a remote opens toward a masquerade source (a pod reachable by
+ * routing: BGP, a load balancer with IP targets) must be answered from the
+ * pod's own address: Linux never translates the replies of a connection it
+ * did not masquerade. The ingress program records such a flow (dir 2, keyed
+ * by the pod's reply tuple) when its first packet arrives; on egress, a
+ * packet without a NAT pair that matches a record passes untranslated.
+ */
+
+static __always_inline void inbound_key_v4(const struct pkt *p, int dir, struct nat_v4_key *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->proto = p->proto;
+	k->dir = DIR_INBOUND;
+	if (dir == DIR_EGRESS) {
+		k->src = p->v4.saddr;
+		k->dst = p->v4.daddr;
+		k->sport = p->sport;
+		k->dport = p->dport;
+	} else {
+		k->src = p->v4.daddr;
+		k->dst = p->v4.saddr;
+		k->sport = p->dport;
+		k->dport = p->sport;
+	}
+}
+
+static __always_inline void inbound_key_v6(const struct pkt *p, int dir, struct nat_v6_key *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->proto = p->proto;
+	k->dir = DIR_INBOUND;
+	if (dir == DIR_EGRESS) {
+		__builtin_memcpy(k->src, p->v6.saddr, 16);
+		__builtin_memcpy(k->dst, p->v6.daddr, 16);
+		k->sport = p->sport;
+		k->dport = p->dport;
+	} else {
+		__builtin_memcpy(k->src, p->v6.daddr, 16);
+		__builtin_memcpy(k->dst, p->v6.saddr, 16);
+		k->sport = p->dport;
+		k->dport = p->sport;
+	}
+}
+
+/* inbound_track_v4 records (or refreshes, or reopens) the inbound flow of an
+ * ingress packet that matched no NAT pair. Mid-stream TCP segments cost
+ * nothing: only SYN, FIN and RST are looked at. */
+static __always_inline void inbound_track_v4(struct __sk_buff *skb, const struct pkt *p)
+{
+	const struct masq_rule *rule;
+	struct nat_v4_val *v, nv = {};
+	struct masq_config *cfg;
+	struct nat_v4_key k;
+	__u64 now;
+
+	if (p->proto == IPPROTO_TCP && !(p->tcp_flags & (PKT_F_SYN | NAT_F_FIN | NAT_F_RST)))
+		return;
+	if (!masq_source_v4(skb, p->v4.daddr, &rule))
+		return;
+	inbound_key_v4(p, DIR_INGRESS, &k);
+	now = bpf_ktime_get_ns();
+	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (v) {
+		cfg = masq_cfg();
+		if (p->proto == IPPROTO_TCP && flow_start(p, DIR_INGRESS) && cfg &&
+		    (v->flags & (NAT_F_FIN | NAT_F_RST) ||
+		     nat_expired(cfg, k.proto, v->flags, v->last_seen_ns, now))) {
+			NAT_RESET(v, now);
+			return;
+		}
+		nat_touch_v4(v, p->tcp_flags & (NAT_F_FIN | NAT_F_RST));
+		return;
+	}
+	if (!flow_start(p, DIR_INGRESS))
+		return;
+	nv.last_seen_ns = now;
+	nv.created_ns = now;
+	if (bpf_map_update_elem(&nat_v4, &k, &nv, BPF_NOEXIST) == 0)
+		count(COUNTER_INBOUND_NEW);
+}
+
+static __always_inline void inbound_track_v6(struct __sk_buff *skb, const struct pkt *p)
+{
+	const struct masq_rule *rule;
+	struct nat_v6_val *v, nv = {};
+	struct masq_config *cfg;
+	struct nat_v6_key k;
+	__u64 now;
+
+	if (p->proto == IPPROTO_TCP && !(p->tcp_flags & (PKT_F_SYN | NAT_F_FIN | NAT_F_RST)))
+		return;
+	if (!masq_source_v6(skb, p->v6.daddr, &rule))
+		return;
+	inbound_key_v6(p, DIR_INGRESS, &k);
+	now = bpf_ktime_get_ns();
+	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (v) {
+		cfg = masq_cfg();
+		if (p->proto == IPPROTO_TCP && flow_start(p, DIR_INGRESS) && cfg &&
+		    (v->flags & (NAT_F_FIN | NAT_F_RST) ||
+		     nat_expired(cfg, k.proto, v->flags, v->last_seen_ns, now))) {
+			NAT_RESET(v, now);
+			return;
+		}
+		nat_touch_v6(v, p->tcp_flags & (NAT_F_FIN | NAT_F_RST));
+		return;
+	}
+	if (!flow_start(p, DIR_INGRESS))
+		return;
+	nv.last_seen_ns = now;
+	nv.created_ns = now;
+	if (bpf_map_update_elem(&nat_v6, &k, &nv, BPF_NOEXIST) == 0)
+		count(COUNTER_INBOUND_NEW);
+}
+
+/* inbound_reply_v4 says whether an egress packet without a NAT pair answers
+ * a recorded inbound flow (and refreshes the record). */
+static __always_inline int inbound_reply_v4(const struct pkt *p)
+{
+	struct nat_v4_val *v;
+	struct nat_v4_key k;
+
+	inbound_key_v4(p, DIR_EGRESS, &k);
+	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (!v)
+		return 0;
+	nat_touch_v4(v, (p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	return 1;
+}
+
+static __always_inline int inbound_reply_v6(const struct pkt *p)
+{
+	struct nat_v6_val *v;
+	struct nat_v6_key k;
+
+	inbound_key_v6(p, DIR_EGRESS, &k);
+	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (!v)
+		return 0;
+	nat_touch_v6(v, (p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	return 1;
+}
+
+/* egress_no_pair sorts an egress packet from a masquerade source that has no
+ * NAT pair: a reply of an inbound flow or a packet that cannot start a flow
+ * passes untranslated (a NAT pair is only ever made by a flow's first
+ * packet); 0 means "decide and create a pair". */
+static __always_inline int egress_no_pair(const struct pkt *p, int is_v6)
+{
+	if (is_v6 ? inbound_reply_v6(p) : inbound_reply_v4(p)) {
+		count(COUNTER_SKIP_INBOUND_REPLY);
+		return 1;
+	}
+	if (!flow_start(p, DIR_EGRESS)) {
+		count(COUNTER_SKIP_NOT_FLOW_START);
+		return 1;
+	}
+	return 0;
+}
+
+/* ---- The node's own flows ---------------------------------------------- */
+
+/*
+ * A node socket may bind a port of the NAT range by itself (resolvers that
+ * pick random ports do; the kernel's automatic choice avoids the range,
+ * which the agent reserves). Like nf_nat_used_tuple, a node flow toward a
+ * remote holds its reply tuple in the NAT map (a dir-1 entry marked
+ * NAT_F_HOST, created by the flow's first packet), so no NAT pair takes
+ * that port toward that remote, and its replies pass the ingress program
+ * untouched. The entry lives by the flow's state, refreshed by its replies
+ * (the ingress lookup happens anyway) and its first packets. Only packets
+ * that can start a flow look it up: the node's other packets cost no map
+ * operation.
+ */
+
+__noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
+{
+	struct nat_v4_key k = { .dir = DIR_INGRESS };
+	struct nat_v4_val *v, nv = { .flags = NAT_F_HOST };
+	struct masq_config *cfg = masq_cfg();
+	__u16 port;
+
+	if (!skb || !p || !cfg || p->frag == FRAG_LATER)
+		return 0;
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return 0;
+	if (parse_l4(skb, p, DIR_EGRESS) < 0 || !flow_start(p, DIR_EGRESS))
+		return 0;
+	port = bpf_ntohs(p->sport);
+	if (port < cfg->port_min || port > cfg->port_max)
+		return 0;
+	if (!bpf_map_lookup_elem(&node_addrs_v4, &p->v4.saddr))
+		return 0;
+	k.src = p->v4.daddr;
+	k.dst = p->v4.saddr;
+	k.sport = p->dport;
+	k.dport = p->sport;
+	k.proto = p->proto;
+	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (v) {
+		if (v->flags & NAT_F_HOST)
+			nat_touch_v4(v, 0);
+		return 0;
+	}
+	nv.addr = p->v4.saddr;
+	nv.port = p->sport;
+	nv.last_seen_ns = bpf_ktime_get_ns();
+	nv.created_ns = nv.last_seen_ns;
+	if (bpf_map_update_elem(&nat_v4, &k, &nv, BPF_NOEXIST) == 0)
+		count(COUNTER_HOST_FLOW_NEW);
+	return 0;
+}
+
+__noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
+{
+	struct nat_v6_key k = { .dir = DIR_INGRESS };
+	struct nat_v6_val *v, nv = { .flags = NAT_F_HOST };
+	struct masq_config *cfg = masq_cfg();
+	__u16 port;
+
+	if (!skb || !p || !cfg || p->frag == FRAG_LATER)
+		return 0;
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return 0;
+	if (parse_l4(skb, p, DIR_EGRESS) < 0 || !flow_start(p, DIR_EGRESS))
+		return 0;
+	port = bpf_ntohs(p->sport);
+	if (port < cfg->port_min || port > cfg->port_max)
+		return 0;
+	if (!bpf_map_lookup_elem(&node_addrs_v6, p->v6.saddr))
+		return 0;
+	__builtin_memcpy(k.src, p->v6.daddr, 16);
+	__builtin_memcpy(k.dst, p->v6.saddr, 16);
+	k.sport = p->dport;
+	k.dport = p->sport;
+	k.proto = p->proto;
+	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (v) {
+		if (v->flags & NAT_F_HOST)
+			nat_touch_v6(v, 0);
+		return 0;
+	}
+	__builtin_memcpy(nv.addr, p->v6.saddr, 16);
+	nv.port = p->sport;
+	nv.last_seen_ns = bpf_ktime_get_ns();
+	nv.created_ns = nv.last_seen_ns;
+	if (bpf_map_update_elem(&nat_v6, &k, &nv, BPF_NOEXIST) == 0)
+		count(COUNTER_HOST_FLOW_NEW);
+	return 0;
+}
+
+/* ---- NAT port allocation ------------------------------------------------ */
+
+/* first_port is the offset in the range of the first port tried: the
+ * source's own port when the range holds it (as Linux keeps it), else a
+ * hash of the tuple. */
+static __always_inline __u32 first_port(const struct masq_config *cfg, __be16 sport, __u32 hash,
+					__u32 range)
+{
+	__u16 own = bpf_ntohs(sport);
+
+	if (own >= cfg->port_min && own <= cfg->port_max)
+		return own - cfg->port_min;
+	return hash % range;
+}
+
 /* nat_create_v4 allocates a NAT port for the egress tuple out and inserts
  * both entries. The reply (dir 1) entry goes in first with BPF_NOEXIST: its
  * key holds the remote address and port, so a port is taken only for that
- * destination and is not handed to another flow to the same destination
- * while the old pair exists (the collector keeps closed TCP pairs for a
- * TIME_WAIT period). On success *res holds the mapping and the result is
- * COUNTER_NAT_NEW (or COUNTER_MASQUERADED when another CPU created the same
- * flow concurrently); otherwise the counter of the drop reason. */
-static __always_inline enum counter nat_create_v4(const struct nat_v4_key *out, __be32 snat,
-						  __u8 flags, struct nat_v4_val *res)
+ * destination. A port whose dir-1 entry exists is still taken when
+ * nat_reusable_v4 allows it (expired, half, or closed by the same source).
+ * On success *res holds the mapping and the result is COUNTER_NAT_NEW (or
+ * COUNTER_MASQUERADED when another CPU created the same flow concurrently);
+ * otherwise the counter of the drop reason. */
+__noinline enum counter nat_create_v4(const struct nat_v4_key *out, __be32 snat, __u8 flags,
+				      struct nat_v4_val *res)
 {
-	__u32 zero = 0, start, range;
 	struct nat_v4_key in = {};
 	struct nat_v4_val rev = {};
 	struct nat_v4_val *cur;
 	struct masq_config *cfg;
+	__u32 start, range;
 	__u64 now;
 	long ret;
 
-	cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!out || !res)
+		return COUNTER_ERROR;
+	cfg = masq_cfg();
 	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
 		return COUNTER_NO_PORT;
 	range = (__u32)cfg->port_max - cfg->port_min + 1;
@@ -799,7 +1533,8 @@ static __always_inline enum counter nat_create_v4(const struct nat_v4_key *out, 
 	rev.last_seen_ns = now;
 	rev.created_ns = now;
 
-	start = tuple_hash(out->src, out->dst, out->sport, out->dport, out->proto) % range;
+	start = first_port(cfg, out->sport,
+			   tuple_hash(out->src, out->dst, out->sport, out->dport, out->proto), range);
 	for (__u32 i = 0; i < PORT_PROBES; i++) {
 		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
 		ret = bpf_map_update_elem(&nat_v4, &in, &rev, BPF_NOEXIST);
@@ -807,6 +1542,11 @@ static __always_inline enum counter nat_create_v4(const struct nat_v4_key *out, 
 			goto allocated;
 		if (ret != -EEXIST)
 			return COUNTER_NAT_FULL;
+		if (i < PORT_PROBES_REUSE && nat_reusable_v4(&in, out->src, now) &&
+		    bpf_map_update_elem(&nat_v4, &in, &rev, BPF_ANY) == 0) {
+			count(COUNTER_NAT_REUSED);
+			goto allocated;
+		}
 	}
 	return COUNTER_NO_PORT;
 
@@ -830,32 +1570,38 @@ allocated:
 	return COUNTER_MASQUERADED;
 }
 
-static __always_inline enum counter nat_create_v6(const struct nat_v6_key *out, const __u8 *snat,
-						  __u8 flags, struct nat_v6_val *res)
+/* nat_create_v6 is nat_create_v4 for IPv6; res->addr holds the SNAT address
+ * on entry (a global function's pointer must point to a whole struct). */
+__noinline enum counter nat_create_v6(const struct nat_v6_key *out, __u8 flags,
+				      struct nat_v6_val *res)
 {
-	__u32 zero = 0, start, range, s, d, s_hi, d_hi;
+	__u32 start, range, s, d, s_hi, d_hi;
 	struct nat_v6_key in = {};
-	struct nat_v6_val rev = {};
 	struct nat_v6_val *cur;
 	struct masq_config *cfg;
 	__u64 now;
 	long ret;
 
-	cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!out || !res)
+		return COUNTER_ERROR;
+	cfg = masq_cfg();
 	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
 		return COUNTER_NO_PORT;
 	range = (__u32)cfg->port_max - cfg->port_min + 1;
 
 	now = bpf_ktime_get_ns();
 	__builtin_memcpy(in.src, out->dst, 16);
-	__builtin_memcpy(in.dst, snat, 16);
+	__builtin_memcpy(in.dst, res->addr, 16);
 	in.sport = out->dport;
 	in.proto = out->proto;
 	in.dir = DIR_INGRESS;
-	__builtin_memcpy(rev.addr, out->src, 16);
-	rev.port = out->sport;
-	rev.last_seen_ns = now;
-	rev.created_ns = now;
+	/* res is the reply entry's value until a port is found (stack room). */
+	__builtin_memcpy(res->addr, out->src, 16);
+	res->port = out->sport;
+	res->flags = 0;
+	res->pad[0] = res->pad[1] = res->pad[2] = res->pad[3] = res->pad[4] = 0;
+	res->last_seen_ns = now;
+	res->created_ns = now;
 
 	/* The low 64 bits carry the interface identifier: fold them in. */
 	__builtin_memcpy(&s, &out->src[12], 4);
@@ -864,19 +1610,24 @@ static __always_inline enum counter nat_create_v6(const struct nat_v6_key *out, 
 	__builtin_memcpy(&d_hi, &out->dst[8], 4);
 	s ^= mix32(s_hi);
 	d ^= mix32(d_hi);
-	start = tuple_hash(s, d, out->sport, out->dport, out->proto) % range;
+	start = first_port(cfg, out->sport, tuple_hash(s, d, out->sport, out->dport, out->proto), range);
 	for (__u32 i = 0; i < PORT_PROBES; i++) {
 		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
-		ret = bpf_map_update_elem(&nat_v6, &in, &rev, BPF_NOEXIST);
+		ret = bpf_map_update_elem(&nat_v6, &in, res, BPF_NOEXIST);
 		if (ret == 0)
 			goto allocated;
 		if (ret != -EEXIST)
 			return COUNTER_NAT_FULL;
+		if (i < PORT_PROBES_REUSE && nat_reusable_v6(&in, out, now) &&
+		    bpf_map_update_elem(&nat_v6, &in, res, BPF_ANY) == 0) {
+			count(COUNTER_NAT_REUSED);
+			goto allocated;
+		}
 	}
 	return COUNTER_NO_PORT;
 
 allocated:
-	__builtin_memcpy(res->addr, snat, 16);
+	__builtin_memcpy(res->addr, in.dst, 16);
 	res->port = in.dport;
 	res->flags = flags;
 	res->last_seen_ns = now;
@@ -910,7 +1661,8 @@ allocated:
  * when port_off is non-zero, the port or echo identifier at port_off, fixing
  * the IPv4 header checksum and the L4 checksum at csum_off (0: this packet
  * carries no L4 header, a non-first fragment). */
-static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 addr_off, __be32 from, __be32 to,
+static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 l3_off, __u32 addr_off,
+				      __be32 from, __be32 to,
 				      __u8 proto, __u32 csum_off, __u32 port_off,
 				      __be16 pfrom, __be16 pto)
 {
@@ -928,7 +1680,7 @@ static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 addr_off, __b
 				return -1;
 		}
 	}
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, to, 4) < 0)
+	if (bpf_l3_csum_replace(skb, l3_off + offsetof(struct iphdr, check), from, to, 4) < 0)
 		return -1;
 	if (bpf_skb_store_bytes(skb, addr_off, &to, 4, 0) < 0)
 		return -1;
@@ -1042,11 +1794,14 @@ static __always_inline int icmp_inner_ports(struct __sk_buff *skb, __u8 proto, _
 		__be16 c;
 	} h;
 
-	if (bpf_skb_load_bytes(skb, off, &h, sizeof(h)) < 0)
+	if (bpf_skb_load_bytes(skb, off, &h, sizeof(h)) < 0 &&
+	    (proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP ||
+	     proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6))
 		return -1;
 	switch (proto) {
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
 		/* quoted sport is our NAT port: reversed it is the reply's dport */
 		*sport = h.b;
 		*dport = h.a;
@@ -1062,7 +1817,12 @@ static __always_inline int icmp_inner_ports(struct __sk_buff *skb, __u8 proto, _
 		*port_off = off + 4;
 		return 0;
 	}
-	return -1;
+	/* address-only: no ports (the quote may be shorter than h: GRE, ESP
+	 * quotes hold 8 bytes at least, as RFC 792 promises) */
+	*sport = 0;
+	*dport = 0;
+	*port_off = 0;
+	return 0;
 }
 
 /* icmp_inner_l4_csum returns the offset of the quoted L4 checksum, or 0 when
@@ -1072,6 +1832,10 @@ static __always_inline __u32 icmp_inner_l4_csum(struct __sk_buff *skb, __u8 prot
 	__u32 csum_off = off + l4_csum_off(proto);
 	__be16 csum;
 
+	/* SCTP's CRC32c and GRE's checksum do not cover addresses or change */
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_ICMP &&
+	    proto != IPPROTO_ICMPV6)
+		return 0;
 	if (csum_off + 2 > skb->len)
 		return 0;
 	if (bpf_skb_load_bytes(skb, csum_off, &csum, 2) < 0)
@@ -1083,8 +1847,9 @@ static __always_inline __u32 icmp_inner_l4_csum(struct __sk_buff *skb, __u8 prot
 
 /* icmp_quote_port rewrites the quoted port (or echo id) and the quoted L4
  * checksum, and carries both changes into the outer ICMP checksum. addr_diff
- * is the change of the quoted source address for the quoted pseudo header
- * (0 for ICMP quotes, which have none). */
+ * is the change of the quoted address for the quoted pseudo header (0 for
+ * ICMP quotes, which have none). port_off 0: an address-only quote, no
+ * port. */
 static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csum, __u8 proto,
 					   __u32 l4_off, __u32 port_off, __be16 pfrom, __be16 pto,
 					   __u32 addr_diff)
@@ -1098,7 +1863,7 @@ static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csu
 		if (addr_diff &&
 		    bpf_l3_csum_replace(skb, csum_off, 0, addr_diff, 0) < 0)
 			return -1;
-		if (bpf_l3_csum_replace(skb, csum_off, pfrom, pto, 2) < 0)
+		if (port_off && bpf_l3_csum_replace(skb, csum_off, pfrom, pto, 2) < 0)
 			return -1;
 		if (bpf_skb_load_bytes(skb, csum_off, &new_csum, 2) < 0)
 			return -1;
@@ -1111,6 +1876,8 @@ static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csu
 		if (bpf_l4_csum_replace(skb, icmp_csum, old_csum, new_csum, 2) < 0)
 			return -1;
 	}
+	if (!port_off || pfrom == pto)
+		return 0;
 	if (bpf_l4_csum_replace(skb, icmp_csum, pfrom, pto, 2) < 0)
 		return -1;
 	if (bpf_skb_store_bytes(skb, port_off, &pto, 2, 0) < 0)
@@ -1118,7 +1885,7 @@ static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csu
 	return 0;
 }
 
-static __always_inline int icmp_error_v4(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int icmp_error_v4(struct __sk_buff *skb, const struct pkt *p)
 {
 	__u32 inner_off = p->l4_off + 8, inner_l4, port_off, addr_diff = 0;
 	__u32 icmp_csum = p->l4_off + 2;
@@ -1147,8 +1914,8 @@ static __always_inline int icmp_error_v4(struct __sk_buff *skb, const struct pkt
 	pfrom = k.dport;
 
 	/* outer destination: the IPv4 header checksum only */
-	if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, to, 4) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, daddr), &to, 4, 0) < 0)
+	if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), from, to, 4) < 0 ||
+	    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, daddr), &to, 4, 0) < 0)
 		goto err;
 	/* quoted source and quoted header checksum: net zero for the ICMP sum */
 	if (bpf_l3_csum_replace(skb, inner_off + offsetof(struct iphdr, check), from, to, 4) < 0 ||
@@ -1166,7 +1933,7 @@ err:
 	return TC_ACT_SHOT;
 }
 
-static __always_inline int icmp_error_v6(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int icmp_error_v6(struct __sk_buff *skb, const struct pkt *p)
 {
 	__u32 inner_off = p->l4_off + 8, inner_l4 = inner_off + sizeof(struct ipv6hdr), port_off;
 	__u32 icmp_csum = p->l4_off + 2, diff;
@@ -1196,7 +1963,7 @@ static __always_inline int icmp_error_v6(struct __sk_buff *skb, const struct pkt
 
 	/* outer destination: in the ICMPv6 pseudo header */
 	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, BPF_F_PSEUDO_HDR | csum_ipv6_flag) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), to, 16, 0) < 0)
+	    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct ipv6hdr, daddr), to, 16, 0) < 0)
 		goto err;
 	/* quoted source: ICMPv6 payload */
 	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, 0) < 0 ||
@@ -1213,6 +1980,9 @@ err:
 	return TC_ACT_SHOT;
 }
 
+#include "icmp_egress.h"
+#include "proto.h"
+
 /* ---- Egress ------------------------------------------------------------- */
 
 /* A non-first fragment: L3 rewrite from the first fragment's record. */
@@ -1224,15 +1994,15 @@ static __always_inline int egress_frag_v4(struct __sk_buff *skb, const struct pk
 	__be32 snat;
 
 	if (!f) {
-		c = decide_v4(skb, p->v4.daddr, rule, &snat);
+		c = decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
-			return TC_ACT_UNSPEC;
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
 		count(COUNTER_FRAG_UNKNOWN);
 		return TC_ACT_SHOT;
 	}
-	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, saddr), p->v4.saddr, f->addr,
+	if (rewrite_v4(skb, p->l3_off, p->l3_off + offsetof(struct iphdr, saddr), p->v4.saddr, f->addr,
 		       p->proto, 0, 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
@@ -1249,17 +2019,17 @@ static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pk
 	enum counter c;
 
 	if (!f) {
-		c = decide_v6(skb, p->v6.daddr, rule, to);
+		c = decide_v6(skb, p, rule, to);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
-			return TC_ACT_UNSPEC;
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
 		count(COUNTER_FRAG_UNKNOWN);
 		return TC_ACT_SHOT;
 	}
 	__builtin_memcpy(from, p->v6.saddr, 16);
 	__builtin_memcpy(to, f->addr, 16);
-	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), from, to,
+	if (rewrite_v6(skb, p->l3_off + offsetof(struct ipv6hdr, saddr), from, to,
 		       p->proto, 0, 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
@@ -1268,7 +2038,7 @@ static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pk
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int egress_v4(struct __sk_buff *skb)
+static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v4_key k = { .dir = DIR_EGRESS };
 	const struct masq_rule *rule;
@@ -1276,12 +2046,21 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	struct pkt p;
 	enum counter c;
 	__be32 snat;
+	int verdict;
 
+	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
 	}
+	/* Before the source check: the node's own errors count too. */
+	if (p.proto == IPPROTO_ICMP && p.frag == FRAG_NONE) {
+		verdict = egress_icmp_error_v4(skb, &p);
+		if (verdict != NOT_TRANSLATED_ERROR)
+			return verdict;
+	}
 	if (!masq_source_v4(skb, p.v4.saddr, &rule)) {
+		host_flow_v4(skb, &p);
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
 	}
@@ -1292,10 +2071,20 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}
-	if (p.kind != PKT_PORTS) {
-		count(COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
+	if (p.kind == PKT_ECHO_INBOUND) {
+		if (inbound_reply_v4(&p)) {
+			count(COUNTER_SKIP_INBOUND_REPLY);
+			return TC_ACT_UNSPEC;
+		}
+		/* an echo reply of no flow we know of */
+		return egress_untranslatable_v4(skb, &p, rule);
 	}
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return egress_fixed_v4(skb, &p, rule);
+	if (p.kind == PKT_ICMP_ERR)
+		return icmp_error_unmatched_v4(skb, &p, rule);
+	if (p.kind != PKT_PORTS)
+		return egress_untranslatable_v4(skb, &p, rule);
 
 	k.src = p.v4.saddr;
 	k.dst = p.v4.daddr;
@@ -1305,17 +2094,20 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	/* Established flows: the decision was taken when the pair was made
 	 * (masq_source_v4 says what happens when a source stops being one). */
 	v = bpf_map_lookup_elem(&nat_v4, &k);
+	if (v && nat_established_v4(&k, v, &p))
+		v = NULL;
 	if (v) {
-		nat_touch_v4(v, p.tcp_flags);
 		nv.addr = v->addr;
 		nv.port = v->port;
 	} else {
-		c = decide_v4(skb, p.v4.daddr, rule, &snat);
+		if (egress_no_pair(&p, 0))
+			return TC_ACT_UNSPEC;
+		c = decide_v4(skb, p.v4.saddr, p.v4.daddr, rule, &snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
-			return TC_ACT_UNSPEC;
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
-		c = nat_create_v4(&k, snat, p.tcp_flags, &nv);
+		c = nat_create_v4(&k, snat, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
@@ -1328,7 +2120,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	}
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v4(&p, DIR_EGRESS, nv.addr);
-	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, saddr), p.v4.saddr, nv.addr,
+	if (rewrite_v4(skb, p.l3_off, p.l3_off + offsetof(struct iphdr, saddr), p.v4.saddr, nv.addr,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_EGRESS), p.sport, nv.port) < 0) {
 		count(COUNTER_ERROR);
@@ -1338,39 +2130,55 @@ static __always_inline int egress_v4(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-static __always_inline int egress_v6(struct __sk_buff *skb)
+static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v6_key k = { .dir = DIR_EGRESS };
 	struct nat_v6_val *v, nv;
 	const struct masq_rule *rule;
-	__u8 snat[16], from[16];
+	__u8 from[16];
 	struct pkt p;
 	enum counter c;
-	int ret;
+	int ret, verdict;
 
+	p.l3_off = l3_off;
 	ret = parse_l3_v6(skb, &p);
 	if (ret < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_UNSPEC;
 	}
+	if (ret == 0 && p.proto == IPPROTO_ICMPV6 && p.frag == FRAG_NONE) {
+		verdict = egress_icmp_error_v6(skb, &p);
+		if (verdict != NOT_TRANSLATED_ERROR)
+			return verdict;
+	}
 	if (!masq_source_v6(skb, p.v6.saddr, &rule)) {
+		if (ret == 0)
+			host_flow_v6(skb, &p);
 		count(COUNTER_SKIP_NOT_SOURCE);
 		return TC_ACT_UNSPEC;
 	}
-	if (ret > 0) {
-		count(COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
-	}
+	if (ret > 0)
+		return egress_untranslatable_v6(skb, &p, rule);
 	if (p.frag == FRAG_LATER)
 		return egress_frag_v6(skb, &p, rule);
 	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}
-	if (p.kind != PKT_PORTS) {
-		count(COUNTER_SKIP_UNSUPPORTED);
-		return TC_ACT_UNSPEC;
+	if (p.kind == PKT_ECHO_INBOUND) {
+		if (inbound_reply_v6(&p)) {
+			count(COUNTER_SKIP_INBOUND_REPLY);
+			return TC_ACT_UNSPEC;
+		}
+		/* an echo reply of no flow we know of */
+		return egress_untranslatable_v6(skb, &p, rule);
 	}
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return egress_fixed_v6(skb, &p, rule);
+	if (p.kind == PKT_ICMP_ERR)
+		return icmp_error_unmatched_v6(skb, &p, rule);
+	if (p.kind != PKT_PORTS)
+		return egress_untranslatable_v6(skb, &p, rule);
 
 	__builtin_memcpy(k.src, p.v6.saddr, 16);
 	__builtin_memcpy(k.dst, p.v6.daddr, 16);
@@ -1378,17 +2186,20 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 	k.dport = p.dport;
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&nat_v6, &k);
+	if (v && nat_established_v6(&k, v, &p))
+		v = NULL;
 	if (v) {
-		nat_touch_v6(v, p.tcp_flags);
 		__builtin_memcpy(nv.addr, v->addr, 16);
 		nv.port = v->port;
 	} else {
-		c = decide_v6(skb, p.v6.daddr, rule, snat);
+		if (egress_no_pair(&p, 1))
+			return TC_ACT_UNSPEC;
+		c = decide_v6(skb, &p, rule, nv.addr);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
-			return TC_ACT_UNSPEC;
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
-		c = nat_create_v6(&k, snat, p.tcp_flags, &nv);
+		c = nat_create_v6(&k, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
@@ -1402,7 +2213,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_EGRESS, nv.addr);
 	__builtin_memcpy(from, p.v6.saddr, 16);
-	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), from, nv.addr,
+	if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, saddr), from, nv.addr,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_EGRESS), p.sport, nv.port) < 0) {
 		count(COUNTER_ERROR);
@@ -1412,23 +2223,39 @@ static __always_inline int egress_v6(struct __sk_buff *skb)
 	return TC_ACT_UNSPEC;
 }
 
-SEC("tc")
-int ipmasq_egress(struct __sk_buff *skb)
+static __always_inline int egress(struct __sk_buff *skb, __u32 l3_off)
 {
 	switch (skb->protocol) {
 	case bpf_htons(ETH_P_IP):
-		return egress_v4(skb);
+		return egress_v4(skb, l3_off);
 	case bpf_htons(ETH_P_IPV6):
-		return egress_v6(skb);
+		return egress_v6(skb, l3_off);
 	}
 	return TC_ACT_UNSPEC;
+}
+
+/* Ethernet devices: the network header follows the Ethernet header. */
+SEC("tc")
+int ipmasq_egress(struct __sk_buff *skb)
+{
+	return egress(skb, ETH_HLEN);
+}
+
+/* Devices without a link-layer header (tun, WireGuard, ipip, sit, ip6tnl,
+ * point-to-point GRE): tc sees the packet from its network header. The
+ * offset is a constant per program, so the verifier and the compiler see
+ * the same code as the Ethernet variant's. */
+SEC("tc")
+int ipmasq_egress_l3(struct __sk_buff *skb)
+{
+	return egress(skb, 0);
 }
 
 /* ---- Ingress ------------------------------------------------------------ */
 
 /* Misses are not counted on ingress: most packets are the host's own. */
 
-static __always_inline int ingress_v4(struct __sk_buff *skb)
+static __always_inline int ingress_v4(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v4_key k = { .dir = DIR_INGRESS };
 	struct frag_v4_val *f;
@@ -1436,13 +2263,14 @@ static __always_inline int ingress_v4(struct __sk_buff *skb)
 	__be32 to;
 	struct pkt p;
 
+	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0)
 		return TC_ACT_UNSPEC;
 	if (p.frag == FRAG_LATER) {
 		f = frag_lookup_v4(&p, DIR_INGRESS);
 		if (!f)
 			return TC_ACT_UNSPEC;
-		if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, daddr), p.v4.daddr, f->addr,
+		if (rewrite_v4(skb, p.l3_off, p.l3_off + offsetof(struct iphdr, daddr), p.v4.daddr, f->addr,
 			       p.proto, 0, 0, 0, 0) < 0)
 			goto err;
 		count(COUNTER_FRAGMENTS);
@@ -1452,6 +2280,12 @@ static __always_inline int ingress_v4(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	if (p.kind == PKT_ICMP_ERR)
 		return icmp_error_v4(skb, &p);
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return ingress_fixed_v4(skb, &p);
+	if (p.kind == PKT_ECHO_INBOUND) {
+		inbound_track_v4(skb, &p);
+		return TC_ACT_UNSPEC;
+	}
 	if (p.kind != PKT_PORTS)
 		return TC_ACT_UNSPEC;
 
@@ -1461,13 +2295,17 @@ static __always_inline int ingress_v4(struct __sk_buff *skb)
 	k.dport = p.dport;
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&nat_v4, &k);
-	if (!v)
+	if (!v) {
+		inbound_track_v4(skb, &p);
 		return TC_ACT_UNSPEC;
-	nat_touch_v4(v, p.tcp_flags);
+	}
+	nat_touch_v4(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	if (v->flags & NAT_F_HOST)
+		return TC_ACT_UNSPEC; /* a node flow's reply */
 	to = v->addr;
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v4(&p, DIR_INGRESS, to);
-	if (rewrite_v4(skb, ETH_HLEN + offsetof(struct iphdr, daddr), p.v4.daddr, to,
+	if (rewrite_v4(skb, p.l3_off, p.l3_off + offsetof(struct iphdr, daddr), p.v4.daddr, to,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, v->port) < 0)
 		goto err;
@@ -1478,7 +2316,7 @@ err:
 	return TC_ACT_SHOT;
 }
 
-static __always_inline int ingress_v6(struct __sk_buff *skb)
+static __always_inline int ingress_v6(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v6_key k = { .dir = DIR_INGRESS };
 	struct frag_v6_val *f;
@@ -1486,6 +2324,7 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 	__u8 from[16], to[16];
 	struct pkt p;
 
+	p.l3_off = l3_off;
 	if (parse_l3_v6(skb, &p) != 0)
 		return TC_ACT_UNSPEC;
 	__builtin_memcpy(from, p.v6.daddr, 16);
@@ -1494,7 +2333,7 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 		if (!f)
 			return TC_ACT_UNSPEC;
 		__builtin_memcpy(to, f->addr, 16);
-		if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), from, to,
+		if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, daddr), from, to,
 			       p.proto, 0, 0, 0, 0) < 0)
 			goto err;
 		count(COUNTER_FRAGMENTS);
@@ -1504,6 +2343,12 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 		return TC_ACT_UNSPEC;
 	if (p.kind == PKT_ICMP_ERR)
 		return icmp_error_v6(skb, &p);
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return ingress_fixed_v6(skb, &p);
+	if (p.kind == PKT_ECHO_INBOUND) {
+		inbound_track_v6(skb, &p);
+		return TC_ACT_UNSPEC;
+	}
 	if (p.kind != PKT_PORTS)
 		return TC_ACT_UNSPEC;
 
@@ -1513,13 +2358,17 @@ static __always_inline int ingress_v6(struct __sk_buff *skb)
 	k.dport = p.dport;
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&nat_v6, &k);
-	if (!v)
+	if (!v) {
+		inbound_track_v6(skb, &p);
 		return TC_ACT_UNSPEC;
-	nat_touch_v6(v, p.tcp_flags);
+	}
+	nat_touch_v6(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	if (v->flags & NAT_F_HOST)
+		return TC_ACT_UNSPEC; /* a node flow's reply */
 	__builtin_memcpy(to, v->addr, 16);
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_INGRESS, to);
-	if (rewrite_v6(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), from, to,
+	if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, daddr), from, to,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, v->port) < 0)
 		goto err;
@@ -1530,14 +2379,25 @@ err:
 	return TC_ACT_SHOT;
 }
 
-SEC("tc")
-int ipmasq_ingress(struct __sk_buff *skb)
+static __always_inline int ingress(struct __sk_buff *skb, __u32 l3_off)
 {
 	switch (skb->protocol) {
 	case bpf_htons(ETH_P_IP):
-		return ingress_v4(skb);
+		return ingress_v4(skb, l3_off);
 	case bpf_htons(ETH_P_IPV6):
-		return ingress_v6(skb);
+		return ingress_v6(skb, l3_off);
 	}
 	return TC_ACT_UNSPEC;
+}
+
+SEC("tc")
+int ipmasq_ingress(struct __sk_buff *skb)
+{
+	return ingress(skb, ETH_HLEN);
+}
+
+SEC("tc")
+int ipmasq_ingress_l3(struct __sk_buff *skb)
+{
+	return ingress(skb, 0);
 }

@@ -16,22 +16,34 @@ import (
 type masqCounter uint32
 
 const (
-	masqCounterCOUNTER_MASQUERADED       masqCounter = 0
-	masqCounterCOUNTER_NAT_NEW           masqCounter = 1
-	masqCounterCOUNTER_SKIP_NONMASQ_DST  masqCounter = 2
-	masqCounterCOUNTER_SKIP_NODE_DST     masqCounter = 3
-	masqCounterCOUNTER_SKIP_NOT_SOURCE   masqCounter = 4
-	masqCounterCOUNTER_SKIP_NO_SNAT_ADDR masqCounter = 5
-	masqCounterCOUNTER_SKIP_UNSUPPORTED  masqCounter = 6
-	masqCounterCOUNTER_REVERSE           masqCounter = 7
-	masqCounterCOUNTER_ICMP_ERR_REVERSE  masqCounter = 8
-	masqCounterCOUNTER_NAT_FULL          masqCounter = 9
-	masqCounterCOUNTER_NO_PORT           masqCounter = 10
-	masqCounterCOUNTER_FRAGMENTS         masqCounter = 11
-	masqCounterCOUNTER_FRAG_UNKNOWN      masqCounter = 12
-	masqCounterCOUNTER_ERROR             masqCounter = 13
-	masqCounterCOUNTER_NAT_NEW_BY_RULE   masqCounter = 14
-	masqCounterCOUNTER_MAX               masqCounter = 15
+	masqCounterCOUNTER_MASQUERADED         masqCounter = 0
+	masqCounterCOUNTER_NAT_NEW             masqCounter = 1
+	masqCounterCOUNTER_SKIP_NONMASQ_DST    masqCounter = 2
+	masqCounterCOUNTER_SKIP_NODE_DST       masqCounter = 3
+	masqCounterCOUNTER_SKIP_NOT_SOURCE     masqCounter = 4
+	masqCounterCOUNTER_SKIP_NO_SNAT_ADDR   masqCounter = 5
+	masqCounterCOUNTER_DROP_UNTRANSLATABLE masqCounter = 6
+	masqCounterCOUNTER_REVERSE             masqCounter = 7
+	masqCounterCOUNTER_ICMP_ERR_REVERSE    masqCounter = 8
+	masqCounterCOUNTER_NAT_FULL            masqCounter = 9
+	masqCounterCOUNTER_NO_PORT             masqCounter = 10
+	masqCounterCOUNTER_FRAGMENTS           masqCounter = 11
+	masqCounterCOUNTER_FRAG_UNKNOWN        masqCounter = 12
+	masqCounterCOUNTER_ERROR               masqCounter = 13
+	masqCounterCOUNTER_NAT_NEW_BY_RULE     masqCounter = 14
+	masqCounterCOUNTER_INBOUND_NEW         masqCounter = 15
+	masqCounterCOUNTER_SKIP_INBOUND_REPLY  masqCounter = 16
+	masqCounterCOUNTER_SKIP_NOT_FLOW_START masqCounter = 17
+	masqCounterCOUNTER_NAT_REOPENED        masqCounter = 18
+	masqCounterCOUNTER_NAT_REUSED          masqCounter = 19
+	masqCounterCOUNTER_DROP_NO_SNAT_ADDR   masqCounter = 20
+	masqCounterCOUNTER_ICMP_ERR_EGRESS     masqCounter = 21
+	masqCounterCOUNTER_ICMP_ERR_UNMATCHED  masqCounter = 22
+	masqCounterCOUNTER_NAT_NEW_SCTP        masqCounter = 23
+	masqCounterCOUNTER_NAT_NEW_ADDR_ONLY   masqCounter = 24
+	masqCounterCOUNTER_PAIR_TAKEN          masqCounter = 25
+	masqCounterCOUNTER_HOST_FLOW_NEW       masqCounter = 26
+	masqCounterCOUNTER_MAX                 masqCounter = 27
 )
 
 type masqEgressDev struct {
@@ -41,6 +53,11 @@ type masqEgressDev struct {
 	HasV4  uint8
 	HasV6  uint8
 	Pad    [2]uint8
+}
+
+type masqFibScratchVal struct {
+	_   structs.HostLayout
+	Raw [64]uint8
 }
 
 type masqFragV4Key struct {
@@ -86,9 +103,11 @@ type masqLpmV6Key struct {
 }
 
 type masqMasqConfig struct {
-	_       structs.HostLayout
-	PortMin uint16
-	PortMax uint16
+	_         structs.HostLayout
+	PortMin   uint16
+	PortMax   uint16
+	Pad       uint32
+	TimeoutNs [8]uint64
 }
 
 type masqMasqRule struct {
@@ -112,6 +131,20 @@ type masqMasqRuleV6Key struct {
 	Ifindex   uint32
 	Addr      [16]uint8
 }
+
+type masqNatState uint32
+
+const (
+	masqNatStateNAT_TCP_SYN         masqNatState = 0
+	masqNatStateNAT_TCP_ESTABLISHED masqNatState = 1
+	masqNatStateNAT_TCP_CLOSING     masqNatState = 2
+	masqNatStateNAT_TCP_RESET       masqNatState = 3
+	masqNatStateNAT_UDP             masqNatState = 4
+	masqNatStateNAT_UDP_REPLIED     masqNatState = 5
+	masqNatStateNAT_ICMP            masqNatState = 6
+	masqNatStateNAT_OTHER           masqNatState = 7
+	masqNatStateNAT_STATE_MAX       masqNatState = 8
+)
 
 type masqNatV4Key struct {
 	_     structs.HostLayout
@@ -159,25 +192,29 @@ type masqNatV6Val struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	masqMapConfig         = "config"
-	masqMapCounters       = "counters"
-	masqMapEgressDevs     = "egress_devs"
-	masqMapFragV4         = "frag_v4"
-	masqMapFragV6         = "frag_v6"
-	masqMapMasqRulesV4    = "masq_rules_v4"
-	masqMapMasqRulesV6    = "masq_rules_v6"
-	masqMapMasqSrcV4      = "masq_src_v4"
-	masqMapMasqSrcV6      = "masq_src_v6"
-	masqMapNatV4          = "nat_v4"
-	masqMapNatV6          = "nat_v6"
-	masqMapNodeAddrsV4    = "node_addrs_v4"
-	masqMapNodeAddrsV6    = "node_addrs_v6"
-	masqMapNonmasqV4      = "nonmasq_v4"
-	masqMapNonmasqV6      = "nonmasq_v6"
-	masqProgIpmasqEgress  = "ipmasq_egress"
-	masqProgIpmasqIngress = "ipmasq_ingress"
-	masqVarCounterMax     = "counter_max"
-	masqVarCsumIpv6Flag   = "csum_ipv6_flag"
+	masqMapConfig           = "config"
+	masqMapCounters         = "counters"
+	masqMapEgressDevs       = "egress_devs"
+	masqMapFibScratch       = "fib_scratch"
+	masqMapFragV4           = "frag_v4"
+	masqMapFragV6           = "frag_v6"
+	masqMapMasqRulesV4      = "masq_rules_v4"
+	masqMapMasqRulesV6      = "masq_rules_v6"
+	masqMapMasqSrcV4        = "masq_src_v4"
+	masqMapMasqSrcV6        = "masq_src_v6"
+	masqMapNatV4            = "nat_v4"
+	masqMapNatV6            = "nat_v6"
+	masqMapNodeAddrsV4      = "node_addrs_v4"
+	masqMapNodeAddrsV6      = "node_addrs_v6"
+	masqMapNonmasqV4        = "nonmasq_v4"
+	masqMapNonmasqV6        = "nonmasq_v6"
+	masqProgIpmasqEgress    = "ipmasq_egress"
+	masqProgIpmasqEgressL3  = "ipmasq_egress_l3"
+	masqProgIpmasqIngress   = "ipmasq_ingress"
+	masqProgIpmasqIngressL3 = "ipmasq_ingress_l3"
+	masqVarCounterMax       = "counter_max"
+	masqVarCsumIpv6Flag     = "csum_ipv6_flag"
+	masqVarNatStateMax      = "nat_state_max"
 )
 
 // loadMasq returns the embedded CollectionSpec for masq.
@@ -222,8 +259,10 @@ type masqSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqProgramSpecs struct {
-	IpmasqEgress  *ebpf.ProgramSpec `ebpf:"ipmasq_egress"`
-	IpmasqIngress *ebpf.ProgramSpec `ebpf:"ipmasq_ingress"`
+	IpmasqEgress    *ebpf.ProgramSpec `ebpf:"ipmasq_egress"`
+	IpmasqEgressL3  *ebpf.ProgramSpec `ebpf:"ipmasq_egress_l3"`
+	IpmasqIngress   *ebpf.ProgramSpec `ebpf:"ipmasq_ingress"`
+	IpmasqIngressL3 *ebpf.ProgramSpec `ebpf:"ipmasq_ingress_l3"`
 }
 
 // masqMapSpecs contains maps before they are loaded into the kernel.
@@ -233,6 +272,7 @@ type masqMapSpecs struct {
 	Config      *ebpf.MapSpec `ebpf:"config"`
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
 	EgressDevs  *ebpf.MapSpec `ebpf:"egress_devs"`
+	FibScratch  *ebpf.MapSpec `ebpf:"fib_scratch"`
 	FragV4      *ebpf.MapSpec `ebpf:"frag_v4"`
 	FragV6      *ebpf.MapSpec `ebpf:"frag_v6"`
 	MasqRulesV4 *ebpf.MapSpec `ebpf:"masq_rules_v4"`
@@ -253,6 +293,7 @@ type masqMapSpecs struct {
 type masqVariableSpecs struct {
 	CounterMax   *ebpf.VariableSpec `ebpf:"counter_max"`
 	CsumIpv6Flag *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
+	NatStateMax  *ebpf.VariableSpec `ebpf:"nat_state_max"`
 }
 
 // masqObjects contains all objects after they have been loaded into the kernel.
@@ -278,6 +319,7 @@ type masqMaps struct {
 	Config      *ebpf.Map `ebpf:"config"`
 	Counters    *ebpf.Map `ebpf:"counters"`
 	EgressDevs  *ebpf.Map `ebpf:"egress_devs"`
+	FibScratch  *ebpf.Map `ebpf:"fib_scratch"`
 	FragV4      *ebpf.Map `ebpf:"frag_v4"`
 	FragV6      *ebpf.Map `ebpf:"frag_v6"`
 	MasqRulesV4 *ebpf.Map `ebpf:"masq_rules_v4"`
@@ -297,6 +339,7 @@ func (m *masqMaps) Close() error {
 		m.Config,
 		m.Counters,
 		m.EgressDevs,
+		m.FibScratch,
 		m.FragV4,
 		m.FragV6,
 		m.MasqRulesV4,
@@ -318,20 +361,25 @@ func (m *masqMaps) Close() error {
 type masqVariables struct {
 	CounterMax   *ebpf.Variable `ebpf:"counter_max"`
 	CsumIpv6Flag *ebpf.Variable `ebpf:"csum_ipv6_flag"`
+	NatStateMax  *ebpf.Variable `ebpf:"nat_state_max"`
 }
 
 // masqPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqPrograms struct {
-	IpmasqEgress  *ebpf.Program `ebpf:"ipmasq_egress"`
-	IpmasqIngress *ebpf.Program `ebpf:"ipmasq_ingress"`
+	IpmasqEgress    *ebpf.Program `ebpf:"ipmasq_egress"`
+	IpmasqEgressL3  *ebpf.Program `ebpf:"ipmasq_egress_l3"`
+	IpmasqIngress   *ebpf.Program `ebpf:"ipmasq_ingress"`
+	IpmasqIngressL3 *ebpf.Program `ebpf:"ipmasq_ingress_l3"`
 }
 
 func (p *masqPrograms) Close() error {
 	return _MasqClose(
 		p.IpmasqEgress,
+		p.IpmasqEgressL3,
 		p.IpmasqIngress,
+		p.IpmasqIngressL3,
 	)
 }
 

@@ -109,10 +109,14 @@ func TestMasqRuleToAddress(t *testing.T) {
 	}
 	f.sport = 5001
 	ruleFlow(t, e, f, ruleTo4)
-	// A rule without one does.
+	// A rule without one does: dropped, never sent with the client's address.
 	e.setRule(loIfindex, clients4, netip.Addr{})
 	f.sport = 5002
-	untouched(t, e, f, CounterSkipNoSNATAddr)
+	before := e.counters()
+	if ret, _ := e.run(e.dp.Egress, f.packet()); ret != tcActShot {
+		t.Fatalf("rule without toAddress, device without IPv4: verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterDropNoSNATAddr: 1})
 	// And the device must be an egress device at all.
 	if err := e.dp.Maps.EgressDevs.Delete(uint32(loIfindex)); err != nil {
 		t.Fatal(err)
@@ -184,7 +188,7 @@ func TestMasqRulePodSources(t *testing.T) {
 func TestMasqRuleChanges(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	e.setRule(loIfindex, clients4, ruleTo4)
-	f := flow{src: client4, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK}
+	f := flow{src: client4, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
 	natPort := ruleFlow(t, e, f, ruleTo4)
 
 	// A new toAddress applies to new flows; established flows keep theirs.

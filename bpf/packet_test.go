@@ -18,6 +18,7 @@ const (
 	tcpSYN = 0x02
 	tcpACK = 0x10
 	tcpFIN = 0x01
+	tcpRST = 0x04
 )
 
 // flow describes one packet to build.
@@ -26,7 +27,7 @@ type flow struct {
 	proto        uint8
 	sport, dport uint16 // ICMP echo: sport is the identifier
 	icmpType     uint8  // ICMP/ICMPv6 echo request or reply
-	tcpFlags     uint8
+	tcpFlags     uint8  // 0: a SYN, the packet that starts a flow
 	zeroUDPCsum  bool
 	payload      []byte
 	ipID         uint16
@@ -69,6 +70,9 @@ func (f flow) l4() []byte {
 		binary.BigEndian.PutUint32(b[4:], 1000)
 		b[12] = 5 << 4
 		b[13] = f.tcpFlags
+		if f.tcpFlags == 0 {
+			b[13] = tcpSYN
+		}
 		binary.BigEndian.PutUint16(b[14:], 65535)
 	case protoUDP:
 		b = make([]byte, 8)

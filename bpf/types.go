@@ -30,12 +30,21 @@ type (
 const (
 	DirEgress  = 0 // the pod's tuple → SNAT address and NAT port
 	DirIngress = 1 // the reply tuple → pod address and port
+	// DirInbound records a flow a remote opened toward a masquerade source,
+	// keyed by the source's reply tuple; its replies are not translated.
+	DirInbound = 2
 )
 
 // NAT entry flags (NATVal*.Flags), set by the direction that saw them.
 const (
 	NATFlagFIN = 0x01
 	NATFlagRST = 0x02
+	// NATFlagSeen: the reply direction (or an inbound flow's source) has
+	// sent a packet, the flow is answered.
+	NATFlagSeen = 0x04
+	// NATFlagHost marks a dir-1 entry that holds a node flow's reply tuple
+	// (a node socket's port in the NAT range), so no NAT pair takes it.
+	NATFlagHost = 0x08
 )
 
 // Addr4 returns an IPv4 address as the uint32 the maps hold (network byte
@@ -67,10 +76,7 @@ func (d *Datapath) SetPortRange(min, max uint16) error {
 	if min == 0 || max < min {
 		return fmt.Errorf("NAT port range %d-%d: want 1 <= min <= max", min, max)
 	}
-	if err := d.Maps.Config.Put(uint32(0), Config{PortMin: min, PortMax: max}); err != nil {
-		return fmt.Errorf("set NAT port range: %w", err)
-	}
-	return nil
+	return d.updateConfig(func(c *Config) { c.PortMin, c.PortMax = min, max })
 }
 
 // SetEgressDevice sets the SNAT addresses of a device; an invalid address

@@ -23,6 +23,19 @@ import (
 // spec.Pinning is ignored; the map is always pinned at the path above.
 // Errors are wrapped with the operation and path ("open pinned map /x/y: ...").
 func OpenPinned(log *slog.Logger, dir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
+	return openPinned(log, dir, spec, false)
+}
+
+// OpenPinnedKeep is OpenPinned for state that must survive a layout change
+// of the map (NAT pairs when the map is resized): when the old map's keys
+// and values have the sizes of spec's, its entries are copied into the
+// replacement before the replacement is pinned in its place. Entries that do
+// not fit (a smaller map) are dropped and counted in the log line.
+func OpenPinnedKeep(log *slog.Logger, dir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
+	return openPinned(log, dir, spec, true)
+}
+
+func openPinned(log *slog.Logger, dir string, spec *ebpf.MapSpec, keep bool) (*ebpf.Map, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -68,10 +81,16 @@ func OpenPinned(log *slog.Logger, dir string, spec *ebpf.MapSpec) (*ebpf.Map, er
 	// Create the replacement before unpinning the old map, so that a failure
 	// to create leaves the old map where it was.
 	if old != nil {
-		log.Warn("Replacing pinned BPF map with an incompatible layout; its entries are dropped",
-			"path", path,
+		layouts := []any{"path", path,
 			"old", layoutOf(old.Type(), old.KeySize(), old.ValueSize(), old.MaxEntries(), old.Flags()),
-			"new", layoutOf(spec.Type, spec.KeySize, spec.ValueSize, spec.MaxEntries, spec.Flags))
+			"new", layoutOf(spec.Type, spec.KeySize, spec.ValueSize, spec.MaxEntries, spec.Flags)}
+		if keep && old.KeySize() == spec.KeySize && old.ValueSize() == spec.ValueSize {
+			copied, dropped := copyEntries(old, m)
+			log.Warn("Replacing pinned BPF map with another layout; its entries are copied",
+				append(layouts, "copied", copied, "dropped", dropped)...)
+		} else {
+			log.Warn("Replacing pinned BPF map with an incompatible layout; its entries are dropped", layouts...)
+		}
 		if err := old.Unpin(); err != nil {
 			m.Close()
 			return nil, wrap(fmt.Errorf("unpin old map: %w", err))
@@ -125,4 +144,19 @@ func rootOnly(path string, mode os.FileMode) error {
 func layoutOf(typ ebpf.MapType, keySize, valueSize, maxEntries, flags uint32) string {
 	return fmt.Sprintf("type=%s key=%dB value=%dB max_entries=%d flags=%#x",
 		typ, keySize, valueSize, maxEntries, flags)
+}
+
+// copyEntries copies every entry of from into to, as far as to has room.
+func copyEntries(from, to *ebpf.Map) (copied, dropped int) {
+	key := make([]byte, from.KeySize())
+	val := make([]byte, from.ValueSize())
+	it := from.Iterate()
+	for it.Next(&key, &val) {
+		if err := to.Update(key, val, ebpf.UpdateNoExist); err != nil {
+			dropped++
+			continue
+		}
+		copied++
+	}
+	return copied, dropped
 }

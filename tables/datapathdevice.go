@@ -21,18 +21,21 @@ type DatapathDevice struct {
 	Name   string     `json:"name" yaml:"name"`
 	SNATv4 netip.Addr `json:"snatv4" yaml:"snatv4"`
 	SNATv6 netip.Addr `json:"snatv6" yaml:"snatv6"`
+	// L3 is true for a device whose packets start at the network header
+	// (tun, WireGuard, ...): it gets the programs' L3 variants.
+	L3 bool `json:"l3" yaml:"l3"`
 	// Status is the attach reconciliation status.
 	Status reconciler.Status `json:"status" yaml:"status"`
 }
 
 // TableHeader implements statedb.TableWritable.
 func (d *DatapathDevice) TableHeader() []string {
-	return []string{"Name", "Index", "SNATv4", "SNATv6", "Status"}
+	return []string{"Name", "Index", "SNATv4", "SNATv6", "L3", "Status"}
 }
 
 // TableRow implements statedb.TableWritable.
 func (d *DatapathDevice) TableRow() []string {
-	return []string{d.Name, strconv.Itoa(d.Index), addrString(d.SNATv4), addrString(d.SNATv6), StatusString(d.Status)}
+	return []string{d.Name, strconv.Itoa(d.Index), addrString(d.SNATv4), addrString(d.SNATv6), strconv.FormatBool(d.L3), StatusString(d.Status)}
 }
 
 // Clone returns a shallow copy, as the reconciler requires.
@@ -52,7 +55,7 @@ func (d *DatapathDevice) SetStatus(s reconciler.Status) *DatapathDevice {
 
 // SameAs reports whether two rows describe the same attachment.
 func (d *DatapathDevice) SameAs(o *DatapathDevice) bool {
-	return d.Index == o.Index && d.Name == o.Name && d.SNATv4 == o.SNATv4 && d.SNATv6 == o.SNATv6
+	return d.Index == o.Index && d.Name == o.Name && d.SNATv4 == o.SNATv4 && d.SNATv6 == o.SNATv6 && d.L3 == o.L3
 }
 
 // DatapathDeviceByIndex is the primary index.

@@ -32,6 +32,12 @@ type EgressDevice struct {
 	// on other devices (wireguard, tun, ppp, ipip) the packet starts at
 	// the IP header and the datapath must parse it from there.
 	Ethernet bool `json:"ethernet" yaml:"ethernet"`
+	// L3 is true when packets on the device start at the network header:
+	// no link-layer header at all (tun, WireGuard, ipip, sit, ip6tnl,
+	// point-to-point GRE, ppp, raw IP). A device that is neither Ethernet
+	// nor L3 (a GRE device without a remote builds its own header) gets
+	// no programs.
+	L3 bool `json:"l3" yaml:"l3"`
 	// Selected is true when traffic leaving through the device is
 	// masqueraded: it matches --devices or, without that flag, carries a
 	// default route.
@@ -58,14 +64,14 @@ func (d *EgressDevice) SNAT(f Family) netip.Addr {
 // Equal reports whether two rows describe the device identically, so a
 // writer can leave an unchanged row alone.
 func (d *EgressDevice) Equal(o *EgressDevice) bool {
-	return d.Index == o.Index && d.Name == o.Name && d.Up == o.Up && d.Ethernet == o.Ethernet &&
+	return d.Index == o.Index && d.Name == o.Name && d.Up == o.Up && d.Ethernet == o.Ethernet && d.L3 == o.L3 &&
 		d.Selected == o.Selected && d.SNATv4 == o.SNATv4 && d.SNATv6 == o.SNATv6 &&
 		slices.Equal(d.Addresses, o.Addresses)
 }
 
 // TableHeader implements statedb.TableWritable.
 func (d *EgressDevice) TableHeader() []string {
-	return []string{"Name", "Index", "Up", "Ethernet", "Selected", "Addresses", "SNATv4", "SNATv6"}
+	return []string{"Name", "Index", "Up", "Ethernet", "L3", "Selected", "Addresses", "SNATv4", "SNATv6"}
 }
 
 // TableRow implements statedb.TableWritable. A missing SNAT address is an
@@ -76,7 +82,7 @@ func (d *EgressDevice) TableRow() []string {
 		addrs[i] = a.String()
 	}
 	return []string{
-		d.Name, strconv.Itoa(d.Index), strconv.FormatBool(d.Up), strconv.FormatBool(d.Ethernet),
+		d.Name, strconv.Itoa(d.Index), strconv.FormatBool(d.Up), strconv.FormatBool(d.Ethernet), strconv.FormatBool(d.L3),
 		strconv.FormatBool(d.Selected), strings.Join(addrs, ","), addrString(d.SNATv4), addrString(d.SNATv6),
 	}
 }

@@ -94,11 +94,11 @@ func (d *deriver) sync(devs []*tables.EgressDevice, rules []*tables.MasqueradeRu
 		if !dev.Selected && len(matched) == 0 {
 			continue
 		}
-		if !dev.Ethernet {
-			p.Log.Warn("Device has no Ethernet header; the datapath does not attach to it yet", "device", dev.Name)
+		if !dev.Ethernet && !dev.L3 {
+			p.Log.Warn("Device has a link-layer header that is neither Ethernet nor absent (e.g. GRE without a remote); the datapath does not attach to it", "device", dev.Name)
 			continue
 		}
-		row := &tables.DatapathDevice{Index: dev.Index, Name: dev.Name}
+		row := &tables.DatapathDevice{Index: dev.Index, Name: dev.Name, L3: dev.L3}
 		if p.Agent.EnableIPv4 {
 			row.SNATv4 = dev.SNATv4
 		}

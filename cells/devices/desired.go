@@ -52,6 +52,7 @@ func desired(s snapshot, sel *selector) (map[int]*tables.EgressDevice, []portMat
 			Name:     a.Name,
 			Up:       a.Flags&net.FlagUp != 0 && a.Flags&net.FlagRunning != 0,
 			Ethernet: a.EncapType == "ether",
+			L3:       isL3(l),
 		}
 		if sel == nil {
 			_, d.Selected = s.defaultRoutes[a.Index]
@@ -68,6 +69,24 @@ func desired(s snapshot, sel *selector) (map[int]*tables.EgressDevice, []portMat
 	}
 	addAddresses(rows, s.addrs)
 	return rows, ports
+}
+
+// isL3 reports whether packets on link start at the network header, where
+// the L3 variant of the programs expects them. The encapsulation names are
+// netlink's for ARPHRD_NONE (tun, WireGuard), ARPHRD_TUNNEL (ipip),
+// ARPHRD_TUNNEL6 (ip6tnl), ARPHRD_SIT, ARPHRD_IPGRE, ARPHRD_IP6GRE (823),
+// ARPHRD_PPP and ARPHRD_RAWIP (519). A GRE device without a remote
+// (NBMA mode) has header_ops that prepend the outer IP header before tc
+// sees the packet, so it is not one.
+func isL3(link netlink.Link) bool {
+	switch link.Attrs().EncapType {
+	case "none", "ipip", "tunnel6", "sit", "ppp", "unknown519":
+		return true
+	case "gre", "unknown823":
+		gre, ok := link.(*netlink.Gretun)
+		return ok && gre.Remote != nil && !gre.Remote.IsUnspecified()
+	}
+	return false
 }
 
 // isL2Master reports whether link forwards frames for its ports, which then

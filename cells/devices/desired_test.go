@@ -89,8 +89,8 @@ func TestSNATAddresses(t *testing.T) {
 		"2001:db8::4", "2001:db8::5", "2001:db8::6", "2001:db8::7", "2001:db8::8", "2001:db8::9", "fe80::1")
 	check(3, "", "", "10.1.0.6", "fe80::2")
 	check(4, "10.2.0.1", "", "10.2.0.1")
-	if !rows[2].Ethernet || rows[4].Ethernet {
-		t.Error("Ethernet does not follow the link's encapsulation")
+	if !rows[2].Ethernet || rows[4].Ethernet || rows[2].L3 || !rows[4].L3 {
+		t.Error("Ethernet and L3 do not follow the link's encapsulation")
 	}
 	if !rows[2].Up || rows[4].Up {
 		t.Error("Up does not follow IFF_UP|IFF_RUNNING")
@@ -220,6 +220,32 @@ func TestParseSelector(t *testing.T) {
 	for name, want := range map[string]bool{"eth0": true, "eth01": false, "ens": true, "ens5": true, "eth1": false} {
 		if sel.matches(name) != want {
 			t.Errorf("matches(%q) = %v, want %v", name, !want, want)
+		}
+	}
+}
+
+func TestLinkHeaderKind(t *testing.T) {
+	gre := func(remote string) netlink.Link {
+		return &netlink.Gretun{LinkAttrs: netlink.LinkAttrs{EncapType: "gre"}, Remote: net.ParseIP(remote)}
+	}
+	for _, c := range []struct {
+		name string
+		link netlink.Link
+		l3   bool
+	}{
+		{"veth", link(2, "eth0", 0), false},
+		{"tun", &netlink.Tuntap{LinkAttrs: netlink.LinkAttrs{EncapType: "none"}}, true},
+		{"wireguard", &netlink.Wireguard{LinkAttrs: netlink.LinkAttrs{EncapType: "none"}}, true},
+		{"ipip", &netlink.Iptun{LinkAttrs: netlink.LinkAttrs{EncapType: "ipip"}}, true},
+		{"sit", &netlink.Sittun{LinkAttrs: netlink.LinkAttrs{EncapType: "sit"}}, true},
+		{"ip6tnl", &netlink.Ip6tnl{LinkAttrs: netlink.LinkAttrs{EncapType: "tunnel6"}}, true},
+		{"gre point-to-point", gre("192.0.2.1"), true},
+		{"gre without remote (NBMA)", gre(""), false},
+		{"gre remote 0.0.0.0", gre("0.0.0.0"), false},
+		{"infiniband", &netlink.Device{LinkAttrs: netlink.LinkAttrs{EncapType: "infiniband"}}, false},
+	} {
+		if got := isL3(c.link); got != c.l3 {
+			t.Errorf("%s: isL3 = %v, want %v", c.name, got, c.l3)
 		}
 	}
 }

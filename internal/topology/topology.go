@@ -124,6 +124,21 @@ func Veth(a *Netns, aName string, b *Netns, bName string, aMTU int) error {
 	return b.setUp(bName)
 }
 
+// SetMTU sets a device's MTU; 0 leaves it alone.
+func (n *Netns) SetMTU(dev string, mtu int) error {
+	if mtu == 0 {
+		return nil
+	}
+	l, err := n.NL.LinkByName(dev)
+	if err != nil {
+		return fmt.Errorf("%s: link %s: %w", n.Name, dev, err)
+	}
+	if err := n.NL.LinkSetMTU(l, mtu); err != nil {
+		return fmt.Errorf("%s: set MTU of %s: %w", n.Name, dev, err)
+	}
+	return nil
+}
+
 // Addr adds an address (with its prefix length) to a device, without
 // duplicate address detection so IPv6 addresses are usable at once.
 func (n *Netns) Addr(dev, cidr string) error {
@@ -184,6 +199,24 @@ type Masquerade struct {
 	Pod, Node, Ext, Far *Netns
 	// Client is the tunnel client, after AddTunnelClient.
 	Client *Netns
+
+	opts Options
+	tuns []*Tun
+}
+
+// Options vary the Masquerade topology.
+type Options struct {
+	// L3Uplink makes the node–ext link (eth0 at both ends) a pair of tun
+	// devices: no link-layer header, like a WireGuard, ipip or ppp uplink.
+	L3Uplink bool
+	// L3Client makes AddTunnelClient's link (the node's wg0) a tun pair.
+	L3Client bool
+	// PodMTU, when not 0, is the MTU of the node's end of the pod's veth
+	// (pod0), below the uplink's 1500: the node must answer full-size
+	// packets toward the pod with "fragmentation needed" / "packet too
+	// big". The pod's own end keeps 1500, so it advertises a full TCP MSS
+	// and path MTU discovery is what makes a bulk transfer to it work.
+	PodMTU int
 }
 
 // Addresses of the Masquerade topology.
@@ -205,7 +238,12 @@ var (
 
 // NewMasquerade builds the topology. Close it when done.
 func NewMasquerade() (*Masquerade, error) {
-	t := &Masquerade{}
+	return NewMasqueradeWith(Options{})
+}
+
+// NewMasqueradeWith builds the topology with options. Close it when done.
+func NewMasqueradeWith(o Options) (*Masquerade, error) {
+	t := &Masquerade{opts: o}
 	var err error
 	for _, p := range []struct {
 		n    **Netns
@@ -218,7 +256,8 @@ func NewMasquerade() (*Masquerade, error) {
 	}
 	steps := []func() error{
 		func() error { return Veth(t.Pod, "eth0", t.Node, "pod0", 0) },
-		func() error { return Veth(t.Node, "eth0", t.Ext, "eth0", 0) },
+		func() error { return t.Node.SetMTU("pod0", o.PodMTU) },
+		func() error { return t.link(t.Node, "eth0", t.Ext, "eth0", o.L3Uplink) },
 		func() error { return Veth(t.Ext, "far0", t.Far, "eth0", FarMTU) },
 		func() error { return t.Pod.Addr("eth0", "10.244.1.2/24") },
 		func() error { return t.Pod.Addr("eth0", "fd00:244::2/64") },
@@ -255,7 +294,8 @@ func NewMasquerade() (*Masquerade, error) {
 }
 
 // Tunnel client addresses: a client namespace behind the node's "wg0"
-// (a veth named like a WireGuard device, so rules can name it).
+// (a veth, or with Options.L3Client a tun device, named like a WireGuard
+// device, so rules can name it).
 var (
 	ClientIP4, ClientIP6         = netip.MustParseAddr("192.168.6.1"), netip.MustParseAddr("fd00:6::1")
 	ClientCIDR4, ClientCIDR6     = "192.168.6.0/24", "fd00:6::/64"
@@ -272,7 +312,7 @@ func (t *Masquerade) AddTunnelClient() (*Netns, error) {
 		return nil, err
 	}
 	steps := []func() error{
-		func() error { return Veth(c, "eth0", t.Node, "wg0", 0) },
+		func() error { return t.link(c, "eth0", t.Node, "wg0", t.opts.L3Client) },
 		func() error { return c.Addr("eth0", "192.168.6.1/24") },
 		func() error { return c.Addr("eth0", "fd00:6::1/64") },
 		func() error { return c.Route("default", NodeTunnelIP4, "eth0") },
@@ -288,6 +328,19 @@ func (t *Masquerade) AddTunnelClient() (*Netns, error) {
 	}
 	t.Client = c
 	return c, nil
+}
+
+// link connects two namespaces with a veth pair, or a tun pair when l3.
+func (t *Masquerade) link(a *Netns, aName string, b *Netns, bName string, l3 bool) error {
+	if !l3 {
+		return Veth(a, aName, b, bName, 0)
+	}
+	tun, err := TunLink(a, aName, b, bName)
+	if err != nil {
+		return err
+	}
+	t.tuns = append(t.tuns, tun)
+	return nil
 }
 
 // RouteBack gives ext a route to the pod CIDRs through the node, so traffic
@@ -308,6 +361,9 @@ func (n *Netns) Start(cmd *exec.Cmd) error {
 // Close removes every namespace (and with them links, routes and sysctls).
 func (t *Masquerade) Close() error {
 	var errs []error
+	for _, tun := range t.tuns {
+		errs = append(errs, tun.Close())
+	}
 	for _, n := range []*Netns{t.Pod, t.Node, t.Ext, t.Far, t.Client} {
 		if n != nil {
 			n.Close()

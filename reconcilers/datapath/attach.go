@@ -24,12 +24,24 @@ import (
 type hook struct {
 	name   string
 	attach ebpf.AttachType
-	prog   func(*bpf.Datapath) *ebpf.Program
+	// prog is the program for the device: the L3 variant when its packets
+	// start at the network header.
+	prog func(dp *bpf.Datapath, l3 bool) *ebpf.Program
 }
 
 var hooks = []hook{
-	{"egress", ebpf.AttachTCXEgress, func(d *bpf.Datapath) *ebpf.Program { return d.Egress }},
-	{"ingress", ebpf.AttachTCXIngress, func(d *bpf.Datapath) *ebpf.Program { return d.Ingress }},
+	{"egress", ebpf.AttachTCXEgress, func(dp *bpf.Datapath, l3 bool) *ebpf.Program {
+		if l3 {
+			return dp.EgressL3
+		}
+		return dp.Egress
+	}},
+	{"ingress", ebpf.AttachTCXIngress, func(dp *bpf.Datapath, l3 bool) *ebpf.Program {
+		if l3 {
+			return dp.IngressL3
+		}
+		return dp.Ingress
+	}},
 }
 
 // attachOps reconciles datapath-devices into pinned tcx links and
@@ -67,7 +79,7 @@ func (o *attachOps) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Rev
 		return err
 	}
 	for _, h := range hooks {
-		if err := o.attachHook(d, h, h.prog(dp)); err != nil {
+		if err := o.attachHook(d, h, h.prog(dp, d.L3)); err != nil {
 			return err
 		}
 	}
@@ -114,8 +126,13 @@ func (o *attachOps) attach(d *tables.DatapathDevice, h hook, prog *ebpf.Program)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		os.Remove(path)
 	}
-	// The index is resolved in the caller's namespace (see Update).
-	l, err := link.AttachTCX(link.TCXOptions{Interface: d.Index, Program: prog, Attach: h.attach})
+	// The index is resolved in the caller's namespace (see Update). At the
+	// head of the device's tcx chain: a program before ours that returns
+	// "pass" (another CNI, a monitoring program) would otherwise keep a
+	// reply from being translated back, or a pod's packet from being
+	// masqueraded. Ours returns "next", so the others still see every
+	// packet, translated. An existing pinned link keeps its place.
+	l, err := link.AttachTCX(link.TCXOptions{Interface: d.Index, Program: prog, Attach: h.attach, Anchor: link.Head()})
 	if err != nil {
 		return fmt.Errorf("%s %s: attach tcx program: %w", d.Name, h.name, err)
 	}

@@ -44,14 +44,17 @@ var Cell = cell.Module(
 type params struct {
 	cell.In
 
-	Log         *slog.Logger
-	DB          *statedb.DB
-	Jobs        job.Registry
-	Health      cell.Health
-	ModuleID    cell.FullModuleID
-	Lifecycle   cell.Lifecycle
-	Agent       settings.Config
-	Config      Config
+	Log       *slog.Logger
+	DB        *statedb.DB
+	Jobs      job.Registry
+	Health    cell.Health
+	ModuleID  cell.FullModuleID
+	Lifecycle cell.Lifecycle
+	Agent     settings.Config
+	Config    Config
+	// Devices gives the collector every address of the node (a pair ends
+	// only when its address is deleted).
+	Devices     statedb.Table[*tables.EgressDevice]
 	DPDevices   statedb.RWTable[*tables.DatapathDevice]
 	RuleSources statedb.RWTable[*tables.MasqueradeRuleSource]
 	Sources     statedb.RWTable[*tables.MasqueradeSource]
@@ -97,6 +100,10 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
+	lifetimes, err := p.Config.Lifetimes()
+	if err != nil {
+		return err
+	}
 	switch p.Config.TCAttachMode {
 	case AttachAuto, AttachTCX, AttachClsact:
 	default:
@@ -129,6 +136,10 @@ func register(p params) error {
 				return err
 			}
 			if err := dp.SetPortRange(ports.Min, ports.Max); err != nil {
+				dp.Close()
+				return err
+			}
+			if err := dp.SetLifetimes(lifetimes); err != nil {
 				dp.Close()
 				return err
 			}
@@ -165,28 +176,27 @@ func register(p params) error {
 	if err := registerMapReconcilers(p, g); err != nil {
 		return err
 	}
-	gc := &collector{log: p.Log, dp: p.Handle, snat: func() (map[netip.Addr]bool, bool) {
-		return currentSNAT(p.DB, p.DPDevices, p.RuleSources)
+	gc := &collector{log: p.Log, dp: p.Handle, lifetimes: lifetimes, snat: func() (map[netip.Addr]bool, bool) {
+		return liveSNATAddrs(p.DB, p.NodeAddrs, p.RuleSources)
 	}}
 	g.Add(job.Timer("nat-gc", gc.collect, p.Config.NATGCInterval))
 	return nil
 }
 
-// currentSNAT lists the SNAT addresses in use: the datapath devices' and
-// the masquerade rules' toAddress, once the tables have been derived.
-func currentSNAT(db *statedb.DB, tbl statedb.Table[*tables.DatapathDevice], rules statedb.Table[*tables.MasqueradeRuleSource]) (map[netip.Addr]bool, bool) {
+// liveSNATAddrs lists the addresses a NAT pair may keep: the node's
+// addresses (a flow keeps the address it started with until that address is
+// deleted, as with MASQUERADE; adding or reordering addresses changes only
+// the choice for new flows) and the masquerade rules' toAddress, once the
+// node-addresses table has been derived.
+func liveSNATAddrs(db *statedb.DB, nodeAddrs statedb.Table[*tables.NodeAddress],
+	rules statedb.Table[*tables.MasqueradeRuleSource]) (map[netip.Addr]bool, bool) {
 	txn := db.ReadTxn()
-	if init, _ := tbl.Initialized(txn); !init {
+	if init, _ := nodeAddrs.Initialized(txn); !init {
 		return nil, false
 	}
 	out := map[netip.Addr]bool{}
-	for d := range tbl.All(txn) {
-		if d.SNATv4.IsValid() {
-			out[d.SNATv4] = true
-		}
-		if d.SNATv6.IsValid() {
-			out[d.SNATv6] = true
-		}
+	for a := range nodeAddrs.All(txn) {
+		out[a.Addr] = true
 	}
 	for r := range rules.All(txn) {
 		if r.ToAddress.IsValid() {

@@ -23,6 +23,39 @@ type Config struct {
 	NATGCInterval time.Duration `mapstructure:"nat-gc-interval"`
 	// TCAttachMode is how programs are attached: auto, tcx or clsact.
 	TCAttachMode string `mapstructure:"tc-attach-mode"`
+
+	// Lifetimes of idle NAT pairs per connection state (bpf.Lifetimes).
+	TimeoutTCPSyn         time.Duration `mapstructure:"nat-timeout-tcp-syn"`
+	TimeoutTCPEstablished time.Duration `mapstructure:"nat-timeout-tcp-established"`
+	TimeoutTCPClosing     time.Duration `mapstructure:"nat-timeout-tcp-closing"`
+	TimeoutTCPReset       time.Duration `mapstructure:"nat-timeout-tcp-reset"`
+	TimeoutUDP            time.Duration `mapstructure:"nat-timeout-udp"`
+	TimeoutUDPReplied     time.Duration `mapstructure:"nat-timeout-udp-replied"`
+	TimeoutICMP           time.Duration `mapstructure:"nat-timeout-icmp"`
+	TimeoutOther          time.Duration `mapstructure:"nat-timeout-other"`
+}
+
+// Lifetimes are the NAT lifetimes of the flags; an error names the flag
+// that is not a positive duration.
+func (c Config) Lifetimes() (bpf.Lifetimes, error) {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"nat-timeout-tcp-syn", c.TimeoutTCPSyn}, {"nat-timeout-tcp-established", c.TimeoutTCPEstablished},
+		{"nat-timeout-tcp-closing", c.TimeoutTCPClosing}, {"nat-timeout-tcp-reset", c.TimeoutTCPReset},
+		{"nat-timeout-udp", c.TimeoutUDP}, {"nat-timeout-udp-replied", c.TimeoutUDPReplied},
+		{"nat-timeout-icmp", c.TimeoutICMP}, {"nat-timeout-other", c.TimeoutOther},
+	} {
+		if f.d <= 0 {
+			return bpf.Lifetimes{}, fmt.Errorf("--%s=%s: want a positive duration, e.g. 30s", f.name, f.d)
+		}
+	}
+	return bpf.Lifetimes{
+		TCPSyn: c.TimeoutTCPSyn, TCPEstablished: c.TimeoutTCPEstablished, TCPClosing: c.TimeoutTCPClosing,
+		TCPReset: c.TimeoutTCPReset, UDP: c.TimeoutUDP, UDPReplied: c.TimeoutUDPReplied, ICMP: c.TimeoutICMP,
+		Other: c.TimeoutOther,
+	}, nil
 }
 
 // DefaultConfig is the configuration used when no flag is given. The port
@@ -33,6 +66,15 @@ var DefaultConfig = Config{
 	NATMaxEntries: bpf.DefaultNATMaxEntries,
 	NATGCInterval: 10 * time.Second,
 	TCAttachMode:  AttachAuto,
+
+	TimeoutTCPSyn:         bpf.DefaultLifetimes.TCPSyn,
+	TimeoutTCPEstablished: bpf.DefaultLifetimes.TCPEstablished,
+	TimeoutTCPClosing:     bpf.DefaultLifetimes.TCPClosing,
+	TimeoutTCPReset:       bpf.DefaultLifetimes.TCPReset,
+	TimeoutUDP:            bpf.DefaultLifetimes.UDP,
+	TimeoutUDPReplied:     bpf.DefaultLifetimes.UDPReplied,
+	TimeoutICMP:           bpf.DefaultLifetimes.ICMP,
+	TimeoutOther:          bpf.DefaultLifetimes.Other,
 }
 
 // Flags implements cell.Flagger.
@@ -42,6 +84,14 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries")
 	flags.Duration("nat-gc-interval", def.NATGCInterval, "How often idle NAT entries are expired")
 	flags.String("tc-attach-mode", def.TCAttachMode, "How the programs are attached: auto (tcx where the kernel has it, clsact otherwise), tcx or clsact")
+	flags.Duration("nat-timeout-tcp-syn", def.TimeoutTCPSyn, "Lifetime of a NAT pair whose TCP SYN is not answered")
+	flags.Duration("nat-timeout-tcp-established", def.TimeoutTCPEstablished, "Lifetime of an idle established TCP flow's NAT pair")
+	flags.Duration("nat-timeout-tcp-closing", def.TimeoutTCPClosing, "Lifetime of a TCP flow's NAT pair after a FIN (covers the server's TIME_WAIT)")
+	flags.Duration("nat-timeout-tcp-reset", def.TimeoutTCPReset, "Lifetime of a TCP flow's NAT pair after a RST")
+	flags.Duration("nat-timeout-udp", def.TimeoutUDP, "Lifetime of an idle UDP flow's NAT pair before the remote answers")
+	flags.Duration("nat-timeout-udp-replied", def.TimeoutUDPReplied, "Lifetime of an idle UDP flow's NAT pair once the remote has answered")
+	flags.Duration("nat-timeout-icmp", def.TimeoutICMP, "Lifetime of an idle ICMP echo flow's NAT pair")
+	flags.Duration("nat-timeout-other", def.TimeoutOther, "Lifetime of an idle SCTP or address-only (GRE, ESP, ...) NAT pair")
 }
 
 // PortRange is an inclusive port range.

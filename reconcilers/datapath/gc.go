@@ -6,45 +6,22 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/bpfmap"
-)
-
-// Idle timeouts of NAT pairs. A closed TCP pair is kept for longer than
-// TIME_WAIT (60 s on Linux) so its NAT port is not handed to a new flow to
-// the same server while the server may still hold the old connection: such
-// a SYN would be dropped (PAWS).
-const (
-	TimeoutTCP       = 6 * time.Hour
-	TimeoutTCPClosed = 2 * time.Minute
-	TimeoutUDP       = time.Minute
-	TimeoutICMP      = 30 * time.Second
 )
 
 const (
-	protoICMP   = 1
-	protoTCP    = 6
-	protoUDP    = 17
-	protoICMPv6 = 58
+	protoICMP   = bpf.ProtoICMP
+	protoTCP    = bpf.ProtoTCP
+	protoUDP    = bpf.ProtoUDP
+	protoICMPv6 = bpf.ProtoICMPv6
+	protoSCTP   = 132
 )
-
-func timeout(proto uint8, flags uint8) time.Duration {
-	switch proto {
-	case protoTCP:
-		if flags&(bpf.NATFlagFIN|bpf.NATFlagRST) != 0 {
-			return TimeoutTCPClosed
-		}
-		return TimeoutTCP
-	case protoUDP:
-		return TimeoutUDP
-	}
-	return TimeoutICMP
-}
 
 // monotonicNow is the clock of bpf_ktime_get_ns.
 func monotonicNow() uint64 {
@@ -53,17 +30,22 @@ func monotonicNow() uint64 {
 	return uint64(ts.Nano())
 }
 
-// collector expires idle NAT pairs. Both directions of a pair are judged
-// together: a pair is idle when neither direction has seen a packet for the
-// timeout of its protocol and state. Pairs translated to an address that is
-// no longer the SNAT address of any device are removed at once: the
-// programs decide once per flow, so such a flow would keep sending from an
-// address the node no longer has.
+// collector frees expired NAT pairs and inbound flow records. Both
+// directions of a pair are judged together: a pair has expired when neither
+// direction has seen a packet for the lifetime of the pair's state (the
+// programs apply the same lifetimes on their own, so a late collection never
+// keeps a port or a flow). An entry is read again just before it is deleted,
+// so a packet that arrived since the scan keeps it. Pairs translated to an
+// address the node no longer has (deleted from its device) are removed at
+// once, as MASQUERADE ends such flows: they would keep sending from an
+// address nobody answers. Adding or reordering addresses ends nothing.
 type collector struct {
-	log *slog.Logger
-	dp  *Handle
-	// snat returns the current SNAT addresses, or ok=false while they are
-	// not known yet (then nothing is removed for that reason).
+	log       *slog.Logger
+	dp        *Handle
+	lifetimes bpf.Lifetimes
+	// snat returns the addresses pairs may keep (the node's addresses and
+	// the rules' toAddress), or ok=false while they are not known yet (then
+	// nothing is removed for that reason).
 	snat func() (addrs map[netip.Addr]bool, ok bool)
 }
 
@@ -85,8 +67,8 @@ func (c *collector) collectNow() error {
 			snat = addrs
 		}
 	}
-	s4, err4 := collectV4(dp.Maps.NatV4, monotonicNow(), snat)
-	s6, err6 := collectV6(dp.Maps.NatV6, monotonicNow(), snat)
+	s4, err4 := collectV4(dp.Maps.NatV4, c.lifetimes, monotonicNow, snat)
+	s6, err6 := collectV6(dp.Maps.NatV6, c.lifetimes, monotonicNow, snat)
 	if c.log != nil && s4.Expired+s6.Expired > 0 {
 		c.log.Debug("NAT entries expired", "ipv4", s4.Expired, "ipv6", s6.Expired)
 	}
@@ -105,9 +87,12 @@ type natEntry[K comparable] struct {
 
 func describeV4(k bpf.NATKeyV4, v bpf.NATValV4) natEntry[bpf.NATKeyV4] {
 	e := natEntry[bpf.NATKeyV4]{peer: pairV4(k, v), proto: k.Proto, dir: k.Dir, flags: v.Flags, lastSeen: v.LastSeenNs}
-	if k.Dir == bpf.DirEgress {
+	switch k.Dir {
+	case bpf.DirInbound:
+		e.peer = k // no other direction, and no SNAT address
+	case bpf.DirEgress:
 		e.snat = bpf.AddrFrom4(v.Addr)
-	} else {
+	default:
 		e.snat = bpf.AddrFrom4(k.Dst)
 	}
 	return e
@@ -115,60 +100,157 @@ func describeV4(k bpf.NATKeyV4, v bpf.NATValV4) natEntry[bpf.NATKeyV4] {
 
 func describeV6(k bpf.NATKeyV6, v bpf.NATValV6) natEntry[bpf.NATKeyV6] {
 	e := natEntry[bpf.NATKeyV6]{peer: pairV6(k, v), proto: k.Proto, dir: k.Dir, flags: v.Flags, lastSeen: v.LastSeenNs}
-	if k.Dir == bpf.DirEgress {
+	switch k.Dir {
+	case bpf.DirInbound:
+		e.peer = k // no other direction, and no SNAT address
+	case bpf.DirEgress:
 		e.snat = netip.AddrFrom16(v.Addr)
-	} else {
+	default:
 		e.snat = netip.AddrFrom16(k.Dst)
 	}
 	return e
 }
 
-// collectV4 expires idle IPv4 pairs as of now (monotonic ns), and pairs
-// whose SNAT address is not in snat (when snat is not nil).
-func collectV4(m *ebpf.Map, now uint64, snat map[netip.Addr]bool) (GCStats, error) {
-	return collectMap(m, bpf.MapNATV4, now, snat, describeV4)
+// collectV4 expires IPv4 pairs and inbound records that outlived their
+// state's lifetime as of now() (monotonic ns), and pairs whose SNAT address
+// is not in snat (when snat is not nil).
+func collectV4(m *ebpf.Map, l bpf.Lifetimes, now func() uint64, snat map[netip.Addr]bool) (GCStats, error) {
+	return collectMap(m, bpf.MapNATV4, l, now, snat, describeV4)
 }
 
 // collectV6 is collectV4 for IPv6.
-func collectV6(m *ebpf.Map, now uint64, snat map[netip.Addr]bool) (GCStats, error) {
-	return collectMap(m, bpf.MapNATV6, now, snat, describeV6)
+func collectV6(m *ebpf.Map, l bpf.Lifetimes, now func() uint64, snat map[netip.Addr]bool) (GCStats, error) {
+	return collectMap(m, bpf.MapNATV6, l, now, snat, describeV6)
 }
 
-func collectMap[K comparable, V comparable](m *ebpf.Map, name string, now uint64, snat map[netip.Addr]bool,
-	describe func(K, V) natEntry[K]) (GCStats, error) {
-	// Batch reads and deletes: one syscall per few hundred entries rather
-	// than two per entry, so a large table costs little CPU per pass.
-	bm, err := bpfmap.NewMap[K, V](m)
-	if err != nil {
-		return GCStats{}, fmt.Errorf("read %s: %w", name, err)
+// gcChunk is how many entries one batch read returns, and how many expired
+// entries one pass deletes at most: the collector's memory is bounded by it,
+// whatever the size of the map (the rest go in the next passes).
+const gcChunk = 4096
+
+// gcMaxExpiredPerPass bounds the keys a pass holds for deletion.
+const gcMaxExpiredPerPass = 64 * gcChunk
+
+func collectMap[K comparable, V comparable](m *ebpf.Map, name string, l bpf.Lifetimes, clock func() uint64,
+	snat map[netip.Addr]bool, describe func(K, V) natEntry[K]) (GCStats, error) {
+	now := clock()
+	var (
+		stats   GCStats
+		expired []K
+		cursor  ebpf.MapBatchCursor
+		keys    = make([]K, gcChunk)
+		vals    = make([]V, gcChunk)
+	)
+	// The map is read in batches and judged as it goes: an entry's own
+	// idle time against the shortest lifetime its pair can have says
+	// whether its other half is worth a lookup. Memory stays at one batch
+	// plus the expired keys, however large the map.
+	for len(expired) < gcMaxExpiredPerPass {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		done := errors.Is(err, ebpf.ErrKeyNotExist)
+		if err != nil && !done {
+			return stats, fmt.Errorf("read %s: %w", name, err)
+		}
+		for i := range n {
+			stats.Entries++
+			e := describe(keys[i], vals[i])
+			if e.dir != bpf.DirInbound && snat != nil && !snat[e.snat] {
+				expired = append(expired, keys[i])
+				continue
+			}
+			if now <= e.lastSeen || time.Duration(now-e.lastSeen) <= shortestLifetime(l, e.proto, e.flags) {
+				continue
+			}
+			if pairExpired(m, l, now, keys[i], e, describe) {
+				expired = append(expired, keys[i])
+			}
+		}
+		if done {
+			break
+		}
 	}
-	// NewMap has just read the whole map.
-	entries := bm.Contents()
-	all := make(map[K]natEntry[K], len(entries))
-	for k, v := range entries {
-		all[k] = describe(k, v)
+	// Read the candidates again: a packet since the scan revives a pair.
+	now = clock()
+	expired = slices.DeleteFunc(expired, func(k K) bool {
+		e, ok := lookupEntry(m, k, describe)
+		if !ok {
+			return true // gone already
+		}
+		if e.dir != bpf.DirInbound && snat != nil && !snat[e.snat] {
+			return false
+		}
+		return !pairExpired(m, l, now, k, e, describe)
+	})
+	stats.Expired = len(expired)
+	var errs []error
+	for chunk := range slices.Chunk(expired, gcChunk) {
+		if _, err := m.BatchDelete(chunk, nil); err != nil {
+			// Some were gone already (deleted by the programs): one by one.
+			for _, k := range chunk {
+				if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					errs = append(errs, fmt.Errorf("delete from %s: %w", name, err))
+				}
+			}
+		}
 	}
-	var expired []K
-	for k, e := range all {
-		last, flags := e.lastSeen, e.flags
-		if p, ok := all[e.peer]; ok {
+	return stats, errors.Join(errs...)
+}
+
+// pairExpired judges an entry together with its other half, read now.
+func pairExpired[K comparable, V comparable](m *ebpf.Map, l bpf.Lifetimes, now uint64, k K, e natEntry[K],
+	describe func(K, V) natEntry[K]) bool {
+	last, flags := e.lastSeen, e.flags
+	if e.peer != k {
+		if p, ok := lookupEntry(m, e.peer, describe); ok {
 			last, flags = max(last, p.lastSeen), flags|p.flags
 		}
-		if idle(now, last, e.proto, flags) || (snat != nil && !snat[e.snat]) {
-			expired = append(expired, k)
-		}
 	}
-	var errs []error
-	for _, err := range bm.Delete(expired) {
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return GCStats{Entries: len(all), Expired: len(expired)}, errors.Join(errs...)
+	return expiredAt(l, now, last, e.proto, flags)
 }
 
-func idle(now, last uint64, proto, flags uint8) bool {
-	return now > last && time.Duration(now-last) > timeout(proto, flags)
+// shortestLifetime is the shortest lifetime a pair can have given the flags
+// one of its entries carries (the other half may add flags): an entry idle
+// for less than that cannot belong to an expired pair.
+func shortestLifetime(l bpf.Lifetimes, proto, flags uint8) time.Duration {
+	var states []bpf.NATState
+	switch proto {
+	case protoTCP:
+		states = []bpf.NATState{bpf.StateTCPReset}
+		if flags&bpf.NATFlagRST == 0 {
+			states = append(states, bpf.StateTCPClosing)
+			if flags&bpf.NATFlagFIN == 0 {
+				states = append(states, bpf.StateTCPEstablished)
+				if flags&bpf.NATFlagSeen == 0 {
+					states = append(states, bpf.StateTCPSyn)
+				}
+			}
+		}
+	case protoUDP:
+		states = []bpf.NATState{bpf.StateUDPReplied}
+		if flags&bpf.NATFlagSeen == 0 {
+			states = append(states, bpf.StateUDP)
+		}
+	default:
+		states = []bpf.NATState{bpf.StateOf(proto, flags)}
+	}
+	shortest := l.Of(states[0])
+	for _, s := range states[1:] {
+		shortest = min(shortest, l.Of(s))
+	}
+	return shortest
+}
+
+func lookupEntry[K comparable, V comparable](m *ebpf.Map, k K, describe func(K, V) natEntry[K]) (natEntry[K], bool) {
+	var v V
+	if err := m.Lookup(k, &v); err != nil {
+		return natEntry[K]{}, false
+	}
+	return describe(k, v), true
+}
+
+// expiredAt says whether a pair last seen at last has outlived its state.
+func expiredAt(l bpf.Lifetimes, now, last uint64, proto, flags uint8) bool {
+	return now > last && time.Duration(now-last) > l.Of(bpf.StateOf(proto, flags))
 }
 
 // pairV4 is the key of the other direction of a pair. Egress: pod → remote

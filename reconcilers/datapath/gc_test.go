@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -32,13 +33,21 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 	ago := func(d time.Duration) uint64 { return now - uint64(d) }
 	const node = "10.0.0.5"
 	keep := map[string]map[bpf.NATKeyV4]bpf.NATValV4{
-		"tcp open, idle 1h":    pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1000, 80, 61000, ago(time.Hour), 0),
-		"tcp closed, idle 30s": pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1001, 80, 61001, ago(30*time.Second), bpf.NATFlagFIN),
-		"udp, idle 10s":        pairEntries(protoUDP, "10.244.1.2", "203.0.113.10", node, 1002, 53, 61002, ago(10*time.Second), 0),
-		"icmp, idle 5s":        pairEntries(protoICMP, "10.244.1.2", "203.0.113.10", node, 7, 0, 61003, ago(5*time.Second), 0),
+		"tcp open, idle 1h":     pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1000, 80, 61000, ago(time.Hour), bpf.NATFlagSeen),
+		"tcp syn, idle 50s":     pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1003, 80, 61004, ago(50*time.Second), 0),
+		"tcp reset, idle 5s":    pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1004, 80, 61005, ago(5*time.Second), bpf.NATFlagRST|bpf.NATFlagSeen),
+		"udp replied, idle 90s": pairEntries(protoUDP, "10.244.1.2", "203.0.113.10", node, 1005, 53, 61006, ago(90*time.Second), bpf.NATFlagSeen),
+		"sctp, idle 5m":         pairEntries(protoSCTP, "10.244.1.2", "203.0.113.10", node, 1006, 38412, 1006, ago(5*time.Minute), 0),
+		"gre, idle 5m":          pairEntries(47, "10.244.1.2", "203.0.113.11", node, 0, 0, 0, ago(5*time.Minute), 0),
+		"tcp closed, idle 30s":  pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1001, 80, 61001, ago(30*time.Second), bpf.NATFlagFIN),
+		"udp, idle 10s":         pairEntries(protoUDP, "10.244.1.2", "203.0.113.10", node, 1002, 53, 61002, ago(10*time.Second), 0),
+		"icmp, idle 5s":         pairEntries(protoICMP, "10.244.1.2", "203.0.113.10", node, 7, 0, 61003, ago(5*time.Second), 0),
 	}
 	drop := map[string]map[bpf.NATKeyV4]bpf.NATValV4{
-		"tcp open, idle 7h":           pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1000, 80, 62000, ago(7*time.Hour), 0),
+		"tcp open, idle 7h":           pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1000, 80, 62000, ago(7*time.Hour), bpf.NATFlagSeen),
+		"tcp syn, idle 70s":           pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1003, 80, 62004, ago(70*time.Second), 0),
+		"udp one way, idle 40s":       pairEntries(protoUDP, "10.244.1.3", "203.0.113.10", node, 1004, 53, 62005, ago(40*time.Second), 0),
+		"sctp, idle 11m":              pairEntries(protoSCTP, "10.244.1.3", "203.0.113.10", node, 1007, 38412, 1007, ago(11*time.Minute), 0),
 		"tcp closed, idle 3m":         pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1001, 80, 62001, ago(3*time.Minute), bpf.NATFlagRST),
 		"udp, idle 2m":                pairEntries(protoUDP, "10.244.1.3", "203.0.113.10", node, 1002, 53, 62002, ago(2*time.Minute), 0),
 		"icmp, idle 1m":               pairEntries(protoICMP, "10.244.1.3", "203.0.113.10", node, 7, 0, 62003, ago(time.Minute), 0),
@@ -54,7 +63,7 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 		}
 	}
 	// One direction closed recently keeps the pair: both are judged together.
-	pair := pairEntries(protoTCP, "10.244.1.5", "203.0.113.10", node, 1000, 80, 64000, ago(7*time.Hour), 0)
+	pair := pairEntries(protoTCP, "10.244.1.5", "203.0.113.10", node, 1000, 80, 64000, ago(7*time.Hour), bpf.NATFlagSeen)
 	for k, v := range pair {
 		if k.Dir == bpf.DirIngress {
 			v.LastSeenNs = ago(time.Minute)
@@ -63,12 +72,45 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 	}
 	keep["one direction recent"] = pair
 
-	stats, err := collectV4(dp.Maps.NatV4, now, map[netip.Addr]bool{netip.MustParseAddr(node): true})
+	// Inbound flow records (one entry each) live by their own state.
+	inbound := func(proto uint8, remotePort uint16, lastSeen uint64, flags uint8) map[bpf.NATKeyV4]bpf.NATValV4 {
+		k := bpf.NATKeyV4{Src: bpf.Addr4(netip.MustParseAddr("10.244.1.9")), Dst: bpf.Addr4(netip.MustParseAddr("203.0.113.10")),
+			Sport: bpf.Port(80), Dport: bpf.Port(remotePort), Proto: proto, Dir: bpf.DirInbound}
+		if err := dp.Maps.NatV4.Put(k, bpf.NATValV4{LastSeenNs: lastSeen, Flags: flags}); err != nil {
+			t.Fatal(err)
+		}
+		return map[bpf.NATKeyV4]bpf.NATValV4{k: {}}
+	}
+	keep["inbound tcp answered, idle 1h"] = inbound(protoTCP, 5000, ago(time.Hour), bpf.NATFlagSeen)
+	drop["inbound tcp unanswered, idle 2m"] = inbound(protoTCP, 5001, ago(2*time.Minute), 0)
+	dropInbound := 1
+
+	// A pair that looks expired when scanned but sees a packet before it
+	// is deleted stays: the collector reads it again first.
+	revived := pairEntries(protoUDP, "10.244.1.6", "203.0.113.10", node, 1000, 53, 64001, ago(time.Hour), 0)
+	for k, v := range revived {
+		dp.Maps.NatV4.Put(k, v)
+	}
+	keep["revived between scan and delete"] = revived
+	calls := 0
+	clock := func() uint64 {
+		if calls++; calls == 2 {
+			for k, v := range revived {
+				if k.Dir == bpf.DirIngress {
+					v.LastSeenNs = now
+					dp.Maps.NatV4.Put(k, v)
+				}
+			}
+		}
+		return now
+	}
+
+	stats, err := collectV4(dp.Maps.NatV4, bpf.DefaultLifetimes, clock, map[netip.Addr]bool{netip.MustParseAddr(node): true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stats.Expired != 2*len(drop) {
-		t.Errorf("expired %d entries, want %d", stats.Expired, 2*len(drop))
+	if want := 2*len(drop) - dropInbound; stats.Expired != want {
+		t.Errorf("expired %d entries, want %d", stats.Expired, want)
 	}
 	var v bpf.NATValV4
 	for name, pair := range keep {
@@ -114,5 +156,34 @@ func TestPortRanges(t *testing.T) {
 		if got := containsRange(list, PortRange{40000, 40100}); got != want {
 			t.Errorf("containsRange(%q) = %v, want %v", list, got, want)
 		}
+	}
+}
+
+func TestNATLineNamesEveryProtocol(t *testing.T) {
+	a := func(s string) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr(s), 0) }
+	for proto, want := range map[uint8]string{
+		protoSCTP: "sctp egress 10.0.0.1:0 -> 8.8.8.8:0: source becomes 1.2.3.4:0\n",
+		47:        "proto-47 egress 10.0.0.1:0 -> 8.8.8.8:0: source becomes 1.2.3.4:0\n",
+	} {
+		if got := natLine(proto, bpf.DirEgress, a("10.0.0.1"), a("8.8.8.8"), a("1.2.3.4")); got != want {
+			t.Errorf("natLine(%d) = %q, want %q", proto, got, want)
+		}
+	}
+}
+
+func TestLifetimeFlags(t *testing.T) {
+	l, err := DefaultConfig.Lifetimes()
+	if err != nil || l != bpf.DefaultLifetimes {
+		t.Fatalf("defaults: %+v %v", l, err)
+	}
+	c := DefaultConfig
+	c.TimeoutUDPReplied = 0
+	if _, err := c.Lifetimes(); err == nil || err.Error() != "--nat-timeout-udp-replied=0s: want a positive duration, e.g. 30s" {
+		t.Fatalf("zero lifetime: %v", err)
+	}
+	c = DefaultConfig
+	c.TimeoutOther = -time.Second
+	if _, err := c.Lifetimes(); err == nil || !strings.Contains(err.Error(), "--nat-timeout-other=-1s") {
+		t.Fatalf("negative lifetime: %v", err)
 	}
 }

@@ -20,7 +20,10 @@ import (
 //	datapath/counters  the datapath's counters, summed over CPUs
 //	datapath/nat       the NAT pairs, one line per direction
 //	datapath/gc        expire idle NAT pairs now
-func scriptCommands(l *Handle, db *statedb.DB, devs statedb.Table[*tables.DatapathDevice], srcs statedb.Table[*tables.MasqueradeRuleSource]) hive.ScriptCmdsOut {
+func scriptCommands(l *Handle, db *statedb.DB, cfg Config, nodeAddrs statedb.Table[*tables.NodeAddress],
+	srcs statedb.Table[*tables.MasqueradeRuleSource]) hive.ScriptCmdsOut {
+	// Bad lifetimes stop the agent in register; these are never used then.
+	lifetimes, _ := cfg.Lifetimes()
 	return hive.NewScriptCmds(map[string]script.Cmd{
 		"datapath/counters": script.Command(
 			script.CmdUsage{Summary: "Show the datapath counters (summed over CPUs)"},
@@ -45,7 +48,9 @@ func scriptCommands(l *Handle, db *statedb.DB, devs statedb.Table[*tables.Datapa
 		"datapath/gc": script.Command(
 			script.CmdUsage{Summary: "Expire idle NAT entries now"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				c := &collector{dp: l, snat: func() (map[netip.Addr]bool, bool) { return currentSNAT(db, devs, srcs) }}
+				c := &collector{dp: l, lifetimes: lifetimes, snat: func() (map[netip.Addr]bool, bool) {
+					return liveSNATAddrs(db, nodeAddrs, srcs)
+				}}
 				return nil, c.collectNow()
 			}),
 	})
@@ -96,7 +101,10 @@ func FormatNAT(dp *bpf.Datapath) (string, error) {
 }
 
 func natLine(proto, dir uint8, src, dst, to netip.AddrPort) string {
-	name := map[uint8]string{protoTCP: "tcp", protoUDP: "udp", protoICMP: "icmp", protoICMPv6: "icmpv6"}[proto]
+	name, ok := map[uint8]string{protoTCP: "tcp", protoUDP: "udp", protoICMP: "icmp", protoICMPv6: "icmpv6", protoSCTP: "sctp"}[proto]
+	if !ok {
+		name = fmt.Sprintf("proto-%d", proto) // address-only: GRE 47, ESP 50, ...
+	}
 	if dir == bpf.DirEgress {
 		return fmt.Sprintf("%s egress %s -> %s: source becomes %s\n", name, src, dst, to)
 	}

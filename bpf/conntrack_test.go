@@ -1,0 +1,318 @@
+package bpf
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Connection semantics: inbound flows, which packets start a pair, states
+// and lifetimes, reopening and port reuse. See docs/datapath.md.
+
+// natCount counts the NAT entries of a family by direction.
+func (e *testEnv) natCount(v6 bool) map[uint8]int {
+	e.tb.Helper()
+	out := map[uint8]int{}
+	if v6 {
+		var k NATKeyV6
+		var v NATValV6
+		it := e.dp.Maps.NatV6.Iterate()
+		for it.Next(&k, &v) {
+			out[k.Dir]++
+		}
+		return out
+	}
+	var k NATKeyV4
+	var v NATValV4
+	it := e.dp.Maps.NatV4.Iterate()
+	for it.Next(&k, &v) {
+		out[k.Dir]++
+	}
+	return out
+}
+
+// age moves every IPv4 entry's last packet d into the past, as if the flow
+// had been idle that long.
+func (e *testEnv) age(d time.Duration) {
+	e.tb.Helper()
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	then := uint64(ts.Nano()) - uint64(d)
+	var k NATKeyV4
+	var v NATValV4
+	var keys []NATKeyV4
+	var vals []NATValV4
+	it := e.dp.Maps.NatV4.Iterate()
+	for it.Next(&k, &v) {
+		v.LastSeenNs, v.CreatedNs = then, then
+		keys, vals = append(keys, k), append(vals, v)
+	}
+	for i := range keys {
+		if err := e.dp.Maps.NatV4.Put(keys[i], vals[i]); err != nil {
+			e.tb.Fatal(err)
+		}
+	}
+}
+
+func unchanged(t *testing.T, in, out []byte) {
+	t.Helper()
+	if !bytes.Equal(in, out[:len(in)]) {
+		t.Fatal("packet modified")
+	}
+}
+
+// TestInboundFlowRepliesNotTranslated: a remote that routes to the pod CIDR
+// opens a flow to a pod; the pod's answers leave with its own address and
+// no NAT pair is made, for TCP, UDP and ICMP echo, IPv4 and IPv6.
+func TestInboundFlowRepliesNotTranslated(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		remote, pod netip.Addr
+		proto       uint8
+		req, ans    flow
+	}{
+		{name: "tcp v4", proto: protoTCP,
+			req: flow{src: remote4, dst: pod1, proto: protoTCP, sport: 51000, dport: 80, tcpFlags: tcpSYN},
+			ans: flow{src: pod1, dst: remote4, proto: protoTCP, sport: 80, dport: 51000, tcpFlags: tcpSYN | tcpACK}},
+		{name: "udp v4", proto: protoUDP,
+			req: flow{src: remote4, dst: pod1, proto: protoUDP, sport: 51000, dport: 53},
+			ans: flow{src: pod1, dst: remote4, proto: protoUDP, sport: 53, dport: 51000}},
+		{name: "icmp v4", proto: protoICMP,
+			req: flow{src: remote4, dst: pod1, proto: protoICMP, icmpType: 8, sport: 4242},
+			ans: flow{src: pod1, dst: remote4, proto: protoICMP, icmpType: 0, sport: 4242}},
+		{name: "tcp v6", proto: protoTCP,
+			req: flow{src: remote6, dst: pod6, proto: protoTCP, sport: 51000, dport: 80, tcpFlags: tcpSYN},
+			ans: flow{src: pod6, dst: remote6, proto: protoTCP, sport: 80, dport: 51000, tcpFlags: tcpSYN | tcpACK}},
+		{name: "udp v6", proto: protoUDP,
+			req: flow{src: remote6, dst: pod6, proto: protoUDP, sport: 51000, dport: 53},
+			ans: flow{src: pod6, dst: remote6, proto: protoUDP, sport: 53, dport: 51000}},
+		{name: "icmp v6", proto: protoICMPv6,
+			req: flow{src: remote6, dst: pod6, proto: protoICMPv6, icmpType: 128, sport: 4242},
+			ans: flow{src: pod6, dst: remote6, proto: protoICMPv6, icmpType: 129, sport: 4242}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{})
+			v6 := c.req.src.Is6()
+			before := e.counters()
+			unchanged(t, c.req.packet(), e.ingress(c.req.packet()))
+			e.checkCounters(before, map[Counter]uint64{CounterInboundNew: 1})
+			for i := range 3 {
+				before = e.counters()
+				in := c.ans.packet()
+				unchanged(t, in, e.egress(in))
+				e.checkCounters(before, map[Counter]uint64{CounterSkipInboundReply: 1})
+				if c.proto == protoTCP && i == 0 {
+					c.ans.tcpFlags = tcpACK // then mid-stream
+				}
+			}
+			if n := e.natCount(v6); n[DirEgress] != 0 || n[DirIngress] != 0 || n[DirInbound] != 1 {
+				t.Fatalf("NAT entries by direction %v, want only one inbound record", n)
+			}
+		})
+	}
+}
+
+// TestOnlyFlowStartMakesPair: a SYN-ACK, RST or mid-stream segment from a
+// pod with no pair and no inbound record passes untranslated and makes no
+// pair; a SYN does.
+func TestOnlyFlowStartMakesPair(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	for _, flags := range []uint8{tcpSYN | tcpACK, tcpRST, tcpRST | tcpACK, tcpACK, tcpFIN | tcpACK} {
+		f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: flags}
+		before := e.counters()
+		in := f.packet()
+		unchanged(t, in, e.egress(in))
+		e.checkCounters(before, map[Counter]uint64{CounterSkipNotFlowStart: 1})
+	}
+	if n := e.natCount(false); len(n) != 0 {
+		t.Fatalf("NAT entries %v after packets that start no flow", n)
+	}
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	masqueraded(t, e.egress(f.packet()), f, snat4)
+}
+
+// TestSYNReopensClosedPair: after FIN from both sides, a new SYN of the same
+// tuple reopens the pair with the same port, as an unanswered flow again.
+func TestSYNReopensClosedPair(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	port := masqueraded(t, e.egress(f.packet()), f, snat4)
+	r := reply(f, snat4, port)
+	e.ingress(r.packet())
+	f.tcpFlags, r.tcpFlags = tcpFIN|tcpACK, tcpFIN|tcpACK
+	e.egress(f.packet())
+	e.ingress(r.packet())
+
+	key := NATKeyV4{Src: Addr4(pod1), Dst: Addr4(remote4), Sport: Port(40000), Dport: Port(443), Proto: protoTCP, Dir: DirEgress}
+	rkey := NATKeyV4{Src: Addr4(remote4), Dst: Addr4(snat4), Sport: Port(443), Dport: Port(port), Proto: protoTCP, Dir: DirIngress}
+	var v, rv NATValV4
+	e.dp.Maps.NatV4.Lookup(key, &v)
+	e.dp.Maps.NatV4.Lookup(rkey, &rv)
+	if got := StateOf(protoTCP, v.Flags|rv.Flags); got != StateTCPClosing {
+		t.Fatalf("state after FIN both ways: %s", got)
+	}
+
+	before := e.counters()
+	f.tcpFlags = tcpSYN
+	if again := masqueraded(t, e.egress(f.packet()), f, snat4); again != port {
+		t.Fatalf("reopened pair got port %d, was %d", again, port)
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATReopened: 1})
+	e.dp.Maps.NatV4.Lookup(key, &v)
+	e.dp.Maps.NatV4.Lookup(rkey, &rv)
+	if got := StateOf(protoTCP, v.Flags|rv.Flags); got != StateTCPSyn {
+		t.Fatalf("state after the new SYN: %s, want %s", got, StateTCPSyn)
+	}
+	// A retransmitted SYN of an open pair does not reopen it.
+	before = e.counters()
+	e.egress(f.packet())
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1})
+}
+
+// TestExpiredPairFreesPort: with one NAT port, an unanswered SYN holds it
+// for the SYN lifetime only; after that another pod's flow takes the port
+// even though no collector ran.
+func TestExpiredPairFreesPort(t *testing.T) {
+	e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+	a := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}
+	masqueradedRange(t, e.egress(a.packet()), 61000, 61000)
+
+	b := flow{src: pod2, dst: remote4, proto: protoTCP, sport: 40001, dport: 443}
+	before := e.counters()
+	if ret, _ := e.run(e.dp.Egress, b.packet()); ret != tcActShot {
+		t.Fatalf("second flow while the first is fresh: verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterNoPort: 1})
+
+	e.age(DefaultLifetimes.TCPSyn + time.Second)
+	before = e.counters()
+	masqueradedRange(t, e.egress(b.packet()), 61000, 61000)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATReused: 1})
+	if n := e.natCount(false); n[DirEgress] != 1 || n[DirIngress] != 1 {
+		t.Fatalf("entries %v: the expired pair's egress entry must go with its port", n)
+	}
+	// The reply reaches the new flow's pod.
+	if p := parse(t, e.ingress(reply(b, snat4, 61000).packet())); p.dst != pod2 || p.dport != 40001 {
+		t.Fatalf("reply went to %v:%d", p.dst, p.dport)
+	}
+}
+
+// TestClosedPairPortReuse: a closed pair's port goes to a new connection of
+// the same pod to the same server (its TCP timestamps keep increasing, no
+// PAWS drop) after a short linger, but not to another pod's while the
+// closing lifetime runs.
+func TestClosedPairPortReuse(t *testing.T) {
+	e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+	a := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}
+	masqueradedRange(t, e.egress(a.packet()), 61000, 61000)
+	r := reply(a, snat4, 61000)
+	e.ingress(r.packet())
+	a.tcpFlags, r.tcpFlags = tcpFIN|tcpACK, tcpFIN|tcpACK
+	e.egress(a.packet())
+	e.ingress(r.packet())
+
+	other := flow{src: pod2, dst: remote4, proto: protoTCP, sport: 40001, dport: 443}
+	same := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40002, dport: 443}
+	// Just closed: the last ACK may still be on its way.
+	if ret, _ := e.run(e.dp.Egress, same.packet()); ret != tcActShot {
+		t.Fatalf("same pod right after close: verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.age(5 * time.Second)
+	if ret, _ := e.run(e.dp.Egress, other.packet()); ret != tcActShot {
+		t.Fatalf("another pod within the closing lifetime: verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	before := e.counters()
+	masqueradedRange(t, e.egress(same.packet()), 61000, 61000)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATReused: 1})
+}
+
+// TestLostReplyEntryRestored: a pair that lost its reply entry (evicted)
+// gets it back from the next egress packet.
+func TestLostReplyEntryRestored(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	f := flow{src: pod1, dst: remote4, proto: protoUDP, sport: 5000, dport: 53}
+	port := masqueraded(t, e.egress(f.packet()), f, snat4)
+	rkey := NATKeyV4{Src: Addr4(remote4), Dst: Addr4(snat4), Sport: Port(53), Dport: Port(port), Proto: protoUDP, Dir: DirIngress}
+	if err := e.dp.Maps.NatV4.Delete(rkey); err != nil {
+		t.Fatal(err)
+	}
+	e.age(2 * time.Second) // the check runs at most once a second per pair
+	if again := masqueraded(t, e.egress(f.packet()), f, snat4); again != port {
+		t.Fatalf("port %d, was %d", again, port)
+	}
+	if p := parse(t, e.ingress(reply(f, snat4, port).packet())); p.dst != pod1 || p.dport != 5000 {
+		t.Fatalf("reply went to %v:%d", p.dst, p.dport)
+	}
+}
+
+// TestResizedNATMapKeepsPairs: loading with another --nat-max-entries
+// replaces the pinned NAT maps, copying their pairs first: established
+// flows keep their ports and their replies are still translated.
+func TestResizedNATMapKeepsPairs(t *testing.T) {
+	e := newEnv(t, envOptions{natMax: 64})
+	f4 := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}
+	port4 := masqueraded(t, e.egress(f4.packet()), f4, snat4)
+	f6 := flow{src: pod6, dst: remote6, proto: protoUDP, sport: 40000, dport: 53}
+	port6 := masqueraded(t, e.egress(f6.packet()), f6, snat6)
+
+	for _, size := range []uint32{4096, 32} {
+		dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: size})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.dp.Close()
+		e.dp = dp2
+		if got := e.dp.Maps.NatV4.MaxEntries(); got != size {
+			t.Fatalf("nat_v4 holds %d entries, want %d", got, size)
+		}
+		e.tb.Cleanup(func() { dp2.Close() })
+		f4.tcpFlags = tcpACK
+		if got := masqueraded(t, e.egress(f4.packet()), f4, snat4); got != port4 {
+			t.Fatalf("size %d: NAT port %d, before %d", size, got, port4)
+		}
+		if p := parse(t, e.ingress(reply(f4, snat4, port4).packet())); p.dst != pod1 || p.dport != 40000 {
+			t.Fatalf("size %d: reply went to %v:%d", size, p.dst, p.dport)
+		}
+		if got := masqueraded(t, e.egress(f6.packet()), f6, snat6); got != port6 {
+			t.Fatalf("size %d: IPv6 NAT port %d, before %d", size, got, port6)
+		}
+	}
+}
+
+// TestNodeFlowPortHeldFromNAT: a node socket that bound a port of the NAT
+// range talks to a remote; no pod flow to that remote gets that port, and
+// the remote's replies reach the node untranslated.
+func TestNodeFlowPortHeldFromNAT(t *testing.T) {
+	e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+	if err := e.dp.Maps.NodeAddrsV4.Put(snat4.As4(), uint8(1)); err != nil {
+		t.Fatal(err)
+	}
+	node := flow{src: snat4, dst: remote4, proto: protoUDP, sport: 61000, dport: 53}
+	before := e.counters()
+	in := node.packet()
+	unchanged(t, in, e.egress(in))
+	e.checkCounters(before, map[Counter]uint64{CounterSkipNotSource: 1, CounterHostFlowNew: 1})
+
+	pod := flow{src: pod1, dst: remote4, proto: protoUDP, sport: 5000, dport: 53}
+	before = e.counters()
+	if ret, _ := e.run(e.dp.Egress, pod.packet()); ret != tcActShot {
+		t.Fatalf("pod flow while the node holds the only port: verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterNoPort: 1})
+
+	r := flow{src: remote4, dst: snat4, proto: protoUDP, sport: 53, dport: 61000}
+	before = e.counters()
+	in = r.packet()
+	unchanged(t, in, e.ingress(in))
+	e.checkCounters(before, map[Counter]uint64{})
+
+	// Another remote is free to use the port.
+	other := flow{src: pod1, dst: netip.MustParseAddr("1.1.1.1"), proto: protoUDP, sport: 5000, dport: 53}
+	masqueradedRange(t, e.egress(other.packet()), 61000, 61000)
+	// Once the node flow is idle past its lifetime, the port is free again.
+	e.age(DefaultLifetimes.UDPReplied + time.Second)
+	masqueradedRange(t, e.egress(pod.packet()), 61000, 61000)
+}

@@ -1,0 +1,158 @@
+package bpf
+
+import (
+	"fmt"
+	"time"
+)
+
+// Lifetimes are how long a NAT pair (or an inbound flow record) lives
+// without a packet, per connection state, as conntrack's timeouts are. The
+// programs apply them when a SYN meets an old pair and when a NAT port is
+// wanted; the agent's collector applies the same ones to free memory.
+type Lifetimes struct {
+	// TCPSyn: a TCP flow whose SYN was not answered yet.
+	TCPSyn time.Duration
+	// TCPEstablished: an answered TCP flow without FIN or RST.
+	TCPEstablished time.Duration
+	// TCPClosing: a TCP flow after a FIN from either side. It covers the
+	// server's TIME_WAIT, so the pair's port is not handed to another
+	// source's new connection to the same server while the server may still
+	// hold the old one (its SYN would be dropped, PAWS).
+	TCPClosing time.Duration
+	// TCPReset: a TCP flow after a RST.
+	TCPReset time.Duration
+	// UDP: a UDP flow not answered yet.
+	UDP time.Duration
+	// UDPReplied: a UDP flow the remote has answered.
+	UDPReplied time.Duration
+	// ICMP: an ICMP echo flow.
+	ICMP time.Duration
+	// Other: SCTP and address-only pairs (GRE, ESP and other protocols).
+	Other time.Duration
+}
+
+// DefaultLifetimes are conntrack's and Cilium's orders of magnitude: an
+// unanswered SYN 60 s (Cilium; conntrack 120 s), established TCP 6 h
+// (Cilium; conntrack 5 days), closing 2 min (conntrack's TIME_WAIT), reset
+// 10 s (conntrack's CLOSE), UDP 30 s one way and 2 min answered (conntrack),
+// ICMP 30 s (conntrack), other protocols 10 min (conntrack's generic
+// timeout).
+var DefaultLifetimes = Lifetimes{
+	TCPSyn:         60 * time.Second,
+	TCPEstablished: 6 * time.Hour,
+	TCPClosing:     2 * time.Minute,
+	TCPReset:       10 * time.Second,
+	UDP:            30 * time.Second,
+	UDPReplied:     2 * time.Minute,
+	ICMP:           30 * time.Second,
+	Other:          10 * time.Minute,
+}
+
+// NATState is a connection state (enum nat_state in masq.c).
+type NATState uint32
+
+// Connection states.
+const (
+	StateTCPSyn         = NATState(masqNatStateNAT_TCP_SYN)
+	StateTCPEstablished = NATState(masqNatStateNAT_TCP_ESTABLISHED)
+	StateTCPClosing     = NATState(masqNatStateNAT_TCP_CLOSING)
+	StateTCPReset       = NATState(masqNatStateNAT_TCP_RESET)
+	StateUDP            = NATState(masqNatStateNAT_UDP)
+	StateUDPReplied     = NATState(masqNatStateNAT_UDP_REPLIED)
+	StateICMP           = NATState(masqNatStateNAT_ICMP)
+	StateOther          = NATState(masqNatStateNAT_OTHER)
+	numStates           = NATState(masqNatStateNAT_STATE_MAX)
+)
+
+var stateNames = [numStates]string{
+	StateTCPSyn: "tcp-syn", StateTCPEstablished: "tcp-established", StateTCPClosing: "tcp-closing",
+	StateTCPReset: "tcp-reset", StateUDP: "udp", StateUDPReplied: "udp-replied", StateICMP: "icmp",
+	StateOther: "other",
+}
+
+func (s NATState) String() string {
+	if s < numStates {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("state-%d", uint32(s))
+}
+
+// IP protocol numbers of NAT keys.
+const (
+	ProtoICMP   = 1
+	ProtoTCP    = 6
+	ProtoUDP    = 17
+	ProtoICMPv6 = 58
+)
+
+// StateOf is the state of a pair from the flags of both its directions
+// (or of an inbound record's), as the programs derive it.
+func StateOf(proto, flags uint8) NATState {
+	switch proto {
+	case ProtoTCP:
+		switch {
+		case flags&NATFlagRST != 0:
+			return StateTCPReset
+		case flags&NATFlagFIN != 0:
+			return StateTCPClosing
+		case flags&NATFlagSeen != 0:
+			return StateTCPEstablished
+		}
+		return StateTCPSyn
+	case ProtoUDP:
+		if flags&NATFlagSeen != 0 {
+			return StateUDPReplied
+		}
+		return StateUDP
+	case ProtoICMP, ProtoICMPv6:
+		return StateICMP
+	}
+	return StateOther
+}
+
+// Of returns the lifetime of a state.
+func (l Lifetimes) Of(s NATState) time.Duration {
+	return l.array()[s]
+}
+
+func (l Lifetimes) array() [numStates]time.Duration {
+	return [numStates]time.Duration{
+		StateTCPSyn: l.TCPSyn, StateTCPEstablished: l.TCPEstablished, StateTCPClosing: l.TCPClosing,
+		StateTCPReset: l.TCPReset, StateUDP: l.UDP, StateUDPReplied: l.UDPReplied, StateICMP: l.ICMP,
+		StateOther: l.Other,
+	}
+}
+
+// Validate says which lifetime is not positive.
+func (l Lifetimes) Validate() error {
+	for s, d := range l.array() {
+		if d <= 0 {
+			return fmt.Errorf("lifetime of state %s is %s: want a positive duration", NATState(s), d)
+		}
+	}
+	return nil
+}
+
+// SetLifetimes writes the lifetimes the programs apply.
+func (d *Datapath) SetLifetimes(l Lifetimes) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	return d.updateConfig(func(c *Config) {
+		for s, dur := range l.array() {
+			c.TimeoutNs[s] = uint64(dur)
+		}
+	})
+}
+
+func (d *Datapath) updateConfig(change func(*Config)) error {
+	var c Config
+	if err := d.Maps.Config.Lookup(uint32(0), &c); err != nil {
+		return fmt.Errorf("read datapath config: %w", err)
+	}
+	change(&c)
+	if err := d.Maps.Config.Put(uint32(0), c); err != nil {
+		return fmt.Errorf("write datapath config: %w", err)
+	}
+	return nil
+}

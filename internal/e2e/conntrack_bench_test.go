@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/internal/topology"
+)
+
+var (
+	flagDestRates = flag.String("conntrack.rates", "300",
+		"BenchmarkPerDestinationRate: new connections per second to try, comma-separated")
+	flagDestDuration = flag.Duration("conntrack.duration", 150*time.Second,
+		"BenchmarkPerDestinationRate: how long each rate is sustained")
+)
+
+// BenchmarkPerDestinationRate: a pod opens short TCP connections to one
+// server address and port at a fixed rate for a long time (150 s by
+// default, issue #11's figure), client closing first and server closing
+// first, under Linux MASQUERADE and under ipmasq with default flags, in the
+// same run. Reported per condition: connections that succeeded and failed.
+// The highest rate with 0 failures is the figure in
+// docs/datapath-benchmarks.md.
+//
+//	go test ./internal/e2e/ -run '^$' -bench PerDestinationRate -conntrack.rates=300,1000
+func BenchmarkPerDestinationRate(b *testing.B) {
+	var rates []int
+	for _, s := range strings.Split(*flagDestRates, ",") {
+		r, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || r <= 0 {
+			b.Fatalf("-conntrack.rates=%q: want positive integers", *flagDestRates)
+		}
+		rates = append(rates, r)
+	}
+	for _, name := range []string{"MASQUERADE", "ipmasq"} {
+		for _, closer := range []byte{topology.ClientClosesFirst, topology.ServerClosesFirst} {
+			for _, rate := range rates {
+				b.Run(fmt.Sprintf("%s/%s-closes/rate=%d", name, closerName(closer), rate), func(b *testing.B) {
+					topo, err := topology.NewMasquerade()
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { topo.Close() })
+					if name == "ipmasq" {
+						a := newAgent(b, topo.Node, masqueradeAll)
+						a.start()
+					} else {
+						for _, src := range podSources {
+							v6 := netip.MustParsePrefix(src).Addr().Is6()
+							if err := topo.Node.Iptables(v6, "-t", "nat", "-A", "POSTROUTING", "-s", src, "-o", "eth0", "-j", "MASQUERADE"); err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+					l, err := topology.ServeShort(topo.Ext, shortPort)
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.Cleanup(func() { l.Close() })
+					var res topology.RateResult
+					for range b.N {
+						res = topology.ConnectAtRate(topo.Pod, netip.AddrPortFrom(topology.RemoteIP4, shortPort),
+							rate, *flagDestDuration, 5*time.Second, closer)
+					}
+					b.Logf("%s, %d/s for %s, %s closes first: %s", name, rate, *flagDestDuration, closerName(closer), res)
+					b.ReportMetric(float64(res.OK), "ok")
+					b.ReportMetric(float64(res.Failed), "failed")
+					b.ReportMetric(0, "ns/op")
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkNATTableRSS: the agent's memory with the IPv4 NAT map holding
+// 1 M entries (500 000 established pairs) that its collector scans every
+// second, against the same agent with the map empty (the baseline, same
+// run). Reports both in MiB, the peak (VmHWM) and the ratio.
+func BenchmarkNATTableRSS(b *testing.B) {
+	const entries = 1 << 20
+	topo, err := topology.NewMasquerade()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { topo.Close() })
+	a := newAgent(b, topo.Node, masqueradeAll)
+	a.args = []string{fmt.Sprintf("--nat-max-entries=%d", entries), "--nat-gc-interval=1s"}
+	a.start()
+	time.Sleep(3 * time.Second)
+	empty, _ := a.procStats()
+
+	m, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", bpf.MapNATV4), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	now := monotonicNs()
+	keys := make([]bpf.NATKeyV4, 0, entries)
+	vals := make([]bpf.NATValV4, 0, entries)
+	snat := bpf.Addr4(topology.NodeIP4)
+	for i := range entries / 2 {
+		pod := bpf.Addr4(netip.AddrFrom4([4]byte{10, 244, byte(i >> 16), byte(i >> 8)}))
+		remote := bpf.Addr4(netip.AddrFrom4([4]byte{203, 0, 113, byte(i)}))
+		sport, nport := bpf.Port(uint16(1024+i%60000)), bpf.Port(uint16(61000+i%4536))
+		keys = append(keys,
+			bpf.NATKeyV4{Src: pod, Dst: remote, Sport: sport, Dport: bpf.Port(443), Proto: bpf.ProtoTCP, Dir: bpf.DirEgress},
+			bpf.NATKeyV4{Src: remote, Dst: snat, Sport: bpf.Port(443), Dport: nport, Proto: bpf.ProtoTCP, Dir: bpf.DirIngress})
+		vals = append(vals,
+			bpf.NATValV4{Addr: snat, Port: nport, Flags: bpf.NATFlagSeen, LastSeenNs: now, CreatedNs: now},
+			bpf.NATValV4{Addr: pod, Port: sport, Flags: bpf.NATFlagSeen, LastSeenNs: now, CreatedNs: now})
+	}
+	if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
+		b.Fatalf("fill nat_v4: %v", err)
+	}
+	keys, vals = nil, nil
+	for range b.N {
+		time.Sleep(10 * time.Second) // about ten collections
+	}
+	full, _ := a.procStats()
+	peak := a.peakRSS()
+	b.Logf("agent RSS: %d MiB with nat_v4 empty, %d MiB with %d entries (peak %d MiB)", empty>>10, full>>10, entries, peak>>10)
+	b.ReportMetric(float64(empty)/1024, "MiB-empty")
+	b.ReportMetric(float64(full)/1024, "MiB-1M")
+	b.ReportMetric(float64(peak)/1024, "MiB-peak")
+	b.ReportMetric(float64(full)/float64(empty), "ratio")
+	b.ReportMetric(0, "ns/op")
+}
+
+// peakRSS is the agent's VmHWM in KiB.
+func (a *agent) peakRSS() int {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.cmd.Process.Pid))
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+			v, _ := strconv.Atoi(f[1])
+			return v
+		}
+	}
+	return 0
+}
+
+func monotonicNs() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
