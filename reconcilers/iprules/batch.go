@@ -165,10 +165,13 @@ func (p *pipe) exchangeOne(typ uint16, rules []*netlink.Rule, errs []error) {
 			return
 		}
 		for _, m := range msgs {
-			i := int(m.Header.Seq - first)
-			if m.Header.Type != unix.NLMSG_ERROR || m.Header.Seq < first || i >= len(rules) || answered[i] {
+			// Unsigned, so that a wrapped sequence number still matches and
+			// a late answer to an earlier datagram is out of range.
+			d := m.Header.Seq - first
+			if m.Header.Type != unix.NLMSG_ERROR || d >= uint32(len(rules)) || answered[d] {
 				continue // not an answer to this datagram
 			}
+			i := int(d)
 			answered[i] = true
 			pending--
 			if len(m.Data) < 4 {
