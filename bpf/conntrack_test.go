@@ -3,9 +3,12 @@ package bpf
 import (
 	"bytes"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -279,6 +282,56 @@ func TestResizedNATMapKeepsPairs(t *testing.T) {
 		if got := masqueraded(t, e.egress(f6.packet()), f6, snat6); got != port6 {
 			t.Fatalf("size %d: IPv6 NAT port %d, before %d", size, got, port6)
 		}
+	}
+}
+
+// TestHashNATMapUpgradedToLRU: a node upgraded from a version whose NAT maps
+// were plain hash maps keeps its pairs: the pinned hash map's entries are
+// copied into the LRU map that replaces it.
+func TestHashNATMapUpgradedToLRU(t *testing.T) {
+	e := newEnv(t, envOptions{natMax: 64})
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}
+	port := masqueraded(t, e.egress(f.packet()), f, snat4)
+
+	// Put a hash map with the same entries where the LRU map is pinned.
+	lru := e.dp.Maps.NatV4
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: lru.KeySize(),
+		ValueSize: lru.ValueSize(), MaxEntries: lru.MaxEntries()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	var k NATKeyV4
+	var v NATValV4
+	for it := lru.Iterate(); it.Next(&k, &v); {
+		if err := old.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(e.pinDir, MapNATV4)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+
+	dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.dp.Close()
+	e.dp = dp2
+	t.Cleanup(func() { dp2.Close() })
+	if typ := e.dp.Maps.NatV4.Type(); typ != ebpf.LRUHash {
+		t.Fatalf("nat_v4 is a %s after the upgrade, want LRUHash", typ)
+	}
+	f.tcpFlags = tcpACK
+	if got := masqueraded(t, e.egress(f.packet()), f, snat4); got != port {
+		t.Fatalf("NAT port %d after the upgrade, before %d", got, port)
+	}
+	if p := parse(t, e.ingress(reply(f, snat4, port).packet())); p.dst != pod1 || p.dport != 40000 {
+		t.Fatalf("reply went to %v:%d after the upgrade", p.dst, p.dport)
 	}
 }
 

@@ -104,7 +104,7 @@ func (c Counter) Description() string {
 	case CounterICMPErrorReverse:
 		return "ICMP errors translated back to the pod on ingress"
 	case CounterNATFull:
-		return "dropped: NAT table full"
+		return "dropped: the NAT table (LRU) could not make room for a new flow"
 	case CounterNoPort:
 		return "dropped: no free NAT port"
 	case CounterFragments:

@@ -476,22 +476,44 @@ func masqueradedRange(t *testing.T, out []byte, min, max uint16) {
 	}
 }
 
-func TestNATTableFull(t *testing.T) {
-	e := newEnv(t, envOptions{natMax: 4}) // two flows
-	f := flow{src: pod1, dst: remote4, proto: protoUDP, dport: 53}
-	for i := range uint16(2) {
-		f.sport = 1000 + i
-		masqueraded(t, e.egress(f.packet()), f, snat4)
-	}
+// TestFullNATTableAdmitsNewFlows: the NAT maps are LRU, so a full table
+// admits each new flow by evicting the least recently used entries, with no
+// agent involved, while a pair in use keeps its port and its replies.
+func TestFullNATTableAdmitsNewFlows(t *testing.T) {
+	const natMax = 64 // 32 pairs
+	e := newEnv(t, envOptions{natMax: natMax})
+	busy := flow{src: pod1, dst: remote4, proto: protoUDP, sport: 999, dport: 53}
+	port := masqueraded(t, e.egress(busy.packet()), busy, snat4)
 	before := e.counters()
-	f.sport = 1002
-	if ret, _ := e.run(e.dp.Egress, f.packet()); ret != tcActShot {
-		t.Fatalf("third flow: verdict %d, want TC_ACT_SHOT", int32(ret))
+	f := flow{src: pod1, dst: remote4, proto: protoUDP, dport: 53}
+	for i := range uint16(4 * natMax) {
+		f.sport = 1000 + i
+		if ret, _ := e.run(e.dp.Egress, f.packet()); ret == tcActShot {
+			t.Fatalf("new flow %d of %d with the table full: TC_ACT_SHOT\n%v", i, 4*natMax, e.counters())
+		}
+		masqueraded(t, e.egress(f.packet()), f, snat4)
+		// The busy pair is used both ways all along.
+		if got := masqueraded(t, e.egress(busy.packet()), busy, snat4); got != port {
+			t.Fatalf("after %d new flows the busy pair's port is %d, was %d", i+1, got, port)
+		}
+		if p := parse(t, e.ingress(reply(busy, snat4, port).packet())); p.dst != pod1 || p.dport != busy.sport {
+			t.Fatalf("after %d new flows the busy pair's reply went to %v:%d", i+1, p.dst, p.dport)
+		}
 	}
-	e.checkCounters(before, map[Counter]uint64{CounterNATFull: 1})
-	// Established flows keep working.
-	f.sport = 1000
-	masqueraded(t, e.egress(f.packet()), f, snat4)
+	now := e.counters()
+	for _, c := range []Counter{CounterNATFull, CounterNoPort} {
+		if got := now[c] - before[c]; got != 0 {
+			t.Errorf("counter %s went up by %d", c, got)
+		}
+	}
+	n := e.natCount(false)
+	if n[DirEgress]+n[DirIngress] > natMax {
+		t.Fatalf("%d entries in a map of %d", n[DirEgress]+n[DirIngress], natMax)
+	}
+	// The newest flow's replies are translated: its pair is whole.
+	if p := parse(t, e.ingress(reply(f, snat4, parse(t, e.egress(f.packet())).sport).packet())); p.dst != pod1 || p.dport != f.sport {
+		t.Fatalf("newest flow's reply went to %v:%d", p.dst, p.dport)
+	}
 }
 
 func TestFragmentsV4(t *testing.T) {

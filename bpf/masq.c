@@ -23,9 +23,11 @@
  *
  * "pod" stands for any masqueraded source, a pod or a user rule's source.
  * For ICMP echo the identifier is the port: sport on the request (dport 0),
- * dport on the reply (sport 0). Entries are never removed here (except to
- * undo a lost race): a garbage collector in the agent expires idle pairs
- * using last_seen_ns, created_ns and the TCP flags recorded in each entry.
+ * dport on the reply (sport 0). Entries are rarely removed here (to undo a
+ * lost race, or to free a pair that expired): a garbage collector in the
+ * agent expires idle pairs using last_seen_ns, created_ns and the TCP flags
+ * recorded in each entry, and the maps are LRU, so a full table evicts its
+ * least recently used entries even while the agent is down.
  *
  * Both programs return TC_ACT_UNSPEC so that other tcx programs still run,
  * and TC_ACT_SHOT only when a packet of a flow that must be masqueraded
@@ -350,15 +352,20 @@ struct {
 	__uint(max_entries, 1);
 } config SEC(".maps");
 
+/* LRU: a full NAT table admits a new flow by evicting the least recently
+ * used entries (as conntrack's early drop does), with or without the agent.
+ * Every packet's lookup marks its entry used, so idle pairs go first; a pair
+ * that lost one half is repaired or freed by the programs (see
+ * nat_established_v4 and nat_reusable_v4). */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct nat_v4_key);
 	__type(value, struct nat_v4_val);
 	__uint(max_entries, 131072);
 } nat_v4 SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct nat_v6_key);
 	__type(value, struct nat_v6_val);
 	__uint(max_entries, 131072);

@@ -190,6 +190,48 @@ func TestOpenPinnedReopenKeepsContents(t *testing.T) {
 	}
 }
 
+// TestOpenPinnedKeepIntoSmallerLRU: a hash map's entries are copied into a
+// smaller LRU map up to its size, and the rest are counted as dropped (an
+// LRU map would evict earlier copies instead of refusing later ones).
+func TestOpenPinnedKeepIntoSmallerLRU(t *testing.T) {
+	dir := privtest.MountBPFFS(t)
+	log, buf := testLogger()
+	old, err := OpenPinned(log, dir, &ebpf.MapSpec{Name: "nat", Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint32]uint32{}
+	for k := range uint32(16) {
+		if err := old.Put(k, k+100); err != nil {
+			t.Fatal(err)
+		}
+		want[k] = k + 100
+	}
+	old.Close()
+
+	m, err := OpenPinnedKeep(log, dir, &ebpf.MapSpec{Name: "nat", Type: ebpf.LRUHash, KeySize: 4, ValueSize: 4, MaxEntries: 8})
+	if err != nil {
+		t.Fatalf("OpenPinnedKeep: %v", err)
+	}
+	defer m.Close()
+	if m.Type() != ebpf.LRUHash {
+		t.Fatalf("type %s, want LRUHash", m.Type())
+	}
+	var k, v uint32
+	n := 0
+	for it := m.Iterate(); it.Next(&k, &v); n++ {
+		if want[k] != v {
+			t.Errorf("entry %d = %d, want %d", k, v, want[k])
+		}
+	}
+	if n != 8 {
+		t.Errorf("%d entries in the LRU map of 8", n)
+	}
+	if !strings.Contains(buf.String(), "copied=8 dropped=8") {
+		t.Errorf("log does not say copied=8 dropped=8: %s", buf)
+	}
+}
+
 func TestOpenPinnedReplacesIncompatible(t *testing.T) {
 	for _, tc := range []struct {
 		name     string

@@ -147,11 +147,18 @@ func layoutOf(typ ebpf.MapType, keySize, valueSize, maxEntries, flags uint32) st
 }
 
 // copyEntries copies every entry of from into to, as far as to has room.
+// An LRU map never runs out of room (it evicts), so the copy stops at its
+// size: entries copied earlier are not silently evicted by later ones.
 func copyEntries(from, to *ebpf.Map) (copied, dropped int) {
 	key := make([]byte, from.KeySize())
 	val := make([]byte, from.ValueSize())
+	lru := to.Type() == ebpf.LRUHash || to.Type() == ebpf.LRUCPUHash
 	it := from.Iterate()
 	for it.Next(&key, &val) {
+		if lru && copied >= int(to.MaxEntries()) {
+			dropped++
+			continue
+		}
 		if err := to.Update(key, val, ebpf.UpdateNoExist); err != nil {
 			dropped++
 			continue

@@ -53,7 +53,7 @@ func newRootCommand() *cobra.Command {
 			if err := rlimit.RemoveMemlock(); err != nil {
 				return fmt.Errorf("remove memlock limit: %w", err)
 			}
-			setMemoryLimit()
+			setMemoryLimit(log)
 			return h.Run(log)
 		},
 	}

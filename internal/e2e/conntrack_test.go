@@ -448,3 +448,62 @@ func (a *agent) egressProgramID() ebpf.ProgramID {
 	}
 	return info.Program
 }
+
+// TestFullNATTableWithAgentDown: the agent is killed (its pinned links keep
+// the programs running) with a NAT table of 64 entries (32 pairs per
+// family); pods then open five times as many new flows per family, TCP and
+// UDP, IPv4 and IPv6: every one is masqueraded, and a connection in use all
+// along keeps working. ipmasq's NAT maps are LRU, so a full table evicts
+// its least recently used entries with no agent; conntrack evicts or
+// expires on its own too.
+func TestFullNATTableWithAgentDown(t *testing.T) {
+	const natMax, flows = 64, 320
+	underBoth(t, masqueradePods(fmt.Sprintf("--nat-max-entries=%d", natMax)), func(t *testing.T, s *scenario) {
+		topo := s.topo
+		if s.agent != nil {
+			s.agent.stop(syscall.SIGKILL)
+		}
+		busy, seen, err := dialTCP(topo.Pod, topology.RemoteIP4)
+		if err != nil || seen != topology.NodeIP4.String() {
+			t.Fatalf("busy connection: seen as %q, %v", seen, err)
+		}
+		defer busy.Close()
+		echo := func(when string) {
+			t.Helper()
+			msg := fmt.Sprintf("busy %s\n", when)
+			busy.SetDeadline(time.Now().Add(3 * time.Second))
+			buf := make([]byte, len(msg))
+			if _, err := busy.Write([]byte(msg)); err != nil {
+				t.Fatalf("busy connection %s: write: %v", when, err)
+			}
+			if _, err := readFull(busy, buf); err != nil || string(buf) != msg {
+				t.Fatalf("busy connection %s: echo %q %v", when, buf, err)
+			}
+		}
+		for i := range flows {
+			dst, want := topology.RemoteIP4, topology.NodeIP4
+			if i%2 == 1 {
+				dst, want = topology.RemoteIP6, topology.NodeIP6
+			}
+			proto, source := "UDP", udpSource
+			if i%4 >= 2 {
+				proto, source = "TCP", tcpSource
+			}
+			if seen, err := source(topo.Pod, dst); err != nil || seen != want.String() {
+				msg := fmt.Sprintf("new %s flow %d of %d to %s: seen as %q, %v", proto, i+1, flows, dst, seen, err)
+				if s.agent != nil {
+					msg += "\n" + s.agent.counters()
+				}
+				t.Fatal(msg)
+			}
+			if i%8 == 7 {
+				echo(fmt.Sprintf("after %d new flows", i+1))
+			}
+		}
+		if s.agent != nil {
+			if full := s.agent.natFullCount(); full != 0 {
+				t.Errorf("drop-nat-table-full %d", full)
+			}
+		}
+	})
+}

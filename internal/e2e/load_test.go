@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -257,16 +256,15 @@ func (a *agent) natFullCount() int {
 }
 
 // TestNATFullHostTrafficWorks: with the NAT table full of open pod flows,
-// new pod flows are dropped (and counted), but the node's own traffic, in
-// both directions, and the established pod flows keep working.
+// new pod flows still get pairs (the LRU map evicts the least recently used
+// entries: those of the idle flows), the node's own traffic, in both
+// directions, is unaffected, and the pod flows in use keep working.
 func TestNATFullHostTrafficWorks(t *testing.T) {
 	topo, a, _ := setup(t, masqueradeAll, "--nat-max-entries=64")
 	startServers(t, topo.Node, topology.NodeIP4, topology.NodeIP6)
 	const capacity, attempts = 32, 40
 	dst := netip.AddrPortFrom(topology.RemoteIP4, tcpPort)
 
-	// Fill the table, then try more at once: the extra SYNs are dropped
-	// and their dials time out (3 s), in parallel.
 	var open []net.Conn
 	t.Cleanup(func() {
 		for _, c := range open {
@@ -280,30 +278,33 @@ func TestNATFullHostTrafficWorks(t *testing.T) {
 		}
 		open = append(open, c)
 	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	extra := 0
-	for range attempts - capacity {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, _, err := topology.DialSource(topo.Pod, dst)
-			if err == nil {
-				mu.Lock()
-				extra++
-				open = append(open, c)
-				mu.Unlock()
+	// The newer half is in use while the table overflows; the older half
+	// is idle, so its entries are the ones evicted.
+	busy := open[capacity/2:]
+	echoAll := func(when string) {
+		t.Helper()
+		for i, c := range busy {
+			msg := fmt.Sprintf("flow %d %s\n", i, when)
+			c.SetDeadline(time.Now().Add(3 * time.Second))
+			if _, err := c.Write([]byte(msg)); err != nil {
+				t.Fatalf("pod flow in use %d %s: write: %v", i, when, err)
 			}
-		}()
+			buf := make([]byte, len(msg))
+			if _, err := readFull(c, buf); err != nil || string(buf) != msg {
+				t.Fatalf("pod flow in use %d %s: echo %q %v", i, when, buf, err)
+			}
+		}
 	}
-	wg.Wait()
-	full := a.natFullCount()
-	t.Logf("%d pod flows open, %d of %d more succeeded beyond capacity, drop-nat-table-full %d", capacity, extra, attempts-capacity, full)
-	if extra != 0 {
-		t.Errorf("%d new pod flows got through a full NAT table", extra)
+	for i := range attempts - capacity {
+		echoAll(fmt.Sprintf("before new flow %d", i))
+		c, seen, err := topology.DialSource(topo.Pod, dst)
+		if err != nil || seen != topology.NodeIP4.String() {
+			t.Fatalf("new pod flow %d beyond capacity: %q %v\n%s", i, seen, err, a.counters())
+		}
+		open = append(open, c)
 	}
-	if full == 0 {
-		t.Errorf("no drop-nat-table-full counted:\n%s", a.counters())
+	if full := a.natFullCount(); full != 0 {
+		t.Errorf("drop-nat-table-full %d:\n%s", full, a.counters())
 	}
 
 	// The node's own flows, out and in, are not NATed and do not care.
@@ -327,20 +328,8 @@ func TestNATFullHostTrafficWorks(t *testing.T) {
 		}
 	}
 
-	// Established pod flows still carry data both ways.
-	for i, c := range open[:capacity] {
-		msg := fmt.Sprintf("flow %d still alive\n", i)
-		c.SetDeadline(time.Now().Add(3 * time.Second))
-		if _, err := c.Write([]byte(msg)); err != nil {
-			t.Errorf("established pod flow %d: write: %v", i, err)
-			continue
-		}
-		buf := make([]byte, len(msg))
-		if _, err := readFull(c, buf); err != nil || string(buf) != msg {
-			t.Errorf("established pod flow %d: echo %q %v", i, buf, err)
-		}
-	}
-	t.Logf("after the checks: drop-nat-table-full %d", a.natFullCount())
+	// The pod flows in use still carry data both ways.
+	echoAll("after the checks")
 }
 
 func readFull(c net.Conn, buf []byte) (int, error) {

@@ -81,7 +81,7 @@ var DefaultConfig = Config{
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("nat-port-range", def.NATPortRange,
 		"Source ports (and ICMP echo ids) of masqueraded flows, min-max; reserved from the node's own connections if ip_local_port_range overlaps")
-	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries")
+	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries; a full map evicts the least recently used entries")
 	flags.Duration("nat-gc-interval", def.NATGCInterval, "How often idle NAT entries are expired")
 	flags.String("tc-attach-mode", def.TCAttachMode, "How the programs are attached: auto (tcx where the kernel has it, clsact otherwise), tcx or clsact")
 	flags.Duration("nat-timeout-tcp-syn", def.TimeoutTCPSyn, "Lifetime of a NAT pair whose TCP SYN is not answered")
