@@ -152,7 +152,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	// live in a network namespace made for this test: the datapath must
 	// never see the host's devices.
 	ns, nlh := privtest.NewNetns(t)
-	args, target := rulesTarget(t, args, nlh)
+	args, target := rulesTarget(t, args, ns)
 	// One injector for the whole script: a fault outlives agent/restart the
 	// way a kernel condition would.
 	inj := faults.New()
@@ -382,8 +382,8 @@ func bpfCommands(pinDir string) map[string]script.Cmd {
 // rulesTarget picks where the agent's ip rules go, from the test-only
 // "--rules-target=memory|netns" script argument (default memory): an
 // in-memory target, or the kernel inside a network namespace made for this
-// test only.
-func rulesTarget(t testing.TB, args []string, h *netlink.Handle) ([]string, iprules.Target) {
+// test only, written the way the agent writes it (pipelined batches).
+func rulesTarget(t testing.TB, args []string, ns netns.NsHandle) ([]string, iprules.Target) {
 	kind := "memory"
 	var rest []string
 	for _, a := range args {
@@ -397,7 +397,12 @@ func rulesTarget(t testing.TB, args []string, h *netlink.Handle) ([]string, ipru
 	case "memory":
 		return rest, iprulestest.NewMemoryTarget()
 	case "netns":
-		return rest, iprules.NewNetlinkTarget(h)
+		target, err := iprules.NewNetlinkTargetAt(ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { target.Close() })
+		return rest, target
 	}
 	t.Fatalf("--rules-target=%s: want memory or netns", kind)
 	return nil, nil

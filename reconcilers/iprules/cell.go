@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/hive/script"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
+	"github.com/vishvananda/netns"
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/tables"
@@ -62,15 +63,20 @@ func (h *Handle) WaitReconciled(ctx context.Context) error {
 type opsParams struct {
 	cell.In
 
-	Target Target `optional:"true"`
+	Lifecycle cell.Lifecycle
+	Target    Target `optional:"true"`
 }
 
-func newOps(p opsParams) *Ops {
-	t := p.Target
-	if t == nil {
-		t = NewNetlinkTarget(nil)
+func newOps(p opsParams) (*Ops, error) {
+	if p.Target != nil {
+		return NewOps(p.Target), nil
 	}
-	return NewOps(t)
+	t, err := NewNetlinkTargetAt(netns.None())
+	if err != nil {
+		return nil, fmt.Errorf("ip rules: %w", err)
+	}
+	p.Lifecycle.Append(cell.Hook{OnStop: func(cell.HookContext) error { return t.Close() }})
+	return NewOps(t), nil
 }
 
 type registerParams struct {
@@ -89,6 +95,9 @@ type registerParams struct {
 }
 
 func register(p registerParams) error {
+	// Batched writes when the Operations have them; a test double that
+	// decorates Ops without them gets every write through Update/Delete.
+	batch, _ := p.Ops.(reconciler.BatchOperations[*tables.IPRule])
 	r, err := reconciler.Register(
 		reconciler.Params{
 			Log:      p.Log,
@@ -102,7 +111,7 @@ func register(p registerParams) error {
 		(*tables.IPRule).Clone,
 		(*tables.IPRule).SetStatus,
 		(*tables.IPRule).GetStatus,
-		p.Ops, nil,
+		p.Ops, batch,
 		reconciler.WithName("ip-rules"),
 		// Prune once the rules controller has derived the full set (it
 		// marks the table initialized), then hourly to repair drift.

@@ -12,4 +12,10 @@
 // and Delete consult it before writing, so an agent restarting over a kernel
 // that is already right makes zero writes, and a configuration change makes
 // exactly the rules that differ.
+//
+// The reconciler hands Ops its changes in batches (UpdateBatch,
+// DeleteBatch). Through the agent's Target ([NewNetlinkTargetAt]) a batch
+// is written as up to 256 rule requests per datagram on one rtnetlink
+// socket, and each ack is matched to its request by sequence number, so a
+// rule the kernel refuses fails alone and is retried alone.
 package iprules

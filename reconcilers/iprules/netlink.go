@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/tables"
@@ -18,16 +19,51 @@ const dumpAttempts = 5
 
 type netlinkTarget struct {
 	h *netlink.Handle
+	// pipe pipelines batched writes; nil: one request and ack at a time.
+	pipe *pipe
 }
 
 // NewNetlinkTarget returns a Target that writes the kernel's rules through h,
-// which may be bound to another network namespace (netlink.NewHandleAt). A
-// nil h uses the network namespace of the calling thread.
+// which may be bound to another network namespace (netlink.NewHandleAt), one
+// request at a time. A nil h uses the network namespace of the calling
+// thread.
 func NewNetlinkTarget(h *netlink.Handle) Target {
 	if h == nil {
 		h = &netlink.Handle{}
 	}
 	return &netlinkTarget{h: h}
+}
+
+// NetlinkTarget is the kernel's Target with batched writes: AddBatch and
+// DelBatch send their requests back to back on one socket, then collect the
+// acks. Close releases its sockets.
+type NetlinkTarget interface {
+	BatchTarget
+	Close() error
+}
+
+// NewNetlinkTargetAt returns a Target that writes the rules of network
+// namespace ns (netns.None(): the calling thread's) with batched writes.
+func NewNetlinkTargetAt(ns netns.NsHandle) (NetlinkTarget, error) {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("open netlink handle: %w", err)
+	}
+	p, err := openPipe(ns)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	return &netlinkTarget{h: h, pipe: p}, nil
+}
+
+// Close releases the target's sockets.
+func (t *netlinkTarget) Close() error {
+	if t.pipe != nil {
+		t.pipe.s.Close()
+	}
+	t.h.Close()
+	return nil
 }
 
 // List dumps both families and keeps the rules with Protocol.

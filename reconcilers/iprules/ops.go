@@ -40,7 +40,10 @@ type Stats struct {
 	Adds, Deletes uint64
 }
 
-var _ reconciler.Operations[*tables.IPRule] = (*Ops)(nil)
+var (
+	_ reconciler.Operations[*tables.IPRule]      = (*Ops)(nil)
+	_ reconciler.BatchOperations[*tables.IPRule] = (*Ops)(nil)
+)
 
 // NewOps returns operations that write the ip-rules table's rows to t.
 func NewOps(t Target) *Ops {
@@ -84,6 +87,106 @@ func (o *Ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r
 	return o.del(k)
 }
 
+// UpdateBatch installs the rules of batch that the target lacks, in one
+// exchange when the target is a BatchTarget. Each entry's Result is its own
+// rule's outcome: a rule the kernel refuses fails alone and is retried.
+func (o *Ops) UpdateBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*tables.IPRule]) {
+	o.batch(ctx, batch, true)
+}
+
+// DeleteBatch removes the rules of batch that the target has, like
+// UpdateBatch.
+func (o *Ops) DeleteBatch(ctx context.Context, _ statedb.ReadTxn, batch []reconciler.BatchEntry[*tables.IPRule]) {
+	o.batch(ctx, batch, false)
+}
+
+func (o *Ops) batch(ctx context.Context, batch []reconciler.BatchEntry[*tables.IPRule], add bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err := o.load(); err != nil {
+		for i := range batch {
+			batch[i].Result = err
+		}
+		return
+	}
+	// Only the rules that differ are written; a key twice in the batch
+	// (rows whose keys are equal once canonical) is written once.
+	var keys []tables.IPRuleKey
+	var entries [][]int
+	at := make(map[tables.IPRuleKey]int)
+	for i := range batch {
+		batch[i].Result = nil
+		k := Canonical(batch[i].Object.Key())
+		if _, has := o.owned[k]; has == add {
+			continue
+		}
+		if j, ok := at[k]; ok {
+			entries[j] = append(entries[j], i)
+			continue
+		}
+		at[k] = len(keys)
+		keys = append(keys, k)
+		entries = append(entries, []int{i})
+	}
+	for j, err := range o.write(ctx, keys, add) {
+		for _, i := range entries[j] {
+			batch[i].Result = err
+		}
+	}
+}
+
+// write adds or deletes keys, in one exchange when the target batches, and
+// returns each key's error. The cache and counters follow what succeeded.
+// Once ctx is done, the keys not yet written fail with its error.
+func (o *Ops) write(ctx context.Context, keys []tables.IPRuleKey, add bool) []error {
+	errs := make([]error, len(keys))
+	if bt, ok := o.target.(BatchTarget); ok && len(keys) > 0 {
+		if err := ctx.Err(); err != nil {
+			for i := range errs {
+				errs[i] = err
+			}
+			return errs
+		}
+		if add {
+			errs = bt.AddBatch(keys)
+		} else {
+			errs = bt.DelBatch(keys)
+		}
+		for i, k := range keys {
+			if errs[i] == nil {
+				o.written(k, add)
+			}
+		}
+		return errs
+	}
+	for i, k := range keys {
+		if errs[i] = ctx.Err(); errs[i] != nil {
+			continue
+		}
+		if add {
+			errs[i] = o.target.Add(k)
+		} else {
+			errs[i] = o.target.Del(k)
+		}
+		if errs[i] == nil {
+			o.written(k, add)
+		}
+	}
+	return errs
+}
+
+// written records a successful write of k in the cache and counters.
+func (o *Ops) written(k tables.IPRuleKey, add bool) {
+	if add {
+		o.adds.Add(1)
+		o.owned[k] = struct{}{}
+	} else {
+		o.deletes.Add(1)
+		delete(o.owned, k)
+	}
+	o.rules.Store(int64(len(o.owned)))
+}
+
 // Prune makes the owned rules equal to objects. It re-lists the target
 // first, so rules deleted or added behind the agent's back are repaired,
 // then adds the missing rules before deleting the stale ones: a rule that
@@ -119,17 +222,11 @@ func (o *Ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*t
 	slices.SortFunc(missing, CompareKeys)
 	slices.SortFunc(stale, CompareKeys)
 
-	var errs []error
-	for i, k := range slices.Concat(missing, stale) {
-		if err := ctx.Err(); err != nil {
-			errs = append(errs, err)
-			break
-		}
-		if i < len(missing) {
-			errs = append(errs, o.add(k))
-		} else {
-			errs = append(errs, o.del(k))
-		}
+	errs := slices.Concat(o.write(ctx, missing, true), o.write(ctx, stale, false))
+	// A cancelled prune reports the cancellation once, not once per rule.
+	if err := ctx.Err(); err != nil {
+		errs = slices.DeleteFunc(errs, func(e error) bool { return errors.Is(e, err) })
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("prune: %w", err)
@@ -165,9 +262,7 @@ func (o *Ops) add(k tables.IPRuleKey) error {
 	if err := o.target.Add(k); err != nil {
 		return err
 	}
-	o.adds.Add(1)
-	o.owned[k] = struct{}{}
-	o.rules.Store(int64(len(o.owned)))
+	o.written(k, true)
 	return nil
 }
 
@@ -175,8 +270,6 @@ func (o *Ops) del(k tables.IPRuleKey) error {
 	if err := o.target.Del(k); err != nil {
 		return err
 	}
-	o.deletes.Add(1)
-	delete(o.owned, k)
-	o.rules.Store(int64(len(o.owned)))
+	o.written(k, false)
 	return nil
 }
