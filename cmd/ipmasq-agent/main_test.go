@@ -2,14 +2,24 @@ package main
 
 import (
 	"bytes"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
 // run executes the command line and returns the one line an operator would
 // see on failure.
+// Every path the agent writes is moved into a temporary directory: the
+// hive builds its cells (IPAM restores its state directory) before a start
+// hook refuses a bad flag, and a test must not touch the host's
+// /var/lib/ipmasq or /run/ipmasq.
 func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
+	private := t.TempDir()
+	t.Setenv("IPMASQ_STATE_DIR", filepath.Join(private, "state"))
+	t.Setenv("IPMASQ_API_SOCKET", filepath.Join(private, "run", "api.sock"))
+	t.Setenv("IPMASQ_SHELL_SOCK_PATH", filepath.Join(private, "run", "shell.sock"))
+	t.Setenv("IPMASQ_IP_MASQ_AGENT_CONFIG_PATH", filepath.Join(private, "config", "ip-masq-agent"))
 	cmd := newRootCommand()
 	var out bytes.Buffer
 	cmd.SetOut(&out)
