@@ -24,37 +24,19 @@ const (
 // (ServerClosesFirst) or waits for the client to close (ClientClosesFirst).
 // It stops when the returned listener is closed.
 func ServeShort(n *Netns, port uint16) (net.Listener, error) {
-	var l net.Listener
-	err := n.Do(func() (err error) {
-		l, err = net.Listen("tcp", fmt.Sprintf("[::]:%d", port))
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				var b [1]byte
-				if _, err := io.ReadFull(c, b[:]); err != nil {
-					return
-				}
-				if _, err := c.Write(b[:]); err != nil {
-					return
-				}
-				if b[0] == ClientClosesFirst {
-					io.Copy(io.Discard, c)
-				}
-			}()
+	return serveTCP(n, port, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		var b [1]byte
+		if _, err := io.ReadFull(c, b[:]); err != nil {
+			return
 		}
-	}()
-	return l, nil
+		if _, err := c.Write(b[:]); err != nil {
+			return
+		}
+		if b[0] == ClientClosesFirst {
+			io.Copy(io.Discard, c)
+		}
+	})
 }
 
 // RateResult is what [ConnectAtRate] saw.
