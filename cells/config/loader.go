@@ -81,7 +81,7 @@ func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.N
 // interval, until ctx is done. The first load happened at construction; one
 // more right after the watch is armed catches a change in between.
 func (l *loader) run(ctx context.Context) error {
-	w, err := newDirWatcher(l.log, filepath.Dir(l.path))
+	w, err := newDirWatcher(l.log, l.path)
 	if err != nil {
 		// Without a watch the file is still re-read every resync interval.
 		l.log.Error("Cannot watch config directory; changes are picked up at each resync",
