@@ -275,7 +275,7 @@ func (l *loader) apply(file *File, entries []Entry, start time.Time) {
 // order, instead of through a map of 16 384 prefixes (issue #14).
 func (l *loader) applyCIDRs(wtxn statedb.WriteTxn, entries []Entry) int {
 	rows := statedb.Collect(l.cidrs.All(wtxn))
-	byPrefix := func(a, b *tables.NonMasqCIDR) int { return a.Prefix.Compare(b.Prefix) }
+	byPrefix := func(a, b *tables.NonMasqCIDR) int { return compareMasked(a.Prefix, b.Prefix) }
 	if !slices.IsSortedFunc(rows, byPrefix) { // the index orders IPv6 below ::ffff:0:0 first
 		slices.SortFunc(rows, byPrefix)
 	}
@@ -289,7 +289,7 @@ func (l *loader) applyCIDRs(wtxn statedb.WriteTxn, entries []Entry) int {
 		case j == len(entries):
 			c = -1
 		default:
-			c = rows[i].Prefix.Compare(entries[j].Prefix)
+			c = compareMasked(rows[i].Prefix, entries[j].Prefix)
 		}
 		switch {
 		case c < 0: // no longer wanted

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -48,6 +49,16 @@ func parseCIDR(s string, lim Limits) (netip.Prefix, error) {
 	return p, nil
 }
 
+// compareMasked orders masked prefixes as netip.Prefix.Compare does
+// (family, address, length) without masking them again on every call,
+// which was a tenth of parsing 16 384 prefixes (issue #14).
+func compareMasked(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Bits(), b.Bits())
+}
+
 // parseCIDRList validates one list key and returns its prefixes
 // deduplicated and sorted.
 func parseCIDRList(path, key string, list []string, lim Limits) ([]netip.Prefix, error) {
@@ -66,14 +77,14 @@ func parseCIDRList(path, key string, list []string, lim Limits) ([]netip.Prefix,
 }
 
 func sortCompact(ps []netip.Prefix) []netip.Prefix {
-	if !slices.IsSortedFunc(ps, netip.Prefix.Compare) {
-		slices.SortFunc(ps, netip.Prefix.Compare)
+	if !slices.IsSortedFunc(ps, compareMasked) {
+		slices.SortFunc(ps, compareMasked)
 	}
 	return slices.Clip(slices.Compact(ps))
 }
 
 func contains(sorted []netip.Prefix, p netip.Prefix) bool {
-	_, ok := slices.BinarySearchFunc(sorted, p, netip.Prefix.Compare)
+	_, ok := slices.BinarySearchFunc(sorted, p, compareMasked)
 	return ok
 }
 
