@@ -176,6 +176,7 @@ const maxSymlinkHops = 40
 func configPathEntries(dir, name string) map[string]bool {
 	entries := map[string]bool{name: true}
 	todo := []string{name} // paths relative to dir
+	realDir := ""          // dir with its symlinks resolved, once needed
 	for hops := 0; len(todo) > 0 && hops < maxSymlinkHops; hops++ {
 		rel := todo[0]
 		todo = todo[1:]
@@ -194,12 +195,32 @@ func configPathEntries(dir, name string) map[string]bool {
 				target = filepath.Join(filepath.Dir(cur), target)
 			}
 			target = filepath.Join(append([]string{target}, parts[i+1:]...)...)
-			if next, err := filepath.Rel(dir, target); err == nil && next != ".." &&
-				!strings.HasPrefix(next, ".."+string(filepath.Separator)) {
+			next, ok := relativeTo(dir, target)
+			if !ok {
+				// An absolute link may name dir by its real path (dir
+				// itself reached through a symlink).
+				if realDir == "" {
+					realDir, _ = filepath.EvalSymlinks(dir)
+				}
+				next, ok = relativeTo(realDir, target)
+			}
+			if ok {
 				todo = append(todo, next)
 			}
 			break
 		}
 	}
 	return entries
+}
+
+// relativeTo returns target relative to dir when it lies inside dir.
+func relativeTo(dir, target string) (string, bool) {
+	if dir == "" {
+		return "", false
+	}
+	rel, err := filepath.Rel(dir, target)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		return "", false
+	}
+	return rel, true
 }

@@ -60,6 +60,17 @@ func TestConfigPathEntries(t *testing.T) {
 			symlink(t, "..data/ip-masq-agent", filepath.Join(dir, "ip-masq-agent"))
 			mustWrite(t, filepath.Join(dir, "..data_tmp"), "") // the kubelet's next link, not yet in use
 		}, []string{"ip-masq-agent", "..data", "..2026_11_30_15_00_00.1"}},
+		{"absolute symlink through the directory's real path", func(t *testing.T, dir string) {
+			// dir is reached through a symlink (as /etc/config → /var/config);
+			// the file links to its target by the real path.
+			real := t.TempDir()
+			mustWrite(t, filepath.Join(real, "real.yaml"), "")
+			if err := os.Remove(dir); err != nil {
+				t.Fatal(err)
+			}
+			symlink(t, real, dir)
+			symlink(t, filepath.Join(real, "real.yaml"), filepath.Join(dir, "ip-masq-agent"))
+		}, []string{"ip-masq-agent", "real.yaml"}},
 		{"symlink out of the directory", func(t *testing.T, dir string) {
 			other := t.TempDir()
 			mustWrite(t, filepath.Join(other, "real.yaml"), "")
@@ -72,9 +83,12 @@ func TestConfigPathEntries(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			mustWrite(t, filepath.Join(dir, "unrelated"), "")
+			dir := filepath.Join(t.TempDir(), "config")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
 			tc.setup(t, dir)
+			mustWrite(t, filepath.Join(dir, "unrelated"), "")
 			got := slices.Sorted(maps.Keys(configPathEntries(dir, "ip-masq-agent")))
 			want := slices.Sorted(slices.Values(tc.want))
 			if !slices.Equal(got, want) {
