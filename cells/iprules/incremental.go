@@ -272,17 +272,23 @@ func (c *controller) refreshTemplates(txn statedb.ReadTxn) (gone4, new4, gone6, 
 }
 
 // sameActions reports whether nonmasq-cidrs holds exactly the prefixes and
-// actions of the last derivation, made at revision since. It reads only
-// the rows written after since (a status commit after one changed prefix
-// is one row, not the table): a row not written since is unchanged, so
-// with the same number of rows, every written row being one of the
-// derivation's with the same action means the same set.
+// actions of the last derivation, made at revision since. When few rows
+// were written since (a status commit after one changed prefix is one
+// row), it reads only those: a row not written since is unchanged, so with
+// the same number of rows, every written row being one of the
+// derivation's with the same action means the same set. When many were,
+// one ordered walk of the table is cheaper than a search per row.
 func (c *controller) sameActions(txn statedb.ReadTxn, since statedb.Revision) bool {
 	p := c.params
 	if p.CIDRs.NumObjects(txn) != len(c.actions) {
 		return false
 	}
+	searches := len(c.actions)/32 + 16
 	for r := range p.CIDRs.LowerBound(txn, statedb.ByRevision[*tables.NonMasqCIDR](since+1)) {
+		if searches == 0 {
+			return c.sameActionsWalk(txn)
+		}
+		searches--
 		c.cidrRowsRead++
 		i, found := slices.BinarySearchFunc(c.actions, r.Prefix, func(a prefixAction, q netip.Prefix) int {
 			return compareTableOrder(a.prefix, q)
@@ -294,10 +300,25 @@ func (c *controller) sameActions(txn statedb.ReadTxn, since statedb.Revision) bo
 	return true
 }
 
+// sameActionsWalk compares every row with the derivation's, both in table
+// order.
+func (c *controller) sameActionsWalk(txn statedb.ReadTxn) bool {
+	i := 0
+	for r := range c.params.CIDRs.All(txn) {
+		c.cidrRowsRead++
+		if c.actions[i] != (prefixAction{r.Prefix, r.Action}) {
+			return false
+		}
+		i++
+	}
+	return true
+}
+
 // compareTableOrder orders prefixes as the nonmasq-cidrs primary index
-// does (the 16-byte address, then the length), the order of actions.
+// does (the 16-byte address, then the length), the order of actions. Rows
+// hold masked prefixes (the loader masks them), as the index key does.
 func compareTableOrder(p, q netip.Prefix) int {
-	a, b := p.Masked().Addr().As16(), q.Masked().Addr().As16()
+	a, b := p.Addr().As16(), q.Addr().As16()
 	if c := bytes.Compare(a[:], b[:]); c != 0 {
 		return c
 	}
