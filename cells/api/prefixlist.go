@@ -121,16 +121,22 @@ func parsePlainIPv4Prefix(b []byte) (netip.Prefix, int, bool) {
 	return netip.PrefixFrom(netip.AddrFrom4(a), bits), next, true
 }
 
-// plainDecimal reads a decimal number of at most max from b[i:], without a
-// leading zero (except "0" itself), and returns where it ends.
+// plainDecimal reads a decimal number of at most max (< 1000) from b[i:],
+// without a leading zero (except "0" itself), and returns where it ends.
+// It runs 16 384 × 5 times per answer with a large config: the digit tests
+// use the unsigned wrap-around of c-'0' (one comparison each).
 func plainDecimal(b []byte, i, max int) (n, end int, ok bool) {
-	end = i
-	for end < len(b) && end-i < 4 && '0' <= b[end] && b[end] <= '9' {
-		n = n*10 + int(b[end]-'0')
-		end++
-	}
-	if end == i || end-i == 4 || (end-i > 1 && b[i] == '0') || n > max {
+	if i >= len(b) || b[i]-'0' > 9 {
 		return 0, 0, false
+	}
+	n, end = int(b[i]-'0'), i+1
+	if n != 0 { // a leading 0 is the whole number
+		for ; end < len(b) && end < i+3 && b[end]-'0' <= 9; end++ {
+			n = n*10 + int(b[end]-'0')
+		}
+	}
+	if (end < len(b) && b[end]-'0' <= 9) || n > max {
+		return 0, 0, false // a leading zero, a fourth digit, or too large
 	}
 	return n, end, true
 }
