@@ -111,6 +111,15 @@ func (b *ByFamily[Obj]) batch(ctx context.Context, txn statedb.ReadTxn, batch []
 			n4++
 		}
 	}
+	// A batch of one family (the usual case: an IPv4-only config, or one
+	// change) goes to its side as it is, without copying its entries.
+	if one := b.V4; (n4 == len(batch) && one != nil) || (n4 == 0 && b.V6 != nil) {
+		if n4 == 0 {
+			one = b.V6
+		}
+		b.run(ctx, txn, one, batch, update)
+		return
+	}
 	v4, v6 := make([]reconciler.BatchEntry[Obj], 0, n4), make([]reconciler.BatchEntry[Obj], 0, len(batch)-n4)
 	i4, i6 := make([]int, 0, n4), make([]int, 0, len(batch)-n4)
 	for i := range batch {
@@ -130,25 +139,31 @@ func (b *ByFamily[Obj]) batch(ctx context.Context, txn statedb.ReadTxn, batch []
 		if len(part) == 0 {
 			return
 		}
-		if bops, ok := ops.(reconciler.BatchOperations[Obj]); ok {
-			if update {
-				bops.UpdateBatch(ctx, txn, part)
-			} else {
-				bops.DeleteBatch(ctx, txn, part)
-			}
-		} else {
-			for j := range part {
-				if update {
-					part[j].Result = ops.Update(ctx, txn, part[j].Revision, part[j].Object)
-				} else {
-					part[j].Result = ops.Delete(ctx, txn, part[j].Revision, part[j].Object)
-				}
-			}
-		}
+		b.run(ctx, txn, ops, part, update)
 		for j, i := range idx {
 			batch[i].Result = part[j].Result
 		}
 	}
 	run(b.V4, v4, i4)
 	run(b.V6, v6, i6)
+}
+
+// run hands part, rows of one family, to that family's operations, as one
+// batch where they have batch operations.
+func (b *ByFamily[Obj]) run(ctx context.Context, txn statedb.ReadTxn, ops reconciler.Operations[Obj], part []reconciler.BatchEntry[Obj], update bool) {
+	if bops, ok := ops.(reconciler.BatchOperations[Obj]); ok {
+		if update {
+			bops.UpdateBatch(ctx, txn, part)
+		} else {
+			bops.DeleteBatch(ctx, txn, part)
+		}
+		return
+	}
+	for j := range part {
+		if update {
+			part[j].Result = ops.Update(ctx, txn, part[j].Revision, part[j].Object)
+		} else {
+			part[j].Result = ops.Delete(ctx, txn, part[j].Revision, part[j].Object)
+		}
+	}
 }

@@ -143,13 +143,24 @@ var (
 	NonMasqCIDRByPrefix = statedb.Index[*NonMasqCIDR, netip.Prefix]{
 		Name: "prefix",
 		FromObject: func(c *NonMasqCIDR) index.KeySet {
-			return index.NewKeySet(index.NetIPPrefix(c.Prefix))
+			return index.NewKeySet(prefixKey(c.Prefix))
 		},
-		FromKey:    index.NetIPPrefix,
+		FromKey:    prefixKey,
 		FromString: index.NetIPPrefixString,
 		Unique:     true,
 	}
 )
+
+// prefixKey is index.NetIPPrefix (the 16-byte address, then the prefix
+// length) in one allocation instead of two: the key is computed for every
+// insert and status commit, 16 384 of each per new config (issue #14).
+func prefixKey(p netip.Prefix) index.Key {
+	a := p.Masked().Addr().As16()
+	k := make(index.Key, 17)
+	copy(k, a[:])
+	k[16] = uint8(p.Bits())
+	return k
+}
 
 // NewNonMasqCIDRTable creates the nonmasq-cidrs table.
 func NewNonMasqCIDRTable(db *statedb.DB) (statedb.RWTable[*NonMasqCIDR], error) {

@@ -8,7 +8,11 @@ import (
 // counting the rows themselves keeps one implementation of the defaults,
 // link-local and override rules.
 func familyCounts(f *File, lim Limits) (v4, v6 int) {
-	for _, e := range f.Entries(lim) {
+	return countFamilies(f.Entries(lim))
+}
+
+func countFamilies(entries []Entry) (v4, v6 int) {
+	for _, e := range entries {
 		if e.Prefix.Addr().Is4() {
 			v4++
 		} else {
@@ -18,11 +22,13 @@ func familyCounts(f *File, lim Limits) (v4, v6 int) {
 	return v4, v6
 }
 
-func checkCapacity(path string, f *File, lim Limits) error {
+// checkCapacity checks f's rows, entries (f.Entries(lim), computed once by
+// the caller), against the map capacity.
+func checkCapacity(path string, f *File, lim Limits, entries []Entry) error {
 	if lim.MaxCIDRsPerFamily <= 0 {
 		return nil
 	}
-	v4, v6 := familyCounts(f, lim)
+	v4, v6 := countFamilies(entries)
 	what := "nonMasqueradeCIDRs, masqueradeCIDRs and link-local"
 	if !f.NonMasqueradeCIDRsSet {
 		what = "reserved defaults, masqueradeCIDRs and link-local"

@@ -41,6 +41,15 @@ func decode(path string, data []byte, raw *rawFile, absent *[]string) error {
 }
 
 func decodeJSON(path string, data []byte, raw *rawFile) error {
+	if fastDecodeJSON(data, raw) {
+		return nil
+	}
+	return decodeWithEncodingJSON(path, data, raw)
+}
+
+// decodeWithEncodingJSON decodes any JSON config, and names what is wrong
+// with a bad one.
+func decodeWithEncodingJSON(path string, data []byte, raw *rawFile) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(raw); err != nil {

@@ -60,7 +60,7 @@ func (f *File) Entries(lim Limits) []Entry {
 		add(p, tables.ActionMasquerade, tables.OriginConfig)
 	}
 	slices.SortFunc(out, func(a, b Entry) int {
-		if c := a.Prefix.Compare(b.Prefix); c != 0 {
+		if c := compareMasked(a.Prefix, b.Prefix); c != 0 { // masked by add
 			return c
 		}
 		return entryRank(a) - entryRank(b)

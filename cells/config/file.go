@@ -110,6 +110,14 @@ type rawRule struct {
 // key (with list index, e.g. nonMasqueradeCIDRs[2]) and the value, and say
 // what would be accepted. Parse does no I/O.
 func Parse(path string, data []byte, lim Limits) (*File, error) {
+	f, _, err := parse(path, data, lim)
+	return f, err
+}
+
+// parse is Parse that also returns f.Entries(lim), which validation
+// computes anyway: the loader needs them too, and computing them twice
+// cost a sort of 16 384 rows per load (issue #14).
+func parse(path string, data []byte, lim Limits) (*File, []Entry, error) {
 	if path == "" {
 		path = "<config>"
 	}
@@ -117,10 +125,11 @@ func Parse(path string, data []byte, lim Limits) (*File, error) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 {
 		f := &File{}
-		if err := checkCapacity(path, f, lim); err != nil {
-			return nil, err
+		entries := f.Entries(lim)
+		if err := checkCapacity(path, f, lim, entries); err != nil {
+			return nil, nil, err
 		}
-		return f, nil
+		return f, entries, nil
 	}
 
 	var raw rawFile
@@ -129,7 +138,7 @@ func Parse(path string, data []byte, lim Limits) (*File, error) {
 	absent := new([]string)
 	raw.NonMasqueradeCIDRs = absent
 	if err := decode(path, trimmed, &raw, absent); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	nonMasqSet := true
 	var nonMasqRaw []string

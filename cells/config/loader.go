@@ -9,7 +9,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -81,7 +80,7 @@ func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.N
 // interval, until ctx is done. The first load happened at construction; one
 // more right after the watch is armed catches a change in between.
 func (l *loader) run(ctx context.Context) error {
-	w, err := newDirWatcher(l.log, filepath.Dir(l.path))
+	w, err := newDirWatcher(l.log, l.path)
 	if err != nil {
 		// Without a watch the file is still re-read every resync interval.
 		l.log.Error("Cannot watch config directory; changes are picked up at each resync",
@@ -146,14 +145,19 @@ func (l *loader) load() {
 	}
 	l.lastInput = input
 
-	var file *File
+	var (
+		file    *File
+		entries []Entry
+	)
 	if len(bytes.TrimSpace(data)) > 0 {
-		if file, err = Parse(l.path, data, l.limits); err != nil {
+		if file, entries, err = parse(l.path, data, l.limits); err != nil {
 			l.reject(err)
 			return
 		}
+	} else {
+		entries = file.Entries(l.limits)
 	}
-	l.apply(file, start)
+	l.apply(file, entries, start)
 }
 
 // readConfigFile reads at most MaxFileSize bytes, refusing larger files
@@ -217,36 +221,11 @@ func (l *loader) currentStatus(txn statedb.ReadTxn) *tables.ConfigStatus {
 	return &c
 }
 
-// apply makes nonmasq-cidrs hold exactly the entries of file (nil: no file)
-// in one transaction, touching only rows that change.
-func (l *loader) apply(file *File, start time.Time) {
-	entries := file.Entries(l.limits)
-	want := make(map[netip.Prefix]Entry, len(entries))
-	for _, e := range entries {
-		want[e.Prefix] = e
-	}
-
+// apply makes nonmasq-cidrs hold exactly entries, the rows of file (nil:
+// no file), in one transaction, touching only rows that change.
+func (l *loader) apply(file *File, entries []Entry, start time.Time) {
 	wtxn := l.db.WriteTxn(l.cidrs, l.status, l.rules)
-	changed := l.applyRules(wtxn, file)
-	for row := range l.cidrs.All(wtxn) {
-		e, ok := want[row.Prefix]
-		if !ok {
-			l.cidrs.Delete(wtxn, row)
-			changed++
-			continue
-		}
-		delete(want, row.Prefix)
-		if e.Action != row.Action || e.Origin != row.Origin {
-			l.cidrs.Insert(wtxn, newRow(e))
-			changed++
-		}
-	}
-	for _, e := range entries {
-		if _, ok := want[e.Prefix]; ok {
-			l.cidrs.Insert(wtxn, newRow(e))
-			changed++
-		}
-	}
+	changed := l.applyRules(wtxn, file) + l.applyCIDRs(wtxn, entries)
 
 	st := l.currentStatus(wtxn)
 	st.LastError = ""
@@ -289,6 +268,48 @@ func (l *loader) apply(file *File, start time.Time) {
 		"masqueradeCIDRs", st.MasqExceptions, "duration", time.Since(start))
 	l.health.OK(fmt.Sprintf("config generation %d from %s (%s): %d IPv4 / %d IPv6 no-masquerade prefixes",
 		st.Generation, l.path, st.Source, st.NoMasqV4, st.NoMasqV6))
+}
+
+// applyCIDRs makes nonmasq-cidrs hold exactly entries and returns how many
+// rows changed. The table's rows and entries are walked side by side in one
+// order, instead of through a map of 16 384 prefixes (issue #14).
+func (l *loader) applyCIDRs(wtxn statedb.WriteTxn, entries []Entry) int {
+	rows := statedb.Collect(l.cidrs.All(wtxn))
+	byPrefix := func(a, b *tables.NonMasqCIDR) int { return compareMasked(a.Prefix, b.Prefix) }
+	if !slices.IsSortedFunc(rows, byPrefix) { // the index orders IPv6 below ::ffff:0:0 first
+		slices.SortFunc(rows, byPrefix)
+	}
+	changed := 0
+	i, j := 0, 0
+	for i < len(rows) || j < len(entries) {
+		c := 0
+		switch {
+		case i == len(rows):
+			c = 1
+		case j == len(entries):
+			c = -1
+		default:
+			c = compareMasked(rows[i].Prefix, entries[j].Prefix)
+		}
+		switch {
+		case c < 0: // no longer wanted
+			l.cidrs.Delete(wtxn, rows[i])
+			changed++
+			i++
+		case c > 0: // new
+			l.cidrs.Insert(wtxn, newRow(entries[j]))
+			changed++
+			j++
+		default:
+			if e := entries[j]; e.Action != rows[i].Action || e.Origin != rows[i].Origin {
+				l.cidrs.Insert(wtxn, newRow(e))
+				changed++
+			}
+			i++
+			j++
+		}
+	}
+	return changed
 }
 
 func newRow(e Entry) *tables.NonMasqCIDR {

@@ -1,0 +1,82 @@
+package config
+
+import (
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cilium/statedb"
+
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// TestApplyTouchesOnlyChangedRows: each new file leaves nonmasq-cidrs
+// holding exactly its Entries, and rows that did not change keep their
+// revision (the map reconciler and the rules controller see only real
+// changes), across both families, IPv6 prefixes on either side of the
+// IPv4-mapped range, and action and origin changes of a kept prefix.
+func TestApplyTouchesOnlyChangedRows(t *testing.T) {
+	files := []string{
+		`{"nonMasqueradeCIDRs": ["10.0.0.0/8", "::/0", "64:ff9b::/96", "2001:db8::/32", "192.168.0.0/16"]}`,
+		// 10/8 goes, 172.16/12 comes, ::/0 stays, 192.168/16 becomes a
+		// masquerade exception, link-local v4 goes.
+		`{"nonMasqueradeCIDRs": ["172.16.0.0/12", "::/0", "64:ff9b::/96", "2001:db8::/32"], "masqueradeCIDRs": ["192.168.0.0/16"], "masqLinkLocal": true}`,
+		// Only the IPv6 prefix below ::ffff:0:0 changes.
+		`{"nonMasqueradeCIDRs": ["172.16.0.0/12", "::/1", "64:ff9b::/96", "2001:db8::/32"], "masqueradeCIDRs": ["192.168.0.0/16"], "masqLinkLocal": true}`,
+		// The same list in another order: nothing changes.
+		`{"masqLinkLocal": true, "nonMasqueradeCIDRs": ["2001:db8::/32", "64:ff9b::/96", "::/1", "172.16.0.0/12"], "masqueradeCIDRs": ["192.168.0.0/16"]}`,
+		// No list: the reserved defaults, link-local v6 stays.
+		`{}`,
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ip-masq-agent")
+	hostileWrite(t, path, []byte(files[0]))
+	hh := startHostileHive(t, path, false)
+
+	type rowRev struct {
+		row Entry
+		rev statedb.Revision
+	}
+	table := func() []rowRev {
+		var out []rowRev
+		for row, rev := range hh.cidrs.All(hh.db.ReadTxn()) {
+			out = append(out, rowRev{Entry{row.Prefix, row.Action, row.Origin}, rev})
+		}
+		slices.SortFunc(out, func(a, b rowRev) int { return a.row.Prefix.Compare(b.row.Prefix) })
+		return out
+	}
+	lim := Limits{EnableIPv4: true, EnableIPv6: true, MaxCIDRsPerFamily: 16384}
+	var (
+		before   []rowRev
+		lastLoad time.Time
+	)
+	for i, content := range files {
+		if i > 0 {
+			hostileWrite(t, path, []byte(content))
+		}
+		st := hh.waitStatus(t, "the file applied", func(st *tables.ConfigStatus) bool {
+			return st.LastGoodLoad.After(lastLoad) && st.LastError == ""
+		})
+		lastLoad = st.LastGoodLoad
+		f, err := Parse(path, []byte(content), lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := table()
+		rows := make([]Entry, len(got))
+		for k, r := range got {
+			rows[k] = r.row
+		}
+		if want := f.Entries(lim); !slices.Equal(rows, want) {
+			t.Fatalf("file %d: table holds %v, want %v", i, rows, want)
+		}
+		for _, g := range got {
+			k := slices.IndexFunc(before, func(b rowRev) bool { return b.row == g.row })
+			if k >= 0 && before[k].rev != g.rev {
+				t.Errorf("file %d: unchanged row %v was rewritten (revision %d → %d)", i, g.row, before[k].rev, g.rev)
+			}
+		}
+		before = got
+	}
+}
