@@ -105,18 +105,20 @@ const (
 	// collection.
 	burstBytes = 16 << 20
 	// quietBytes: at most this much allocated within one check interval
-	// means the burst is over (an idle agent allocates a few KiB a second).
+	// means the burst is over (an idle agent allocates far less: one
+	// release in 30 s after a 16 384-CIDR load, the one after the load).
 	quietBytes = 1 << 20
 )
 
 // memoryReleaser returns to the kernel, once the agent is quiet again, the
 // heap that a burst of work left behind: loading 16 384 CIDRs per family
-// or restoring 10 000 endpoints allocates hundreds of MiB, of which ~17
+// or restoring 10 000 endpoints allocates hundreds of MiB, of which 19-22
 // MiB stay live, but without a memory limit the runtime keeps the rest
-// resident until its scavenger slowly gives it back (RSS 70-100 MiB after
-// such a load). One forced collection and release after the burst brings
-// RSS down to the live data at the cost of that collection, and, unlike a
-// small GOMEMLIMIT, never runs while the agent is busy.
+// resident until its scavenger slowly gives it back (anonymous RSS 50-80
+// MiB after such a load). One forced collection and release after the
+// burst brings it close to the live data (26-43 MiB) at the cost of that
+// collection, and, unlike a small GOMEMLIMIT, never runs while the agent
+// is busy.
 type memoryReleaser struct {
 	allocated func() uint64 // cumulative heap allocations, bytes
 	release   func()
