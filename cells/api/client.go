@@ -5,11 +5,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 )
+
+// maxAnswer bounds the buffer readBody sizes from a Content-Length
+// header: an answer with 16 384 prefixes is ~280 KB (IPv4) to ~400 KB
+// (IPv6); a larger announced size is read as it arrives.
+const maxAnswer = 8 << 20
 
 // Client talks to the agent's API over its unix socket.
 type Client struct {
@@ -42,7 +48,7 @@ func (e *Error) Error() string { return fmt.Sprintf("ipmasq API: %s (HTTP %d)", 
 func (c *Client) Allocate(ctx context.Context, req AllocationRequest) (AllocationResponse, error) {
 	var out allocationWire
 	body, _ := json.Marshal(req)
-	err := c.do(ctx, http.MethodPost, "/v1/ipam/allocations", body, &out)
+	err := c.do(ctx, http.MethodPost, "/v1/ipam/allocations", body, func(b []byte) error { return decodeAllocation(b, &out) })
 	out.AllocationResponse.NonMasqueradeCIDRs = out.NonMasqueradeCIDRs
 	return out.AllocationResponse, err
 }
@@ -50,7 +56,9 @@ func (c *Client) Allocate(ctx context.Context, req AllocationRequest) (Allocatio
 // List returns every allocation.
 func (c *Client) List(ctx context.Context) ([]AllocationResponse, error) {
 	var out ListResponse
-	err := c.do(ctx, http.MethodGet, "/v1/ipam/allocations", nil, &out)
+	err := c.do(ctx, http.MethodGet, "/v1/ipam/allocations", nil, func(b []byte) error {
+		return json.NewDecoder(bytes.NewReader(b)).Decode(&out)
+	})
 	return out.Allocations, err
 }
 
@@ -64,7 +72,9 @@ func (c *Client) ReleaseOwner(ctx context.Context, owner string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/ipam/allocations?owner="+url.QueryEscape(owner), nil, nil)
 }
 
-func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
+// do sends a request and hands a successful answer's body, read whole, to
+// decode (nil: the body is not read).
+func (c *Client) do(ctx context.Context, method, path string, body []byte, decode func([]byte) error) error {
 	req, err := http.NewRequestWithContext(ctx, method, "http://ipmasq"+path, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -84,8 +94,26 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		}
 		return &Error{Status: resp.StatusCode, Message: e.Error}
 	}
-	if out == nil || resp.StatusCode == http.StatusNoContent {
+	if decode == nil || resp.StatusCode == http.StatusNoContent {
 		return nil
 	}
-	return json.NewDecoder(resp.Body).Decode(out)
+	data, err := readBody(resp)
+	if err != nil {
+		return fmt.Errorf("ipmasq API at %s: read answer: %w", c.socket, err)
+	}
+	return decode(data)
+}
+
+// readBody reads a whole answer body, in one buffer of its announced size
+// when it has one (the agent announces it), instead of a buffer that grows
+// and is copied as it goes.
+func readBody(resp *http.Response) ([]byte, error) {
+	if n := resp.ContentLength; n >= 0 && n <= maxAnswer {
+		b := make([]byte, n)
+		if _, err := io.ReadFull(resp.Body, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return io.ReadAll(resp.Body)
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -163,7 +164,10 @@ func (s *server) allocate(w http.ResponseWriter, r *http.Request) {
 // writeAllocation writes one allocation as writeJSON(response(...)) would,
 // with the CIDR list spliced in as IPAM encoded it once per config: with
 // 16 384 prefixes it is almost all of the answer, and encoding it for
-// every allocation dominated the latency.
+// every allocation dominated the latency. The list is written from IPAM's
+// copy, not copied into the answer, and the answer's length is announced
+// so that it goes out in one piece, not in chunks, and the client can read
+// it into one buffer.
 func writeAllocation(w http.ResponseWriter, status int, a ipam.Allocation) {
 	r := response(a.Endpoint, nil, a.Pool)
 	pool := r.Pool
@@ -173,21 +177,24 @@ func writeAllocation(w http.ResponseWriter, status int, a ipam.Allocation) {
 		writeError(w, http.StatusInternalServerError, fmt.Sprintf("encode allocation: %v", err))
 		return
 	}
-	out := make([]byte, 0, len(head)+len(a.NonMasqueradeCIDRsJSON)+64)
-	out = append(out, head[:len(head)-1]...)
+	head = head[:len(head)-1]
+	var tail []byte
 	if len(a.NonMasqueradeCIDRsJSON) > 0 {
-		out = append(out, `,"nonMasqueradeCIDRs":`...)
-		out = append(out, a.NonMasqueradeCIDRsJSON...)
+		head = append(head, `,"nonMasqueradeCIDRs":`...)
 	}
 	if pool != "" {
 		q, _ := json.Marshal(pool) // a prefix: plain ASCII
-		out = append(out, `,"pool":`...)
-		out = append(out, q...)
+		tail = append(tail, `,"pool":`...)
+		tail = append(tail, q...)
 	}
-	out = append(out, "}\n"...)
+	tail = append(tail, "}\n"...)
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(head)+len(a.NonMasqueradeCIDRsJSON)+len(tail)))
 	w.WriteHeader(status)
-	w.Write(out)
+	// A write error means the client is gone: nothing left to tell it.
+	w.Write(head)
+	w.Write(a.NonMasqueradeCIDRsJSON)
+	w.Write(tail)
 }
 
 func (s *server) list(w http.ResponseWriter, r *http.Request) {

@@ -14,4 +14,11 @@
 // masqueraded), a no-masquerade range inside an exception goes back to the
 // endpoint's table. Prefixes that decide the same as their parent get no
 // rule of their own.
+//
+// While no endpoint has a route table, no rule can come of the config: the
+// controller then neither derives the templates nor wakes for changes of
+// nonmasq-cidrs, so a config change costs nothing outside the config →
+// table → map path. The first endpoint with a route table brings them up
+// to date in the same round. Nesting too deep for the priority range is
+// reported (health degraded) while some endpoint has a route table.
 package iprules

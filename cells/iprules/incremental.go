@@ -1,11 +1,14 @@
 package iprules
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"iter"
 	"net/netip"
+	"slices"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
@@ -33,10 +36,22 @@ type controller struct {
 	actions []prefixAction
 	v4, v6  []template
 	errs    []error
+
+	// withTable holds the endpoints that have a route table. While it is
+	// empty no rule can come of the templates, so the controller neither
+	// derives them nor wakes for changes of nonmasq-cidrs: a config change
+	// then costs nothing here. The first endpoint with a route table
+	// brings the templates up to date.
+	withTable map[netip.Addr]struct{}
+
+	// cidrRowsRead counts the nonmasq-cidrs rows read to tell a config
+	// change from a status commit; tests check that it follows the rows
+	// that changed, not the size of the table.
+	cidrRowsRead int
 }
 
 func newController(p controllerParams, markInit func(statedb.WriteTxn)) *controller {
-	return &controller{params: p, markInitialized: markInit}
+	return &controller{params: p, markInitialized: markInit, withTable: map[netip.Addr]struct{}{}}
 }
 
 // run waits for both inputs to be initialized, then applies every change of
@@ -58,7 +73,12 @@ func (c *controller) run(ctx context.Context, health cell.Health) error {
 		_, cidrsChanged := p.CIDRs.AllWatch(txn)
 		changes, epsChanged := epChanges.Next(txn)
 		added, deleted := c.step(txn, changes)
-		if len(c.errs) > 0 {
+		if len(c.withTable) == 0 {
+			// No endpoint can get a rule: config changes wait until
+			// one with a route table arrives (an endpoint change).
+			cidrsChanged = nil
+		}
+		if len(c.errs) > 0 && len(c.withTable) > 0 {
 			health.Degraded("some prefixes get no ip rule", errors.Join(c.errs...))
 		} else {
 			health.OK(fmt.Sprintf("%d rule(s)", p.Rules.NumObjects(p.DB.ReadTxn())))
@@ -108,7 +128,10 @@ func (c *controller) waitInitialized(ctx context.Context) bool {
 // the endpoint changes since then.
 func (c *controller) step(txn statedb.ReadTxn, changes iter.Seq2[statedb.Change[*tables.Endpoint], statedb.Revision]) (added, deleted int) {
 	p := c.params
-	gone4, new4, gone6, new6 := c.refreshTemplates(txn)
+	var gone4, new4, gone6, new6 []template
+	if len(c.withTable) > 0 {
+		gone4, new4, gone6, new6 = c.refreshTemplates(txn)
+	}
 
 	wtxn := p.DB.WriteTxn(p.Rules)
 	templatesChanged := len(gone4)+len(new4)+len(gone6)+len(new6) > 0
@@ -120,6 +143,17 @@ func (c *controller) step(txn statedb.ReadTxn, changes iter.Seq2[statedb.Change[
 		ep := ch.Object
 		if ch.Deleted {
 			ep = &tables.Endpoint{IP: ch.Object.IP} // no route table: no rules
+		}
+		if ep.RouteTable != 0 && len(c.withTable) == 0 {
+			// The first endpoint with a route table: the templates may
+			// be behind the config. No endpoint had rules from them, so
+			// what went away or appeared concerns no other endpoint.
+			c.refreshTemplates(txn)
+		}
+		if ep.RouteTable != 0 {
+			c.withTable[ep.IP] = struct{}{}
+		} else {
+			delete(c.withTable, ep.IP)
 		}
 		a, d := c.syncEndpoint(wtxn, ep)
 		added, deleted = added+a, deleted+d
@@ -220,8 +254,9 @@ func (c *controller) refreshTemplates(txn statedb.ReadTxn) (gone4, new4, gone6, 
 	if rev == c.cidrRev {
 		return
 	}
+	since := c.cidrRev
 	c.cidrRev = rev
-	if c.sameActions(txn) {
+	if c.sameActions(txn, since) {
 		return // a status commit, not a config change
 	}
 	rows := statedb.Collect(p.CIDRs.All(txn))
@@ -237,20 +272,57 @@ func (c *controller) refreshTemplates(txn statedb.ReadTxn) (gone4, new4, gone6, 
 }
 
 // sameActions reports whether nonmasq-cidrs holds exactly the prefixes and
-// actions of the last derivation.
-func (c *controller) sameActions(txn statedb.ReadTxn) bool {
+// actions of the last derivation, made at revision since. When few rows
+// were written since (a status commit after one changed prefix is one
+// row), it reads only those: a row not written since is unchanged, so with
+// the same number of rows, every written row being one of the
+// derivation's with the same action means the same set. When many were,
+// one ordered walk of the table is cheaper than a search per row.
+func (c *controller) sameActions(txn statedb.ReadTxn, since statedb.Revision) bool {
 	p := c.params
 	if p.CIDRs.NumObjects(txn) != len(c.actions) {
 		return false
 	}
+	searches := len(c.actions)/32 + 16
+	for r := range p.CIDRs.LowerBound(txn, statedb.ByRevision[*tables.NonMasqCIDR](since+1)) {
+		if searches == 0 {
+			return c.sameActionsWalk(txn)
+		}
+		searches--
+		c.cidrRowsRead++
+		i, found := slices.BinarySearchFunc(c.actions, r.Prefix, func(a prefixAction, q netip.Prefix) int {
+			return compareTableOrder(a.prefix, q)
+		})
+		if !found || c.actions[i].action != r.Action {
+			return false
+		}
+	}
+	return true
+}
+
+// sameActionsWalk compares every row with the derivation's, both in table
+// order.
+func (c *controller) sameActionsWalk(txn statedb.ReadTxn) bool {
 	i := 0
-	for r := range p.CIDRs.All(txn) {
+	for r := range c.params.CIDRs.All(txn) {
+		c.cidrRowsRead++
 		if c.actions[i] != (prefixAction{r.Prefix, r.Action}) {
 			return false
 		}
 		i++
 	}
 	return true
+}
+
+// compareTableOrder orders prefixes as the nonmasq-cidrs primary index
+// does (the 16-byte address, then the length), the order of actions. Rows
+// hold masked prefixes (the loader masks them), as the index key does.
+func compareTableOrder(p, q netip.Prefix) int {
+	a, b := p.Addr().As16(), q.Addr().As16()
+	if c := bytes.Compare(a[:], b[:]); c != 0 {
+		return c
+	}
+	return cmp.Compare(p.Bits(), q.Bits())
 }
 
 type prefixAction struct {

@@ -21,7 +21,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/ipmasq/ipmasq/cells/ipam"
@@ -94,11 +93,13 @@ func register(p params) error {
 // itself (with backoff) when the API server goes away.
 func (w *watcher) run(ctx context.Context, client *kubeclient.Client, health cell.Health) error {
 	w.health = health
-	factory := informers.NewSharedInformerFactoryWithOptions(client.Clientset, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	// One informer on one Node, built from the core client alone (the
+	// shared informer factory links every API group's informers).
+	lw := cache.NewFilteredListWatchFromClient(client.CoreV1, "nodes", metav1.NamespaceAll,
+		func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.node).String()
-		}))
-	inf := factory.Core().V1().Nodes().Informer()
+		})
+	inf := cache.NewSharedIndexInformer(lw, &corev1.Node{}, 0, cache.Indexers{})
 	if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
 		health.Degraded("watch Node "+w.node, err)
 		w.log.Warn("Watching the Node failed; retrying, the last known pod CIDRs stay in use", "node", w.node, "error", err)
@@ -111,9 +112,7 @@ func (w *watcher) run(ctx context.Context, client *kubeclient.Client, health cel
 	}); err != nil {
 		return fmt.Errorf("node event handler: %w", err)
 	}
-	factory.Start(ctx.Done())
-	<-ctx.Done()
-	factory.Shutdown()
+	inf.RunWithContext(ctx)
 	return nil
 }
 

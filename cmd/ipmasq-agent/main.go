@@ -11,6 +11,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -54,6 +55,9 @@ func newRootCommand() *cobra.Command {
 				return fmt.Errorf("remove memlock limit: %w", err)
 			}
 			setMemoryLimit(log)
+			ctx, stop := context.WithCancel(context.Background())
+			defer stop()
+			go newMemoryReleaser(log).run(ctx, releaseCheckInterval)
 			return h.Run(log)
 		},
 	}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
 	"strings"
 	"testing"
 )
@@ -41,5 +43,72 @@ func TestCgroupMemoryLimit(t *testing.T) {
 	write(proc, "12:memory:/docker/abc\n")
 	if _, err := cgroupMemoryLimit(proc, root); err == nil {
 		t.Fatal("cgroup v1 only: want an error")
+	}
+}
+
+// TestMemoryReleaserWaitsForTheBurstToEnd: memory is released once per
+// burst of at least burstBytes, at the first check that sees the agent
+// quiet, never while it is still allocating, and not for idle trickles.
+func TestMemoryReleaserWaitsForTheBurstToEnd(t *testing.T) {
+	var counter uint64
+	released := 0
+	r := &memoryReleaser{
+		allocated: func() uint64 { return counter },
+		release:   func() { released++ },
+	}
+	steps := []struct {
+		what     string
+		alloc    uint64 // allocated since the previous check
+		released bool
+	}{
+		{"start: loading a large config", 40 << 20, false},
+		{"still loading", 30 << 20, false},
+		{"still busy, just above quiet", quietBytes + 1, false},
+		{"quiet: the burst is over", 64 << 10, true},
+		{"quiet again: nothing new to release", 64 << 10, false},
+		{"idle trickle", quietBytes, false},
+		{"a burst smaller than burstBytes", burstBytes / 2, false},
+		{"quiet after it", 0, false},
+		{"the trickles add up to a burst", burstBytes / 2, false},
+		{"quiet", 0, true},
+	}
+	for _, s := range steps {
+		counter += s.alloc
+		before := released
+		if got := r.check(); got != s.released || (released > before) != s.released {
+			t.Fatalf("%s: check() = %v (release called %d times), want %v", s.what, got, released-before, s.released)
+		}
+	}
+}
+
+// TestMemoryReleaserReturnsAGarbageBurst: with the runtime's own counter,
+// a burst of garbage is followed by one release that returns it to the
+// kernel (the released heap grows by most of it).
+func TestMemoryReleaserReturnsAGarbageBurst(t *testing.T) {
+	r := newMemoryReleaser(slog.New(slog.DiscardHandler))
+	r.check() // start counting from here
+	releasedBytes := func() uint64 {
+		s := []metrics.Sample{{Name: "/memory/classes/heap/released:bytes"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	var keep [][]byte
+	for range 64 {
+		b := make([]byte, 1<<20)
+		for i := range b {
+			b[i] = 1 // resident
+		}
+		keep = append(keep, b)
+	}
+	if r.check() {
+		t.Fatal("released while the burst was still allocating")
+	}
+	keep = nil // garbage now
+	before := releasedBytes()
+	if !r.check() {
+		t.Fatal("no release after a 64 MiB burst ended")
+	}
+	if got := releasedBytes() - before; got < 32<<20 {
+		t.Fatalf("released heap grew by %d MiB after a 64 MiB burst, want most of it", got>>20)
 	}
 }

@@ -21,13 +21,16 @@ import (
 // agentFigures are what one scenario measured on the agent process.
 type agentFigures struct {
 	rssMiB, peakMiB    float64 // VmRSS after 2 s idle, VmHWM over the agent's life
+	anonMiB, fileMiB   float64 // VmRSS's anonymous (heap, stacks) and file-backed (the binary) parts
 	allocP50, allocP99 time.Duration
 	converge           time.Duration // start → all in the kernel
 	ipBatch            time.Duration // the same rules with ip -batch, same run
 }
 
-// memory reads the agent's VmRSS and VmHWM from /proc.
-func (a *agent) memory() (rssMiB, peakMiB float64) {
+// memory reads the agent's VmRSS and VmHWM from /proc, and the parts of
+// VmRSS: RssAnon (the Go heap, stacks, runtime) and RssFile (pages of the
+// binary mapped into the process).
+func (a *agent) memory() (rssMiB, peakMiB, anonMiB, fileMiB float64) {
 	a.t.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.cmd.Process.Pid))
 	if err != nil {
@@ -44,9 +47,13 @@ func (a *agent) memory() (rssMiB, peakMiB float64) {
 			rssMiB = float64(kib) / 1024
 		case "VmHWM:":
 			peakMiB = float64(kib) / 1024
+		case "RssAnon:":
+			anonMiB = float64(kib) / 1024
+		case "RssFile:":
+			fileMiB = float64(kib) / 1024
 		}
 	}
-	return rssMiB, peakMiB
+	return rssMiB, peakMiB, anonMiB, fileMiB
 }
 
 // allocateMany allocates n IPv4 addresses over the agent's API socket, as
@@ -135,12 +142,12 @@ func BenchmarkAgentMemory(b *testing.B) {
 		a.waitLong("the maps to hold every CIDR", func() bool { v4, v6 := a.mapEntries(); return v4 >= loadCIDRs && v6 >= loadCIDRs })
 		f := agentFigures{converge: time.Since(start)}
 		time.Sleep(2 * time.Second)
-		f.rssMiB, f.peakMiB = a.memory()
+		f.rssMiB, f.peakMiB, f.anonMiB, f.fileMiB = a.memory()
 		figures["cidrs=16384"] = f
 
 		f.allocP50, f.allocP99 = a.allocateMany("ctr", 1000, nil)
 		time.Sleep(2 * time.Second)
-		f.rssMiB, f.peakMiB = a.memory()
+		f.rssMiB, f.peakMiB, f.anonMiB, f.fileMiB = a.memory()
 		figures["cidrs=16384,endpoints=1000"] = f
 		a.stop(9)
 	}()
@@ -168,17 +175,20 @@ func BenchmarkAgentMemory(b *testing.B) {
 		b.Logf("ip -batch of the same rules: %v before the agent, %v after", batchBefore, batchAfter)
 		f.allocP50, f.allocP99 = a.allocateMany("new", 300, nil)
 		time.Sleep(2 * time.Second)
-		f.rssMiB, f.peakMiB = a.memory()
+		f.rssMiB, f.peakMiB, f.anonMiB, f.fileMiB = a.memory()
 		figures["endpoints=10000"] = f
 		a.stop(9)
 	}()
 
 	for _, name := range []string{"cidrs=16384", "cidrs=16384,endpoints=1000", "endpoints=10000"} {
 		f := figures[name]
-		b.Logf("%s: RSS %.1f MiB (peak %.1f MiB), converged in %v, allocation p50 %v p99 %v", name, f.rssMiB, f.peakMiB, f.converge, f.allocP50, f.allocP99)
+		b.Logf("%s: RSS %.1f MiB (anonymous %.1f, file %.1f; peak %.1f MiB), converged in %v, allocation p50 %v p99 %v",
+			name, f.rssMiB, f.anonMiB, f.fileMiB, f.peakMiB, f.converge, f.allocP50, f.allocP99)
 		b.Run(name, func(b *testing.B) {
 			b.ReportMetric(f.rssMiB, "rss-MiB")
 			b.ReportMetric(f.peakMiB, "peak-MiB")
+			b.ReportMetric(f.anonMiB, "rss-anon-MiB")
+			b.ReportMetric(f.fileMiB, "rss-file-MiB")
 			b.ReportMetric(f.rssMiB/60, "rss/budget")
 			b.ReportMetric(f.converge.Seconds(), "converge-s")
 			if f.ipBatch > 0 {

@@ -11,7 +11,10 @@ import (
 
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
-	"k8s.io/client-go/kubernetes"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -43,14 +46,18 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 
 // Client is the connection to the API server of the agent's cluster.
 type Client struct {
-	// Clientset is nil when the agent runs without Kubernetes.
-	Clientset kubernetes.Interface
+	// CoreV1 is a REST client of the core API group (/api/v1), nil when the
+	// agent runs without Kubernetes. It knows only the core group's types:
+	// the agent reads its Node and posts Events, and client-go's clientset
+	// (every API group's client and types) made the binary's pages the
+	// larger part of the agent's RSS (issue #14).
+	CoreV1 rest.Interface
 	// NodeName is the agent's own Node.
 	NodeName string
 }
 
 // Enabled reports whether the agent talks to Kubernetes.
-func (c *Client) Enabled() bool { return c.Clientset != nil }
+func (c *Client) Enabled() bool { return c.CoreV1 != nil }
 
 // Cell provides *Client.
 var Cell = cell.Module(
@@ -73,11 +80,11 @@ func newClient(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	rc.UserAgent = "ipmasq-agent/" + cfg.K8sNodeName
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := coreClient(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return &Client{Clientset: cs, NodeName: cfg.K8sNodeName}, nil
+	return &Client{CoreV1: cs, NodeName: cfg.K8sNodeName}, nil
 }
 
 func restConfig(path string) (*rest.Config, error) {
@@ -93,4 +100,25 @@ func restConfig(path string) (*rest.Config, error) {
 		return nil, fmt.Errorf("--k8s-node-name is set but --k8s-kubeconfig-path is not, and the in-cluster config is unusable (not running in a pod?): %w", err)
 	}
 	return rc, nil
+}
+
+// coreScheme holds the core group's types (Node, Event, their lists, and
+// the meta types the API server answers with).
+var coreScheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := corev1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	metav1.AddToGroupVersion(s, corev1.SchemeGroupVersion)
+	return s
+}()
+
+// coreClient is a REST client of /api/v1 that speaks JSON.
+func coreClient(rc *rest.Config) (*rest.RESTClient, error) {
+	cfg := *rc
+	cfg.APIPath = "/api"
+	cfg.GroupVersion = &corev1.SchemeGroupVersion
+	cfg.ContentType = runtime.ContentTypeJSON
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(coreScheme).WithoutConversion()
+	return rest.RESTClientFor(&cfg)
 }

@@ -165,7 +165,7 @@ func (r *reporter) post(ctx context.Context, e *Event) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := r.client.Clientset.CoreV1().Events(eventNamespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if err := r.client.CoreV1.Post().Namespace(eventNamespace).Resource("events").Body(ev).Do(ctx).Error(); err != nil {
 		return fmt.Errorf("create Event: %w", err)
 	}
 	r.log.Info("Posted Event on Node", "node", node, "reason", e.Reason, "message", msg)
