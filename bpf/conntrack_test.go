@@ -232,6 +232,41 @@ func TestClosedPairPortReuse(t *testing.T) {
 	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATReused: 1})
 }
 
+// TestClosedPairLingersFromItsClose: the linger before a closed pair's port
+// goes to the same pod's next connection counts from the close (the FINs),
+// not from the pair's last refresh of last_seen, which is written at most
+// once a second: a connection that closes 0.9 s after its last refresh must
+// still keep its port for 2 s after the FINs, so the old connection's last
+// ACK (or a retransmitted FIN) still finds the pair.
+func TestClosedPairLingersFromItsClose(t *testing.T) {
+	e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+	a := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	masqueradedRange(t, e.egress(a.packet()), 61000, 61000)
+	r := reply(a, snat4, 61000)
+	r.tcpFlags = tcpSYN | tcpACK
+	e.ingress(r.packet())
+	// The pair's last refresh was 0.9 s ago; the FINs come now, within
+	// the refresh interval.
+	e.age(900 * time.Millisecond)
+	a.tcpFlags, r.tcpFlags = tcpFIN|tcpACK, tcpFIN|tcpACK
+	e.egress(a.packet())
+	e.ingress(r.packet())
+	a.tcpFlags = tcpACK
+	e.egress(a.packet()) // the last ACK
+
+	same := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40002, dport: 443, tcpFlags: tcpSYN}
+	time.Sleep(1500 * time.Millisecond)
+	before := e.counters()
+	if ret, _ := e.run(e.dp.Egress, same.packet()); ret != tcActShot {
+		t.Fatalf("same pod 1.5 s after the close (2.4 s after the last refresh): verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterNoPort: 1})
+	time.Sleep(700 * time.Millisecond)
+	before = e.counters()
+	masqueradedRange(t, e.egress(same.packet()), 61000, 61000)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATReused: 1})
+}
+
 // TestLostReplyEntryRestored: a pair that lost its reply entry (evicted)
 // gets it back from the next egress packet.
 func TestLostReplyEntryRestored(t *testing.T) {

@@ -928,7 +928,8 @@ static __always_inline __u32 probe_offset(__u32 start, __u32 i)
  */
 
 /* A closed TCP pair's port goes to a new flow of the same source only after
- * this long, so the last ACK of the old connection still finds its pair. */
+ * this long since the pair closed (the FIN or RST stamps last_seen_ns at
+ * once), so the last ACK of the old connection still finds its pair. */
 #define NAT_CLOSED_LINGER_NS	2000000000ULL
 
 /* flow_start says whether p may start a flow in direction dir: a SYN without
@@ -1000,8 +1001,13 @@ static __always_inline void nat_touch_v4(struct nat_v4_val *v, __u8 flags)
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	if (flags & ~v->flags)
+	/* A new flag (a FIN or RST: the pair is closing) stamps the time at
+	 * once, so a closed pair's linger counts from its close. */
+	if (flags & ~v->flags) {
 		v->flags |= flags;
+		v->last_seen_ns = now;
+		return;
+	}
 	if (now - v->last_seen_ns > NAT_REFRESH_NS)
 		v->last_seen_ns = now;
 }
@@ -1010,8 +1016,13 @@ static __always_inline void nat_touch_v6(struct nat_v6_val *v, __u8 flags)
 {
 	__u64 now = bpf_ktime_get_ns();
 
-	if (flags & ~v->flags)
+	/* A new flag (a FIN or RST: the pair is closing) stamps the time at
+	 * once, so a closed pair's linger counts from its close. */
+	if (flags & ~v->flags) {
 		v->flags |= flags;
+		v->last_seen_ns = now;
+		return;
+	}
 	if (now - v->last_seen_ns > NAT_REFRESH_NS)
 		v->last_seen_ns = now;
 }
@@ -1082,8 +1093,10 @@ __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val 
 		return 0;
 	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
 	if (!tcp_syn(p) && now - v->last_seen_ns <= NAT_REFRESH_NS) {
-		if (flags & ~v->flags)
+		if (flags & ~v->flags) {
 			v->flags |= flags;
+			v->last_seen_ns = now; /* see nat_touch_v4 */
+		}
 		return 0;
 	}
 	nat_pair_v4(k, v, &peer);
@@ -1132,8 +1145,10 @@ __noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val 
 		return 0;
 	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
 	if (!tcp_syn(p) && now - v->last_seen_ns <= NAT_REFRESH_NS) {
-		if (flags & ~v->flags)
+		if (flags & ~v->flags) {
 			v->flags |= flags;
+			v->last_seen_ns = now; /* see nat_touch_v4 */
+		}
 		return 0;
 	}
 	nat_pair_v6(k, v, &peer);

@@ -52,8 +52,9 @@ func BenchmarkPerDestinationRate(b *testing.B) {
 						b.Fatal(err)
 					}
 					b.Cleanup(func() { topo.Close() })
+					var a *agent
 					if name == "ipmasq" {
-						a := newAgent(b, topo.Node, masqueradeAll)
+						a = newAgent(b, topo.Node, masqueradeAll)
 						a.start()
 					} else {
 						for _, src := range podSources {
@@ -76,6 +77,13 @@ func BenchmarkPerDestinationRate(b *testing.B) {
 					b.Logf("%s, %d/s for %s, %s closes first: %s", name, rate, *flagDestDuration, closerName(closer), res)
 					b.ReportMetric(float64(res.OK), "ok")
 					b.ReportMetric(float64(res.Failed), "failed")
+					if a != nil {
+						// Which failures the datapath dropped (a SYN with no free
+						// NAT port), and which happened elsewhere (the generator's
+						// own connect(), the server): dial timeouts look alike.
+						b.Logf("datapath counters:\n%s", a.counters())
+						b.ReportMetric(float64(a.counter(bpf.CounterNoPort)), "drop-no-free-port")
+					}
 					b.ReportMetric(0, "ns/op")
 				})
 			}
