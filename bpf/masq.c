@@ -214,7 +214,8 @@ struct nat_v6_key {
 #define NAT_F_RST	0x02	/* this direction sent a RST */
 #define NAT_F_SEEN	0x04	/* dir 1 and 2: the answering side has sent a packet */
 #define NAT_F_HOST	0x08	/* dir 1: a node flow's tuple, held so no NAT pair takes it */
-#define NAT_F_STORED	(NAT_F_FIN | NAT_F_RST | NAT_F_SEEN | NAT_F_HOST)
+#define NAT_F_CLOSED_FIRST 0x10	/* dir 0: the source sent the first FIN (the remote holds no TIME_WAIT) */
+#define NAT_F_STORED	(NAT_F_FIN | NAT_F_RST | NAT_F_SEEN | NAT_F_HOST | NAT_F_CLOSED_FIRST)
 /* pkt.tcp_flags only, never stored. */
 #define PKT_F_SYN	0x40
 #define PKT_F_ACK	0x80
@@ -1092,13 +1093,10 @@ __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val 
 	if (!k || !v || !p)
 		return 0;
 	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
-	if (!tcp_syn(p) && now - v->last_seen_ns <= NAT_REFRESH_NS) {
-		if (flags & ~v->flags) {
-			v->flags |= flags;
-			v->last_seen_ns = now; /* see nat_touch_v4 */
-		}
+	/* A new FIN or RST takes the slow path: the first FIN needs the reply
+	 * entry's flags to tell who closed first. */
+	if (!tcp_syn(p) && !(flags & ~v->flags) && now - v->last_seen_ns <= NAT_REFRESH_NS)
 		return 0;
-	}
 	nat_pair_v4(k, v, &peer);
 	r = bpf_map_lookup_elem(&nat_v4, &peer);
 	if (!r) {
@@ -1128,6 +1126,11 @@ __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val 
 		count(COUNTER_NAT_REOPENED);
 		return 0;
 	}
+	/* The source's FIN before any from the remote: the remote closes
+	 * passively and keeps no TIME_WAIT for this tuple. */
+	if ((flags & NAT_F_FIN) && !(v->flags & NAT_F_FIN) && !((r->flags | v->flags) & NAT_F_RST) &&
+	    !(r->flags & NAT_F_FIN))
+		flags |= NAT_F_CLOSED_FIRST;
 	nat_touch_v4(v, flags);
 	return 0;
 }
@@ -1144,13 +1147,10 @@ __noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val 
 	if (!k || !v || !p)
 		return 0;
 	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
-	if (!tcp_syn(p) && now - v->last_seen_ns <= NAT_REFRESH_NS) {
-		if (flags & ~v->flags) {
-			v->flags |= flags;
-			v->last_seen_ns = now; /* see nat_touch_v4 */
-		}
+	/* A new FIN or RST takes the slow path: the first FIN needs the reply
+	 * entry's flags to tell who closed first. */
+	if (!tcp_syn(p) && !(flags & ~v->flags) && now - v->last_seen_ns <= NAT_REFRESH_NS)
 		return 0;
-	}
 	nat_pair_v6(k, v, &peer);
 	r = bpf_map_lookup_elem(&nat_v6, &peer);
 	if (!r) {
@@ -1180,15 +1180,22 @@ __noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val 
 		count(COUNTER_NAT_REOPENED);
 		return 0;
 	}
+	/* The source's FIN before any from the remote: the remote closes
+	 * passively and keeps no TIME_WAIT for this tuple. */
+	if ((flags & NAT_F_FIN) && !(v->flags & NAT_F_FIN) && !((r->flags | v->flags) & NAT_F_RST) &&
+	    !(r->flags & NAT_F_FIN))
+		flags |= NAT_F_CLOSED_FIRST;
 	nat_touch_v6(v, flags);
 	return 0;
 }
 
 /* nat_reusable_v4 says whether the NAT tuple in (a dir-1 key that exists)
  * may be given to a new flow from src: its pair expired, lost its other
- * half, or is a closed TCP pair of the same source address (whose TCP
- * timestamps keep increasing toward this server, so the server's TIME_WAIT
- * socket accepts the new SYN: no PAWS drop). The old dir-0 entry is deleted. */
+ * half, or is a closed TCP pair (2 s after its close) of the same source
+ * address (whose TCP timestamps keep increasing toward this server, so the
+ * server's TIME_WAIT socket accepts the new SYN: no PAWS drop) or whose
+ * source closed first (the server closed passively: no TIME_WAIT to
+ * refuse another source's SYN). The old dir-0 entry is deleted. */
 __noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 now)
 {
 	struct masq_config *cfg = masq_cfg();
@@ -1210,8 +1217,8 @@ __noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 no
 		return now - r->created_ns > NAT_REFRESH_NS;
 	last = o->last_seen_ns > r->last_seen_ns ? o->last_seen_ns : r->last_seen_ns;
 	if (nat_expired(cfg, in->proto, o->flags | r->flags, last, now) ||
-	    (in->proto == IPPROTO_TCP && r->addr == src && nat_closed(o->flags, r->flags) &&
-	     now - last > NAT_CLOSED_LINGER_NS)) {
+	    (in->proto == IPPROTO_TCP && (r->addr == src || (o->flags & NAT_F_CLOSED_FIRST)) &&
+	     nat_closed(o->flags, r->flags) && now - last > NAT_CLOSED_LINGER_NS)) {
 		bpf_map_delete_elem(&nat_v4, &peer);
 		return 1;
 	}
@@ -1241,8 +1248,8 @@ static __always_inline int nat_reusable_v6(const struct nat_v6_key *in, const st
 		return now - r->created_ns > NAT_REFRESH_NS;
 	last = o->last_seen_ns > r->last_seen_ns ? o->last_seen_ns : r->last_seen_ns;
 	if (nat_expired(cfg, in->proto, o->flags | r->flags, last, now) ||
-	    (in->proto == IPPROTO_TCP && addr6_equal(r->addr, out->src) && nat_closed(o->flags, r->flags) &&
-	     now - last > NAT_CLOSED_LINGER_NS)) {
+	    (in->proto == IPPROTO_TCP && (addr6_equal(r->addr, out->src) || (o->flags & NAT_F_CLOSED_FIRST)) &&
+	     nat_closed(o->flags, r->flags) && now - last > NAT_CLOSED_LINGER_NS)) {
 		bpf_map_delete_elem(&nat_v6, &peer);
 		return 1;
 	}

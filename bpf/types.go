@@ -45,6 +45,10 @@ const (
 	// NATFlagHost marks a dir-1 entry that holds a node flow's reply tuple
 	// (a node socket's port in the NAT range), so no NAT pair takes it.
 	NATFlagHost = 0x08
+	// NATFlagClosedFirst marks a dir-0 entry whose source sent the
+	// connection's first FIN: the remote closed passively and holds no
+	// TIME_WAIT, so the closed pair's port may go to another source.
+	NATFlagClosedFirst = 0x10
 )
 
 // Addr4 returns an IPv4 address as the uint32 the maps hold (network byte

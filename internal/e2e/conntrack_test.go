@@ -105,6 +105,40 @@ func TestPerDestinationCapacity(t *testing.T) {
 	})
 }
 
+// TestPerDestinationCapacityManyPods: 50 pods (source addresses in the pod
+// namespace) share 20 new connections/s to one server address and port for
+// 20 s, the client closing first, through a 200-port NAT range: twice as
+// many connections as ports, so the closed pairs of other pods must be
+// reused. A pair whose pod closed first leaves the server no TIME_WAIT, so
+// after the 2 s linger its port goes to any pod (before, only to the same
+// pod, or after the 2 min closing lifetime: one destination took at most
+// range/120 s new connections from distinct pods).
+func TestPerDestinationCapacityManyPods(t *testing.T) {
+	const rate, dur, pods = 20, 20 * time.Second, 50
+	underBoth(t, masqueradePods("--nat-port-range=61000-61199"), func(t *testing.T, s *scenario) {
+		topo := s.topo
+		var sources []netip.Addr
+		for i := range pods {
+			a := netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})
+			if err := topo.Pod.Addr("eth0", a.String()+"/24"); err != nil {
+				t.Fatal(err)
+			}
+			sources = append(sources, a)
+		}
+		l, err := topology.ServeShort(topo.Ext, shortPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		res := topology.ConnectAtRateFrom(topo.Pod, sources, netip.AddrPortFrom(topology.RemoteIP4, shortPort),
+			rate, dur, 5*time.Second, topology.ClientClosesFirst)
+		t.Logf("%d pods, %d/s for %s to one address:port, client closes first: %s", pods, rate, dur, res)
+		if res.Failed > 0 {
+			t.Errorf("%d pods, client closes first: %s", pods, res)
+		}
+	})
+}
+
 func closerName(c byte) string {
 	if c == topology.ClientClosesFirst {
 		return "client"

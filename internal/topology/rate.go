@@ -61,6 +61,13 @@ func (r RateResult) String() string {
 // the side closer names. A connection fails when it is not set up, or not
 // answered or closed, within timeout.
 func ConnectAtRate(n *Netns, dst netip.AddrPort, rate int, d, timeout time.Duration, closer byte) RateResult {
+	return ConnectAtRateFrom(n, nil, dst, rate, d, timeout, closer)
+}
+
+// ConnectAtRateFrom is ConnectAtRate with the connections' source addresses
+// taken from sources in turn (addresses of n; none: the kernel's choice),
+// as if that many pods shared the load.
+func ConnectAtRateFrom(n *Netns, sources []netip.Addr, dst netip.AddrPort, rate int, d, timeout time.Duration, closer byte) RateResult {
 	var (
 		wg     sync.WaitGroup
 		ok     atomic.Int64
@@ -84,9 +91,13 @@ func ConnectAtRate(n *Netns, dst netip.AddrPort, rate int, d, timeout time.Durat
 			time.Sleep(wait)
 		}
 		wg.Add(1)
+		var src netip.Addr
+		if len(sources) > 0 {
+			src = sources[i%len(sources)]
+		}
 		go func(at time.Duration) {
 			defer wg.Done()
-			if err := shortConn(n, dst, timeout, closer); err != nil {
+			if err := shortConn(n, src, dst, timeout, closer); err != nil {
 				fail(at, err)
 				return
 			}
@@ -98,10 +109,14 @@ func ConnectAtRate(n *Netns, dst netip.AddrPort, rate int, d, timeout time.Durat
 	return res
 }
 
-func shortConn(n *Netns, dst netip.AddrPort, timeout time.Duration, closer byte) error {
+func shortConn(n *Netns, src netip.Addr, dst netip.AddrPort, timeout time.Duration, closer byte) error {
 	var c net.Conn
+	d := net.Dialer{Timeout: timeout}
+	if src.IsValid() {
+		d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0))
+	}
 	if err := n.Do(func() (err error) {
-		c, err = net.DialTimeout("tcp", dst.String(), timeout)
+		c, err = d.Dial("tcp", dst.String())
 		return err
 	}); err != nil {
 		return err
