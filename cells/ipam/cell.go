@@ -63,28 +63,37 @@ type ipamParams struct {
 	Devices statedb.Table[*tables.EgressDevice] `optional:"true"`
 }
 
-// newIPAM creates the endpoints table and restores it from disk. A state
-// that cannot be read is a start error: starting empty would hand out
-// addresses that are in use.
+// newIPAM creates the endpoints table; its start hook restores it from
+// disk. A state that cannot be read is a start error: starting empty would
+// hand out addresses that are in use. Nothing is read or written before
+// the start, so building the hive (e.g. "ipmasq-agent hive", which prints
+// the cells) leaves the state directory alone.
 func newIPAM(p ipamParams) (*IPAM, error) {
-	store, err := NewStore(p.Config.StateDir)
-	if err != nil {
-		return nil, fmt.Errorf("--state-dir %s: %w", p.Config.StateDir, err)
-	}
 	endpoints, err := tables.NewEndpointTable(p.DB)
 	if err != nil {
 		return nil, err
 	}
 	i := &IPAM{
 		log: p.Log, db: p.DB, endpoints: endpoints, cidrs: p.CIDRs,
-		podCIDRs: p.PodCIDRs, devices: p.Devices, store: store, config: p.Config,
+		podCIDRs: p.PodCIDRs, devices: p.Devices, config: p.Config,
 		health:        p.Health.NewScope("state"),
 		compactHealth: p.Health.NewScope("compaction"),
 	}
+	p.Lifecycle.Append(cell.Hook{OnStart: i.start, OnStop: i.stop})
+	return i, nil
+}
+
+// start opens the state directory and restores the endpoints.
+func (i *IPAM) start(cell.HookContext) error {
+	store, err := NewStore(i.config.StateDir)
+	if err != nil {
+		return fmt.Errorf("--state-dir %s: %w", i.config.StateDir, err)
+	}
+	i.store = store
 	if err := i.restore(); err != nil {
 		i.store.Close()
-		return nil, err
+		i.store = nil
+		return err
 	}
-	p.Lifecycle.Append(cell.Hook{OnStop: i.stop})
-	return i, nil
+	return nil
 }

@@ -156,6 +156,9 @@ func (i *IPAM) compact() {
 // stop waits for a compaction in progress and closes the journal.
 func (i *IPAM) stop(cell.HookContext) error {
 	i.compactions.Wait()
+	if i.store == nil {
+		return nil
+	}
 	return i.store.Close()
 }
 

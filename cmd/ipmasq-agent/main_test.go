@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -9,10 +10,9 @@ import (
 
 // run executes the command line and returns the one line an operator would
 // see on failure.
-// Every path the agent writes is moved into a temporary directory: the
-// hive builds its cells (IPAM restores its state directory) before a start
-// hook refuses a bad flag, and a test must not touch the host's
-// /var/lib/ipmasq or /run/ipmasq.
+// Every path the agent writes is moved into a temporary directory: a
+// command line that passes every check starts the agent's cells, and a
+// test must not touch the host's /var/lib/ipmasq or /run/ipmasq.
 func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	private := t.TempDir()
@@ -53,6 +53,25 @@ func TestStartErrorsAreOneClearLine(t *testing.T) {
 		if !strings.Contains(line, tc.want) || strings.Contains(line, "\n") {
 			t.Errorf("%v: got %q, want one line with %q", tc.args, line, tc.want)
 		}
+	}
+}
+
+// TestHiveCommandWritesNothing: "ipmasq-agent hive" builds the cells to
+// print them; it must not create or write the agent's state (IPAM restored
+// its state directory in its constructor, so the command created
+// /var/lib/ipmasq and an endpoints file on whatever host it ran).
+func TestHiveCommandWritesNothing(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	cmd := newRootCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs([]string{"hive", "--state-dir=" + state})
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("ipmasq-agent hive: %v\n%s", err, out.String())
+	}
+	if _, err := os.Stat(state); !os.IsNotExist(err) {
+		t.Errorf("ipmasq-agent hive created %s (stat: %v)", state, err)
 	}
 }
 
