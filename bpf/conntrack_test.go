@@ -41,43 +41,33 @@ func (e *testEnv) natCount(v6 bool) map[uint8]int {
 // had been idle that long.
 func (e *testEnv) age(d time.Duration) {
 	e.tb.Helper()
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	then := uint64(ts.Nano()) - uint64(d)
-	var k NATKeyV4
-	var v NATValV4
-	var keys []NATKeyV4
-	var vals []NATValV4
-	it := e.dp.Maps.NatV4.Iterate()
-	for it.Next(&k, &v) {
-		v.LastSeenNs, v.CreatedNs = then, then
-		keys, vals = append(keys, k), append(vals, v)
-	}
-	for i := range keys {
-		if err := e.dp.Maps.NatV4.Put(keys[i], vals[i]); err != nil {
-			e.tb.Fatal(err)
-		}
-	}
+	ageEntries[NATKeyV4](e.tb, e.dp.Maps.NatV4, d, func(v *NATValV4, t uint64) { v.LastSeenNs, v.CreatedNs = t, t })
 }
 
 // ageV6 is age for the IPv6 NAT map.
 func (e *testEnv) ageV6(d time.Duration) {
 	e.tb.Helper()
+	ageEntries[NATKeyV6](e.tb, e.dp.Maps.NatV6, d, func(v *NATValV6, t uint64) { v.LastSeenNs, v.CreatedNs = t, t })
+}
+
+// ageEntries sets every entry of m as last seen and created d ago.
+func ageEntries[K, V any](tb testing.TB, m *ebpf.Map, d time.Duration, set func(*V, uint64)) {
+	tb.Helper()
 	var ts unix.Timespec
 	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	then := uint64(ts.Nano()) - uint64(d)
-	var k NATKeyV6
-	var v NATValV6
-	var keys []NATKeyV6
-	var vals []NATValV6
-	it := e.dp.Maps.NatV6.Iterate()
+	var k K
+	var v V
+	var keys []K
+	var vals []V
+	it := m.Iterate()
 	for it.Next(&k, &v) {
-		v.LastSeenNs, v.CreatedNs = then, then
+		set(&v, then)
 		keys, vals = append(keys, k), append(vals, v)
 	}
 	for i := range keys {
-		if err := e.dp.Maps.NatV6.Put(keys[i], vals[i]); err != nil {
-			e.tb.Fatal(err)
+		if err := m.Put(keys[i], vals[i]); err != nil {
+			tb.Fatal(err)
 		}
 	}
 }
