@@ -75,34 +75,24 @@ func startBigServers(t *testing.T, n *topology.Netns) {
 				}
 			}()
 		}
-		l, err := net.Listen("tcp", fmt.Sprintf("[::]:%d", bulkPort))
-		if err != nil {
-			return err
-		}
-		closers = append(closers, l)
-		go func() {
-			chunk := make([]byte, 64<<10)
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					c.SetDeadline(time.Now().Add(30 * time.Second))
-					for sent := 0; sent < bulkBytes; sent += len(chunk) {
-						if _, err := c.Write(chunk); err != nil {
-							return
-						}
-					}
-				}()
-			}
-		}()
 		return nil
 	})
 	if err != nil {
 		t.Fatalf("big servers in %s: %v", n.Name, err)
 	}
+	chunk := make([]byte, 64<<10) // only read: shared by the connections
+	l, err := topology.ServeTCP(n, bulkPort, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		for sent := 0; sent < bulkBytes; sent += len(chunk) {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	if err != nil {
+		t.Fatalf("bulk server in %s: %v", n.Name, err)
+	}
+	closers = append(closers, l)
 	t.Cleanup(func() {
 		for _, c := range closers {
 			c.Close()

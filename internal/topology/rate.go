@@ -24,7 +24,7 @@ const (
 // (ServerClosesFirst) or waits for the client to close (ClientClosesFirst).
 // It stops when the returned listener is closed.
 func ServeShort(n *Netns, port uint16) (net.Listener, error) {
-	return serveTCP(n, port, func(c net.Conn) {
+	return ServeTCP(n, port, func(c net.Conn) {
 		c.SetDeadline(time.Now().Add(30 * time.Second))
 		var b [1]byte
 		if _, err := io.ReadFull(c, b[:]); err != nil {

@@ -14,17 +14,17 @@ import (
 // the source address it sees and a newline, then echoes everything back.
 // It stops when the returned listener is closed.
 func ServeSource(n *Netns, port uint16) (net.Listener, error) {
-	return serveTCP(n, port, func(c net.Conn) {
+	return ServeTCP(n, port, func(c net.Conn) {
 		ap := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 		fmt.Fprintf(c, "%s\n", ap.Addr().Unmap())
 		io.Copy(c, c)
 	})
 }
 
-// serveTCP listens on port in n (both families) and runs handle for every
+// ServeTCP listens on port in n (both families) and runs handle for every
 // connection in a goroutine of its own, closing the connection after it.
 // It stops when the returned listener is closed.
-func serveTCP(n *Netns, port uint16, handle func(net.Conn)) (net.Listener, error) {
+func ServeTCP(n *Netns, port uint16, handle func(net.Conn)) (net.Listener, error) {
 	var l net.Listener
 	err := n.Do(func() (err error) {
 		l, err = net.Listen("tcp", fmt.Sprintf("[::]:%d", port))
