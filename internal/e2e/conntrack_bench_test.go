@@ -64,11 +64,7 @@ func BenchmarkPerDestinationRate(b *testing.B) {
 							}
 						}
 					}
-					l, err := topology.ServeShort(topo.Ext, shortPort)
-					if err != nil {
-						b.Fatal(err)
-					}
-					b.Cleanup(func() { l.Close() })
+					serveShort(b, topo.Ext)
 					var res topology.RateResult
 					for range b.N {
 						res = topology.ConnectAtRate(topo.Pod, netip.AddrPortFrom(topology.RemoteIP4, shortPort),

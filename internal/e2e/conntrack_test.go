@@ -90,11 +90,7 @@ func TestPerDestinationCapacity(t *testing.T) {
 	const rate, dur = 300, 20 * time.Second
 	underBoth(t, masqueradePods(), func(t *testing.T, s *scenario) {
 		topo := s.topo
-		l, err := topology.ServeShort(topo.Ext, shortPort)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
+		serveShort(t, topo.Ext)
 		for _, closer := range []byte{topology.ClientClosesFirst, topology.ServerClosesFirst} {
 			res := topology.ConnectAtRate(topo.Pod, netip.AddrPortFrom(topology.RemoteIP4, shortPort), rate, dur, 5*time.Second, closer)
 			t.Logf("%d/s for %s to one address:port, %s closes first: %s", rate, dur, closerName(closer), res)
@@ -125,11 +121,7 @@ func TestPerDestinationCapacityManyPods(t *testing.T) {
 			}
 			sources = append(sources, a)
 		}
-		l, err := topology.ServeShort(topo.Ext, shortPort)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
+		serveShort(t, topo.Ext)
 		res := topology.ConnectAtRateFrom(topo.Pod, sources, netip.AddrPortFrom(topology.RemoteIP4, shortPort),
 			rate, dur, 5*time.Second, topology.ClientClosesFirst)
 		t.Logf("%d pods, %d/s for %s to one address:port, client closes first: %s", pods, rate, dur, res)
@@ -137,6 +129,17 @@ func TestPerDestinationCapacityManyPods(t *testing.T) {
 			t.Errorf("%d pods, client closes first: %s", pods, res)
 		}
 	})
+}
+
+// serveShort runs a topology.ServeShort server on shortPort in n until the
+// test ends.
+func serveShort(tb testing.TB, n *topology.Netns) {
+	tb.Helper()
+	l, err := topology.ServeShort(n, shortPort)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { l.Close() })
 }
 
 func closerName(c byte) string {
@@ -154,11 +157,7 @@ func TestUnansweredSYNsExpire(t *testing.T) {
 	const attempts = 5000
 	underBoth(t, masqueradePods(), func(t *testing.T, s *scenario) {
 		topo := s.topo
-		l, err := topology.ServeShort(topo.Ext, shortPort)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
+		serveShort(t, topo.Ext)
 		drop := []string{"INPUT", "-p", "tcp", "--dport", "7100", "--syn", "-j", "DROP"}
 		if err := topo.Ext.Iptables(false, append([]string{"-A"}, drop...)...); err != nil {
 			t.Fatal(err)
