@@ -107,6 +107,8 @@ enum counter {
 	COUNTER_NAT_NEW_ADDR_ONLY,	/* new address-only pairs: GRE, ESP, other protocols (also in COUNTER_NAT_NEW) */
 	COUNTER_PAIR_TAKEN,		/* dropped: another source holds the SCTP port or address-only pair to this remote */
 	COUNTER_HOST_FLOW_NEW,		/* node flows whose tuple is held from NAT (a node socket's port in the NAT range) */
+	COUNTER_NAT_PORT_KEPT,		/* new NAT pairs that kept the source's own port (also in COUNTER_NAT_NEW) */
+	COUNTER_HOST_FLOW_REMAPPED,	/* node flows whose tuple a translated flow held: given a port of the NAT range */
 	COUNTER_MAX,
 };
 
@@ -185,9 +187,12 @@ const volatile enum nat_state nat_state_max = NAT_STATE_MAX;
 struct masq_config {
 	__u16 port_min;
 	__u16 port_max;
-	__u32 pad;
+	__u32 flags;	/* MASQ_CFG_* */
 	__u64 timeout_ns[NAT_STATE_MAX];
 };
+
+/* masq_config.flags */
+#define MASQ_CFG_KEEP_PORT	0x1	/* a TCP/UDP flow keeps its own source port (>= 1024) when free */
 
 struct nat_v4_key {
 	__be32 src;
@@ -1434,80 +1439,126 @@ static __always_inline int egress_no_pair(const struct pkt *p, int is_v6)
  * operation.
  */
 
+/* host_flow_* results. */
+#define HOST_PASS	0	/* leaves untouched */
+#define HOST_PAIR	1	/* has a NAT pair, or needs one: translated like a pod's flow */
+
 __noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
 {
-	struct nat_v4_key k = { .dir = DIR_INGRESS };
+	struct nat_v4_key k = { .dir = DIR_EGRESS };
 	struct nat_v4_val *v, nv = { .flags = NAT_F_HOST };
 	struct masq_config *cfg = masq_cfg();
 	__u16 port;
+	__u64 now;
 
 	if (!skb || !p || !cfg || p->frag == FRAG_LATER)
-		return 0;
+		return HOST_PASS;
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
-		return 0;
-	if (parse_l4(skb, p, DIR_EGRESS) < 0 || !flow_start(p, DIR_EGRESS))
-		return 0;
-	port = bpf_ntohs(p->sport);
-	if (port < cfg->port_min || port > cfg->port_max)
-		return 0;
+		return HOST_PASS;
 	if (!bpf_map_lookup_elem(&node_addrs_v4, &p->v4.saddr))
-		return 0;
+		return HOST_PASS;
+	if (parse_l4(skb, p, DIR_EGRESS) < 0)
+		return HOST_PASS;
+	k.src = p->v4.saddr;
+	k.dst = p->v4.daddr;
+	k.sport = p->sport;
+	k.dport = p->dport;
+	k.proto = p->proto;
+	if (bpf_map_lookup_elem(&nat_v4, &k))
+		return HOST_PAIR; /* given another port when it started */
+	if (!flow_start(p, DIR_EGRESS))
+		return HOST_PASS;
 	k.src = p->v4.daddr;
 	k.dst = p->v4.saddr;
 	k.sport = p->dport;
 	k.dport = p->sport;
-	k.proto = p->proto;
+	k.dir = DIR_INGRESS;
+	now = bpf_ktime_get_ns();
+	port = bpf_ntohs(p->sport);
 	v = bpf_map_lookup_elem(&nat_v4, &k);
 	if (v) {
-		if (v->flags & NAT_F_HOST)
+		if (v->flags & NAT_F_HOST) {
 			nat_touch_v4(v, 0);
-		return 0;
+			return HOST_PASS;
+		}
+		/* A translated flow holds the tuple (a pod kept this port, which
+		 * the node's kernel then chose too): the node's flow gets a port
+		 * of the range, as conntrack remaps a clashing tuple. */
+		if (!nat_reusable_v4(&k, p->v4.saddr, now))
+			return HOST_PAIR;
+		/* The pair is over: its reply entry must not catch the node's replies. */
+		if (port < cfg->port_min || port > cfg->port_max) {
+			bpf_map_delete_elem(&nat_v4, &k);
+			return HOST_PASS;
+		}
 	}
+	if (port < cfg->port_min || port > cfg->port_max)
+		return HOST_PASS;
 	nv.addr = p->v4.saddr;
 	nv.port = p->sport;
-	nv.last_seen_ns = bpf_ktime_get_ns();
-	nv.created_ns = nv.last_seen_ns;
-	if (bpf_map_update_elem(&nat_v4, &k, &nv, BPF_NOEXIST) == 0)
+	nv.last_seen_ns = now;
+	nv.created_ns = now;
+	if (bpf_map_update_elem(&nat_v4, &k, &nv, v ? BPF_ANY : BPF_NOEXIST) == 0)
 		count(COUNTER_HOST_FLOW_NEW);
-	return 0;
+	return HOST_PASS;
 }
 
 __noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
 {
-	struct nat_v6_key k = { .dir = DIR_INGRESS };
+	struct nat_v6_key k = { .dir = DIR_EGRESS }, out;
 	struct nat_v6_val *v, nv = { .flags = NAT_F_HOST };
 	struct masq_config *cfg = masq_cfg();
 	__u16 port;
+	__u64 now;
 
 	if (!skb || !p || !cfg || p->frag == FRAG_LATER)
-		return 0;
+		return HOST_PASS;
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
-		return 0;
-	if (parse_l4(skb, p, DIR_EGRESS) < 0 || !flow_start(p, DIR_EGRESS))
-		return 0;
-	port = bpf_ntohs(p->sport);
-	if (port < cfg->port_min || port > cfg->port_max)
-		return 0;
+		return HOST_PASS;
 	if (!bpf_map_lookup_elem(&node_addrs_v6, p->v6.saddr))
-		return 0;
+		return HOST_PASS;
+	if (parse_l4(skb, p, DIR_EGRESS) < 0)
+		return HOST_PASS;
+	__builtin_memcpy(k.src, p->v6.saddr, 16);
+	__builtin_memcpy(k.dst, p->v6.daddr, 16);
+	k.sport = p->sport;
+	k.dport = p->dport;
+	k.proto = p->proto;
+	if (bpf_map_lookup_elem(&nat_v6, &k))
+		return HOST_PAIR; /* given another port when it started */
+	if (!flow_start(p, DIR_EGRESS))
+		return HOST_PASS;
+	out = k;
 	__builtin_memcpy(k.src, p->v6.daddr, 16);
 	__builtin_memcpy(k.dst, p->v6.saddr, 16);
 	k.sport = p->dport;
 	k.dport = p->sport;
-	k.proto = p->proto;
+	k.dir = DIR_INGRESS;
+	now = bpf_ktime_get_ns();
+	port = bpf_ntohs(p->sport);
 	v = bpf_map_lookup_elem(&nat_v6, &k);
 	if (v) {
-		if (v->flags & NAT_F_HOST)
+		if (v->flags & NAT_F_HOST) {
 			nat_touch_v6(v, 0);
-		return 0;
+			return HOST_PASS;
+		}
+		/* See host_flow_v4. */
+		if (!nat_reusable_v6(&k, &out, now))
+			return HOST_PAIR;
+		if (port < cfg->port_min || port > cfg->port_max) {
+			bpf_map_delete_elem(&nat_v6, &k);
+			return HOST_PASS;
+		}
 	}
+	if (port < cfg->port_min || port > cfg->port_max)
+		return HOST_PASS;
 	__builtin_memcpy(nv.addr, p->v6.saddr, 16);
 	nv.port = p->sport;
-	nv.last_seen_ns = bpf_ktime_get_ns();
-	nv.created_ns = nv.last_seen_ns;
-	if (bpf_map_update_elem(&nat_v6, &k, &nv, BPF_NOEXIST) == 0)
+	nv.last_seen_ns = now;
+	nv.created_ns = now;
+	if (bpf_map_update_elem(&nat_v6, &k, &nv, v ? BPF_ANY : BPF_NOEXIST) == 0)
 		count(COUNTER_HOST_FLOW_NEW);
-	return 0;
+	return HOST_PASS;
 }
 
 /* ---- NAT port allocation ------------------------------------------------ */
@@ -1525,6 +1576,62 @@ static __always_inline __u32 first_port(const struct masq_config *cfg, __be16 sp
 	return hash % range;
 }
 
+/* keep_port says whether a new flow first tries its own source port, as
+ * Linux MASQUERADE does: TCP and UDP ports from 1024 outside the NAT range
+ * (a port inside it is the range's first probe anyway). */
+static __always_inline int keep_port(const struct masq_config *cfg, __u8 proto, __be16 sport)
+{
+	__u16 own = bpf_ntohs(sport);
+
+	return (cfg->flags & MASQ_CFG_KEEP_PORT) && own >= 1024 &&
+	       (own < cfg->port_min || own > cfg->port_max) &&
+	       (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
+}
+
+/* node_socket_v4 says whether a socket of the node owns the reply tuple in:
+ * a connection (any state, TIME_WAIT included), a listener or a bound UDP
+ * socket. A port outside the NAT range is not reserved from the node, so a
+ * flow keeps its own port only where no node socket would get its replies
+ * (conntrack's nf_nat_used_tuple, asked of the socket table). */
+static __always_inline int node_socket_v4(struct __sk_buff *skb, const struct nat_v4_key *in)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+
+	t.ipv4.saddr = in->src;
+	t.ipv4.daddr = in->dst;
+	t.ipv4.sport = in->sport;
+	t.ipv4.dport = in->dport;
+	if (in->proto == IPPROTO_TCP)
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
+}
+
+/* node_socket_v6 is node_socket_v4 for IPv6. */
+static __always_inline int node_socket_v6(struct __sk_buff *skb, const struct nat_v6_key *in)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+
+	__builtin_memcpy(t.ipv6.saddr, in->src, 16);
+	__builtin_memcpy(t.ipv6.daddr, in->dst, 16);
+	t.ipv6.sport = in->sport;
+	t.ipv6.dport = in->dport;
+	if (in->proto == IPPROTO_TCP)
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
+}
+
 /* nat_create_v4 allocates a NAT port for the egress tuple out and inserts
  * both entries. The reply (dir 1) entry goes in first with BPF_NOEXIST: its
  * key holds the remote address and port, so a port is taken only for that
@@ -1533,8 +1640,8 @@ static __always_inline __u32 first_port(const struct masq_config *cfg, __be16 sp
  * On success *res holds the mapping and the result is COUNTER_NAT_NEW (or
  * COUNTER_MASQUERADED when another CPU created the same flow concurrently);
  * otherwise the counter of the drop reason. */
-__noinline enum counter nat_create_v4(const struct nat_v4_key *out, __be32 snat, __u8 flags,
-				      struct nat_v4_val *res)
+__noinline enum counter nat_create_v4(struct __sk_buff *skb, const struct nat_v4_key *out,
+				      __be32 snat, __u8 flags, struct nat_v4_val *res)
 {
 	struct nat_v4_key in = {};
 	struct nat_v4_val rev = {};
@@ -1544,7 +1651,7 @@ __noinline enum counter nat_create_v4(const struct nat_v4_key *out, __be32 snat,
 	__u64 now;
 	long ret;
 
-	if (!out || !res)
+	if (!skb || !out || !res)
 		return COUNTER_ERROR;
 	cfg = masq_cfg();
 	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
@@ -1562,6 +1669,17 @@ __noinline enum counter nat_create_v4(const struct nat_v4_key *out, __be32 snat,
 	rev.last_seen_ns = now;
 	rev.created_ns = now;
 
+	if (keep_port(cfg, out->proto, out->sport)) {
+		in.dport = out->sport;
+		if (!node_socket_v4(skb, &in)) {
+			ret = bpf_map_update_elem(&nat_v4, &in, &rev, BPF_NOEXIST);
+			if (ret == 0 || (ret == -EEXIST && nat_reusable_v4(&in, out->src, now) &&
+					 bpf_map_update_elem(&nat_v4, &in, &rev, BPF_ANY) == 0)) {
+				count(COUNTER_NAT_PORT_KEPT);
+				goto allocated;
+			}
+		}
+	}
 	start = first_port(cfg, out->sport,
 			   tuple_hash(out->src, out->dst, out->sport, out->dport, out->proto), range);
 	for (__u32 i = 0; i < PORT_PROBES; i++) {
@@ -1601,8 +1719,8 @@ allocated:
 
 /* nat_create_v6 is nat_create_v4 for IPv6; res->addr holds the SNAT address
  * on entry (a global function's pointer must point to a whole struct). */
-__noinline enum counter nat_create_v6(const struct nat_v6_key *out, __u8 flags,
-				      struct nat_v6_val *res)
+__noinline enum counter nat_create_v6(struct __sk_buff *skb, const struct nat_v6_key *out,
+				      __u8 flags, struct nat_v6_val *res)
 {
 	__u32 start, range, s, d, s_hi, d_hi;
 	struct nat_v6_key in = {};
@@ -1611,7 +1729,7 @@ __noinline enum counter nat_create_v6(const struct nat_v6_key *out, __u8 flags,
 	__u64 now;
 	long ret;
 
-	if (!out || !res)
+	if (!skb || !out || !res)
 		return COUNTER_ERROR;
 	cfg = masq_cfg();
 	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
@@ -1639,6 +1757,17 @@ __noinline enum counter nat_create_v6(const struct nat_v6_key *out, __u8 flags,
 	__builtin_memcpy(&d_hi, &out->dst[8], 4);
 	s ^= mix32(s_hi);
 	d ^= mix32(d_hi);
+	if (keep_port(cfg, out->proto, out->sport)) {
+		in.dport = out->sport;
+		if (!node_socket_v6(skb, &in)) {
+			ret = bpf_map_update_elem(&nat_v6, &in, res, BPF_NOEXIST);
+			if (ret == 0 || (ret == -EEXIST && nat_reusable_v6(&in, out, now) &&
+					 bpf_map_update_elem(&nat_v6, &in, res, BPF_ANY) == 0)) {
+				count(COUNTER_NAT_PORT_KEPT);
+				goto allocated;
+			}
+		}
+	}
 	start = first_port(cfg, out->sport, tuple_hash(s, d, out->sport, out->dport, out->proto), range);
 	for (__u32 i = 0; i < PORT_PROBES; i++) {
 		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
@@ -2075,7 +2204,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	struct pkt p;
 	enum counter c;
 	__be32 snat;
-	int verdict;
+	int verdict, node;
 
 	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0) {
@@ -2088,32 +2217,38 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 		if (verdict != NOT_TRANSLATED_ERROR)
 			return verdict;
 	}
-	if (!masq_source_v4(skb, p.v4.saddr, &rule)) {
-		host_flow_v4(skb, &p);
-		count(COUNTER_SKIP_NOT_SOURCE);
-		return TC_ACT_UNSPEC;
-	}
-	if (p.frag == FRAG_LATER)
-		return egress_frag_v4(skb, &p, rule);
-	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
-		/* truncated L4 header from a masquerade source: cannot translate */
-		count(COUNTER_ERROR);
-		return TC_ACT_SHOT;
-	}
-	if (p.kind == PKT_ECHO_INBOUND) {
-		if (inbound_reply_v4(&p)) {
-			count(COUNTER_SKIP_INBOUND_REPLY);
+	node = !masq_source_v4(skb, p.v4.saddr, &rule);
+	if (node) {
+		/* The node's own flow: translated only when a pod's flow held its
+		 * tuple (host_flow_v4). */
+		if (host_flow_v4(skb, &p) != HOST_PAIR) {
+			count(COUNTER_SKIP_NOT_SOURCE);
 			return TC_ACT_UNSPEC;
 		}
-		/* an echo reply of no flow we know of */
-		return egress_untranslatable_v4(skb, &p, rule);
+		rule = NULL;
+	} else {
+		if (p.frag == FRAG_LATER)
+			return egress_frag_v4(skb, &p, rule);
+		if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
+			/* truncated L4 header from a masquerade source: cannot translate */
+			count(COUNTER_ERROR);
+			return TC_ACT_SHOT;
+		}
+		if (p.kind == PKT_ECHO_INBOUND) {
+			if (inbound_reply_v4(&p)) {
+				count(COUNTER_SKIP_INBOUND_REPLY);
+				return TC_ACT_UNSPEC;
+			}
+			/* an echo reply of no flow we know of */
+			return egress_untranslatable_v4(skb, &p, rule);
+		}
+		if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+			return egress_fixed_v4(skb, &p, rule);
+		if (p.kind == PKT_ICMP_ERR)
+			return icmp_error_unmatched_v4(skb, &p, rule);
+		if (p.kind != PKT_PORTS)
+			return egress_untranslatable_v4(skb, &p, rule);
 	}
-	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
-		return egress_fixed_v4(skb, &p, rule);
-	if (p.kind == PKT_ICMP_ERR)
-		return icmp_error_unmatched_v4(skb, &p, rule);
-	if (p.kind != PKT_PORTS)
-		return egress_untranslatable_v4(skb, &p, rule);
 
 	k.src = p.v4.saddr;
 	k.dst = p.v4.daddr;
@@ -2131,18 +2266,22 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	} else {
 		if (egress_no_pair(&p, 0))
 			return TC_ACT_UNSPEC;
-		c = decide_v4(skb, p.v4.saddr, p.v4.daddr, rule, &snat);
-		if (c != COUNTER_MASQUERADED) {
-			count(c);
-			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+		if (node) {
+			snat = p.v4.saddr; /* a new port, the same address */
+		} else {
+			c = decide_v4(skb, p.v4.saddr, p.v4.daddr, rule, &snat);
+			if (c != COUNTER_MASQUERADED) {
+				count(c);
+				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+			}
 		}
-		c = nat_create_v4(&k, snat, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
+		c = nat_create_v4(skb, &k, snat, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
 		}
 		if (c == COUNTER_NAT_NEW) {
-			count(COUNTER_NAT_NEW);
+			count(node ? COUNTER_HOST_FLOW_REMAPPED : COUNTER_NAT_NEW);
 			if (rule)
 				count(COUNTER_NAT_NEW_BY_RULE);
 		}
@@ -2167,7 +2306,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	__u8 from[16];
 	struct pkt p;
 	enum counter c;
-	int ret, verdict;
+	int ret, verdict, node;
 
 	p.l3_off = l3_off;
 	ret = parse_l3_v6(skb, &p);
@@ -2180,34 +2319,38 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 		if (verdict != NOT_TRANSLATED_ERROR)
 			return verdict;
 	}
-	if (!masq_source_v6(skb, p.v6.saddr, &rule)) {
-		if (ret == 0)
-			host_flow_v6(skb, &p);
-		count(COUNTER_SKIP_NOT_SOURCE);
-		return TC_ACT_UNSPEC;
-	}
-	if (ret > 0)
-		return egress_untranslatable_v6(skb, &p, rule);
-	if (p.frag == FRAG_LATER)
-		return egress_frag_v6(skb, &p, rule);
-	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
-		count(COUNTER_ERROR);
-		return TC_ACT_SHOT;
-	}
-	if (p.kind == PKT_ECHO_INBOUND) {
-		if (inbound_reply_v6(&p)) {
-			count(COUNTER_SKIP_INBOUND_REPLY);
+	node = !masq_source_v6(skb, p.v6.saddr, &rule);
+	if (node) {
+		/* See egress_v4. */
+		if (ret != 0 || host_flow_v6(skb, &p) != HOST_PAIR) {
+			count(COUNTER_SKIP_NOT_SOURCE);
 			return TC_ACT_UNSPEC;
 		}
-		/* an echo reply of no flow we know of */
-		return egress_untranslatable_v6(skb, &p, rule);
+		rule = NULL;
+	} else {
+		if (ret > 0)
+			return egress_untranslatable_v6(skb, &p, rule);
+		if (p.frag == FRAG_LATER)
+			return egress_frag_v6(skb, &p, rule);
+		if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
+			count(COUNTER_ERROR);
+			return TC_ACT_SHOT;
+		}
+		if (p.kind == PKT_ECHO_INBOUND) {
+			if (inbound_reply_v6(&p)) {
+				count(COUNTER_SKIP_INBOUND_REPLY);
+				return TC_ACT_UNSPEC;
+			}
+			/* an echo reply of no flow we know of */
+			return egress_untranslatable_v6(skb, &p, rule);
+		}
+		if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+			return egress_fixed_v6(skb, &p, rule);
+		if (p.kind == PKT_ICMP_ERR)
+			return icmp_error_unmatched_v6(skb, &p, rule);
+		if (p.kind != PKT_PORTS)
+			return egress_untranslatable_v6(skb, &p, rule);
 	}
-	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
-		return egress_fixed_v6(skb, &p, rule);
-	if (p.kind == PKT_ICMP_ERR)
-		return icmp_error_unmatched_v6(skb, &p, rule);
-	if (p.kind != PKT_PORTS)
-		return egress_untranslatable_v6(skb, &p, rule);
 
 	__builtin_memcpy(k.src, p.v6.saddr, 16);
 	__builtin_memcpy(k.dst, p.v6.daddr, 16);
@@ -2223,18 +2366,22 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	} else {
 		if (egress_no_pair(&p, 1))
 			return TC_ACT_UNSPEC;
-		c = decide_v6(skb, &p, rule, nv.addr);
-		if (c != COUNTER_MASQUERADED) {
-			count(c);
-			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+		if (node) {
+			__builtin_memcpy(nv.addr, p.v6.saddr, 16);
+		} else {
+			c = decide_v6(skb, &p, rule, nv.addr);
+			if (c != COUNTER_MASQUERADED) {
+				count(c);
+				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+			}
 		}
-		c = nat_create_v6(&k, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
+		c = nat_create_v6(skb, &k, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
 		}
 		if (c == COUNTER_NAT_NEW) {
-			count(COUNTER_NAT_NEW);
+			count(node ? COUNTER_HOST_FLOW_REMAPPED : COUNTER_NAT_NEW);
 			if (rule)
 				count(COUNTER_NAT_NEW_BY_RULE);
 		}
