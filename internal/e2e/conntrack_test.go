@@ -108,10 +108,11 @@ func TestPerDestinationCapacity(t *testing.T) {
 // reused. A pair whose pod closed first leaves the server no TIME_WAIT, so
 // after the 2 s linger its port goes to any pod (before, only to the same
 // pod, or after the 2 min closing lifetime: one destination took at most
-// range/120 s new connections from distinct pods).
+// range/120 s new connections from distinct pods). The pods' own ports are
+// not kept, so that every connection takes a port of the range.
 func TestPerDestinationCapacityManyPods(t *testing.T) {
 	const rate, dur, pods = 20, 20 * time.Second, 50
-	underBoth(t, masqueradePods("--nat-port-range=61000-61199"), func(t *testing.T, s *scenario) {
+	underBoth(t, masqueradePods("--nat-port-range=61000-61199", "--nat-keep-source-port=false"), func(t *testing.T, s *scenario) {
 		topo := s.topo
 		var sources []netip.Addr
 		for i := range pods {
