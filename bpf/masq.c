@@ -1434,9 +1434,15 @@ static __always_inline int egress_no_pair(const struct pkt *p, int is_v6)
  * NAT_F_HOST, created by the flow's first packet), so no NAT pair takes
  * that port toward that remote, and its replies pass the ingress program
  * untouched. The entry lives by the flow's state, refreshed by its replies
- * (the ingress lookup happens anyway) and its first packets. Only packets
- * that can start a flow look it up: the node's other packets cost no map
- * operation.
+ * (the ingress lookup happens anyway) and its first packets.
+ *
+ * Ports outside the range are not reserved: a pod keeps its own port there
+ * only where no node socket holds the tuple (node_socket_v4), but the
+ * node's kernel may choose that port later for a connection to the same
+ * remote. Such a node flow gets a NAT pair of its own (a port of the range,
+ * same address), as conntrack remaps a clashing tuple; its packets then
+ * find their dir-0 entry like a pod's. Every node TCP/UDP packet costs one
+ * lookup of that entry; only flow starts look further.
  */
 
 /* host_flow_* results. */
@@ -1635,9 +1641,10 @@ static __always_inline int node_socket_v6(struct __sk_buff *skb, const struct na
 /* nat_create_v4 allocates a NAT port for the egress tuple out and inserts
  * both entries. The reply (dir 1) entry goes in first with BPF_NOEXIST: its
  * key holds the remote address and port, so a port is taken only for that
- * destination. A port whose dir-1 entry exists is still taken when
- * nat_reusable_v4 allows it (expired, half, or closed by the same source).
- * On success *res holds the mapping and the result is COUNTER_NAT_NEW (or
+ * destination. With MASQ_CFG_KEEP_PORT, the source's own port is tried
+ * first (keep_port; where no node socket owns the tuple), then the range. A
+ * port whose dir-1 entry exists is still taken when nat_reusable_v4 allows
+ * it (expired, half, or closed by the same source). On success *res holds the mapping and the result is COUNTER_NAT_NEW (or
  * COUNTER_MASQUERADED when another CPU created the same flow concurrently);
  * otherwise the counter of the drop reason. */
 __noinline enum counter nat_create_v4(struct __sk_buff *skb, const struct nat_v4_key *out,
