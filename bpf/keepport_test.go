@@ -48,8 +48,9 @@ func keepPortEnv(t *testing.T, o envOptions, fn func(e *testEnv)) {
 // TestSourcePortKept: like Linux MASQUERADE, a flow keeps its own source
 // port when no other flow holds that port toward the same destination; a
 // second pod with the same port to the same destination gets a port of the
-// range, to another destination it keeps its own. Replies of both reach
-// their pods. Ports below 1024 and ICMP ids always come from the range.
+// random one (outside the range, or of the range), to another destination
+// it keeps its own. Replies of both reach their pods. Ports below 1024 are
+// not kept; ICMP ids always come from the range.
 func TestSourcePortKept(t *testing.T) {
 	keepPortEnv(t, envOptions{}, func(e *testEnv) {
 		for _, proto := range []uint8{protoTCP, protoUDP} {
@@ -62,7 +63,7 @@ func TestSourcePortKept(t *testing.T) {
 			}
 
 			b := flow{src: pod2, dst: remote4, proto: proto, sport: 40000, dport: 443}
-			port := masqueraded(t, e.egress(b.packet()), b, snat4)
+			port := notKept(t, e.egress(b.packet()), snat4, 40000)
 			if p := parse(t, e.ingress(reply(b, snat4, port).packet())); p.dst != pod2 || p.dport != 40000 {
 				t.Fatalf("proto %d: reply of the second pod went to %v:%d", proto, p.dst, p.dport)
 			}
@@ -70,7 +71,7 @@ func TestSourcePortKept(t *testing.T) {
 			fromSNATPort(t, e.egress(c.packet()), snat4, 40000)
 
 			low := flow{src: pod1, dst: remote4, proto: proto, sport: 123, dport: 123}
-			masqueraded(t, e.egress(low.packet()), low, snat4)
+			notKept(t, e.egress(low.packet()), snat4, 123)
 		}
 		ping := flow{src: pod1, dst: remote4, proto: protoICMP, sport: 40000, icmpType: 8}
 		masqueraded(t, e.egress(ping.packet()), ping, snat4)
@@ -81,6 +82,17 @@ func TestSourcePortKept(t *testing.T) {
 			t.Fatalf("IPv6 reply to the kept port went to %v:%d", p.dst, p.dport)
 		}
 	})
+}
+
+// notKept requires out to leave from snat with a port other than own, and
+// returns that port.
+func notKept(t *testing.T, out []byte, snat netip.Addr, own uint16) uint16 {
+	t.Helper()
+	p := parse(t, out)
+	if p.src != snat || p.sport == own {
+		t.Fatalf("got %v:%d, want %v and a port other than %d", p.src, p.sport, snat, own)
+	}
+	return p.sport
 }
 
 // TestSourcePortKeptOnlyWhenAsked: with the flag off (--nat-keep-source-port
@@ -118,13 +130,11 @@ func TestSourcePortNotKeptOverNodeSocket(t *testing.T) {
 			{src: pod1, dst: remote4, proto: protoTCP, sport: 40002, dport: 443},
 		} {
 			before := e.counters()
-			masqueraded(t, e.egress(f.packet()), f, snat4)
+			notKept(t, e.egress(f.packet()), snat4, f.sport)
 			e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1})
 		}
 		f6 := flow{src: pod6, dst: remote6, proto: protoUDP, sport: 40001, dport: 53}
-		if p := parse(t, e.egress(f6.packet())); p.src != snat6 || !inRange(p.sport) {
-			t.Fatalf("IPv6 flow over a bound UDP socket: %v:%d, want %v and a port of the range", p.src, p.sport, snat6)
-		}
+		notKept(t, e.egress(f6.packet()), snat6, 40001)
 		// A port no socket holds is kept: the lookups ran in this netns.
 		free := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40003, dport: 443}
 		fromSNATPort(t, e.egress(free.packet()), snat4, 40003)
@@ -174,6 +184,28 @@ func TestNodeFlowRemappedWherePodKeptPort(t *testing.T) {
 			in := other.packet()
 			unchanged(t, in, e.egress(in))
 			e.checkCounters(before, map[Counter]uint64{CounterSkipNotSource: 1})
+		}
+	})
+}
+
+// TestClashesGoBeyondTheRange: flows whose own port is taken are not
+// bounded by the range (Linux remaps a clash into 1024-65535): with a
+// one-port range, many pods with the same port to one destination all get
+// a port, each a different one.
+func TestClashesGoBeyondTheRange(t *testing.T) {
+	keepPortEnv(t, envOptions{portMin: 61000, portMax: 61000}, func(e *testEnv) {
+		seen := map[uint16]bool{}
+		for i := range 20 {
+			src := netip.AddrFrom4([4]byte{10, 0, 3, byte(1 + i)})
+			f := flow{src: src, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}
+			p := parse(t, e.egress(f.packet()))
+			if p.src != snat4 || seen[p.sport] {
+				t.Fatalf("pod %d: left as %v:%d (ports so far %v)", i, p.src, p.sport, seen)
+			}
+			seen[p.sport] = true
+			if p := parse(t, e.ingress(reply(f, snat4, p.sport).packet())); p.dst != src || p.dport != 40000 {
+				t.Fatalf("pod %d: reply went to %v:%d", i, p.dst, p.dport)
+			}
 		}
 	})
 }

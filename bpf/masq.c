@@ -71,6 +71,14 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define PORT_PROBES_HASHED 8
 /* Probes that may take over an expired or closed pair's port. */
 #define PORT_PROBES_REUSE 16
+/* With MASQ_CFG_KEEP_PORT, random ports from 1024-65535 outside the range
+ * tried for a flow whose own port is taken, before the range (Linux remaps
+ * a clash into 1024-65535). */
+#define PORT_PROBES_WIDE 8
+#define PORT_WIDE_MIN	1024
+/* nat_create_v4/v6 flags argument: a node flow's remap, which takes a port
+ * of the range only (never stored). */
+#define NAT_CREATE_NODE	0x80
 /* Extension headers skipped before giving up on an IPv6 packet. */
 #define IPV6_MAX_EXT	4
 /* last_seen_ns is written at most this often per entry: the collector's
@@ -1594,6 +1602,58 @@ static __always_inline int keep_port(const struct masq_config *cfg, __u8 proto, 
 	       (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
 }
 
+/* wide_ports says whether a new flow whose own port is taken first tries
+ * random ports outside the range (wide_port): TCP and UDP flows of pods
+ * when ports are kept. A node flow's remap stays in the range, which the
+ * node's kernel never picks on its own. */
+static __always_inline int wide_ports(const struct masq_config *cfg, __u8 proto, __u8 flags)
+{
+	return (cfg->flags & MASQ_CFG_KEEP_PORT) && !(flags & NAT_CREATE_NODE) &&
+	       (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
+}
+
+/* wide_port is a random port of 1024-65535 outside the range, in network
+ * byte order; 0 when the draw fell inside the range (the caller draws
+ * again). Random, not hashed: a port whose pair still exists is never
+ * taken here (no reuse check), so the server's TIME_WAIT sockets of
+ * recent pairs are safe. */
+static __always_inline __be16 wide_port(const struct masq_config *cfg)
+{
+	__u32 port = PORT_WIDE_MIN + bpf_get_prandom_u32() % (65536 - PORT_WIDE_MIN);
+
+	if (port >= cfg->port_min && port <= cfg->port_max)
+		return 0;
+	return bpf_htons(port);
+}
+
+/* A new flow's port candidates, in order: its own port (keep_port),
+ * PORT_PROBES_WIDE random ports outside the range (wide_ports), then
+ * PORT_PROBES ports of the range from first_port. The first two kinds are
+ * checked against the node's sockets: the node may use those ports. */
+#define CAND_OWN	0
+#define CAND_RANGE	(1 + PORT_PROBES_WIDE)
+#define CANDIDATES	(CAND_RANGE + PORT_PROBES)
+
+/* candidate_port is candidate i's port in network byte order, or 0 when it
+ * does not apply to this flow. */
+static __always_inline __be16 candidate_port(const struct masq_config *cfg, __u32 i, __be16 sport,
+					     __u8 proto, __u8 flags, __u32 start, __u32 range)
+{
+	if (i == CAND_OWN)
+		return keep_port(cfg, proto, sport) ? sport : 0;
+	if (i < CAND_RANGE)
+		return wide_ports(cfg, proto, flags) ? wide_port(cfg) : 0;
+	return bpf_htons(cfg->port_min + probe_offset(start, i - CAND_RANGE) % range);
+}
+
+/* candidate_reuses says whether candidate i may take over a pair that is
+ * over (nat_reusable_*): the flow's own port, and the first
+ * PORT_PROBES_REUSE ports of the range. A random port is only taken free. */
+static __always_inline int candidate_reuses(__u32 i)
+{
+	return i == CAND_OWN || (i >= CAND_RANGE && i - CAND_RANGE < PORT_PROBES_REUSE);
+}
+
 /* node_socket_v4 says whether a socket of the node owns the reply tuple in:
  * a connection (any state, TIME_WAIT included), a listener or a bound UDP
  * socket. A port outside the NAT range is not reserved from the node, so a
@@ -1654,7 +1714,7 @@ __noinline enum counter nat_create_v4(struct __sk_buff *skb, const struct nat_v4
 	struct nat_v4_val rev = {};
 	struct nat_v4_val *cur;
 	struct masq_config *cfg;
-	__u32 start, range;
+	__u32 start, range, i;
 	__u64 now;
 	long ret;
 
@@ -1676,38 +1736,31 @@ __noinline enum counter nat_create_v4(struct __sk_buff *skb, const struct nat_v4
 	rev.last_seen_ns = now;
 	rev.created_ns = now;
 
-	if (keep_port(cfg, out->proto, out->sport)) {
-		in.dport = out->sport;
-		if (!node_socket_v4(skb, &in)) {
-			ret = bpf_map_update_elem(&nat_v4, &in, &rev, BPF_NOEXIST);
-			if (ret == 0 || (ret == -EEXIST && nat_reusable_v4(&in, out->src, now) &&
-					 bpf_map_update_elem(&nat_v4, &in, &rev, BPF_ANY) == 0)) {
-				count(COUNTER_NAT_PORT_KEPT);
-				goto allocated;
-			}
-		}
-	}
 	start = first_port(cfg, out->sport,
 			   tuple_hash(out->src, out->dst, out->sport, out->dport, out->proto), range);
-	for (__u32 i = 0; i < PORT_PROBES; i++) {
-		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
+	for (i = 0; i < CANDIDATES; i++) {
+		in.dport = candidate_port(cfg, i, out->sport, out->proto, flags, start, range);
+		if (!in.dport || (i < CAND_RANGE && node_socket_v4(skb, &in)))
+			continue;
 		ret = bpf_map_update_elem(&nat_v4, &in, &rev, BPF_NOEXIST);
 		if (ret == 0)
-			goto allocated;
+			goto found;
 		if (ret != -EEXIST)
 			return COUNTER_NAT_FULL;
-		if (i < PORT_PROBES_REUSE && nat_reusable_v4(&in, out->src, now) &&
+		if (candidate_reuses(i) && nat_reusable_v4(&in, out->src, now) &&
 		    bpf_map_update_elem(&nat_v4, &in, &rev, BPF_ANY) == 0) {
 			count(COUNTER_NAT_REUSED);
-			goto allocated;
+			goto found;
 		}
 	}
 	return COUNTER_NO_PORT;
 
-allocated:
+found:
+	if (i == CAND_OWN)
+		count(COUNTER_NAT_PORT_KEPT);
 	res->addr = snat;
 	res->port = in.dport;
-	res->flags = flags;
+	res->flags = flags & NAT_F_STORED;
 	res->last_seen_ns = now;
 	res->created_ns = now;
 	ret = bpf_map_update_elem(&nat_v4, out, res, BPF_NOEXIST);
@@ -1729,7 +1782,7 @@ allocated:
 __noinline enum counter nat_create_v6(struct __sk_buff *skb, const struct nat_v6_key *out,
 				      __u8 flags, struct nat_v6_val *res)
 {
-	__u32 start, range, s, d, s_hi, d_hi;
+	__u32 start, range, s, d, s_hi, d_hi, i;
 	struct nat_v6_key in = {};
 	struct nat_v6_val *cur;
 	struct masq_config *cfg;
@@ -1764,37 +1817,30 @@ __noinline enum counter nat_create_v6(struct __sk_buff *skb, const struct nat_v6
 	__builtin_memcpy(&d_hi, &out->dst[8], 4);
 	s ^= mix32(s_hi);
 	d ^= mix32(d_hi);
-	if (keep_port(cfg, out->proto, out->sport)) {
-		in.dport = out->sport;
-		if (!node_socket_v6(skb, &in)) {
-			ret = bpf_map_update_elem(&nat_v6, &in, res, BPF_NOEXIST);
-			if (ret == 0 || (ret == -EEXIST && nat_reusable_v6(&in, out, now) &&
-					 bpf_map_update_elem(&nat_v6, &in, res, BPF_ANY) == 0)) {
-				count(COUNTER_NAT_PORT_KEPT);
-				goto allocated;
-			}
-		}
-	}
 	start = first_port(cfg, out->sport, tuple_hash(s, d, out->sport, out->dport, out->proto), range);
-	for (__u32 i = 0; i < PORT_PROBES; i++) {
-		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
+	for (i = 0; i < CANDIDATES; i++) {
+		in.dport = candidate_port(cfg, i, out->sport, out->proto, flags, start, range);
+		if (!in.dport || (i < CAND_RANGE && node_socket_v6(skb, &in)))
+			continue;
 		ret = bpf_map_update_elem(&nat_v6, &in, res, BPF_NOEXIST);
 		if (ret == 0)
-			goto allocated;
+			goto found;
 		if (ret != -EEXIST)
 			return COUNTER_NAT_FULL;
-		if (i < PORT_PROBES_REUSE && nat_reusable_v6(&in, out, now) &&
+		if (candidate_reuses(i) && nat_reusable_v6(&in, out, now) &&
 		    bpf_map_update_elem(&nat_v6, &in, res, BPF_ANY) == 0) {
 			count(COUNTER_NAT_REUSED);
-			goto allocated;
+			goto found;
 		}
 	}
 	return COUNTER_NO_PORT;
 
-allocated:
+found:
+	if (i == CAND_OWN)
+		count(COUNTER_NAT_PORT_KEPT);
 	__builtin_memcpy(res->addr, in.dst, 16);
 	res->port = in.dport;
-	res->flags = flags;
+	res->flags = flags & NAT_F_STORED;
 	res->last_seen_ns = now;
 	res->created_ns = now;
 	ret = bpf_map_update_elem(&nat_v6, out, res, BPF_NOEXIST);
@@ -2282,7 +2328,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 			}
 		}
-		c = nat_create_v4(skb, &k, snat, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
+		c = nat_create_v4(skb, &k, snat, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
@@ -2310,7 +2356,6 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	struct nat_v6_key k = { .dir = DIR_EGRESS };
 	struct nat_v6_val *v, nv;
 	const struct masq_rule *rule;
-	__u8 from[16];
 	struct pkt p;
 	enum counter c;
 	int ret, verdict, node;
@@ -2382,7 +2427,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 			}
 		}
-		c = nat_create_v6(skb, &k, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
+		c = nat_create_v6(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
@@ -2395,8 +2440,8 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	}
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_EGRESS, nv.addr);
-	__builtin_memcpy(from, p.v6.saddr, 16);
-	if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, saddr), from, nv.addr,
+	/* k.src is the packet's source (rewrite_v6 needs a copy off the packet). */
+	if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, saddr), k.src, nv.addr,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_EGRESS), p.sport, nv.port) < 0) {
 		count(COUNTER_ERROR);
