@@ -72,12 +72,8 @@ func BenchmarkPerDestinationRate(b *testing.B) {
 					// (connect() picks the port, as a client does); more
 					// rotate through bound addresses.
 					var sources []netip.Addr
-					for i := 0; i < *flagDestPods && *flagDestPods > 1; i++ {
-						a := netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})
-						if err := topo.Pod.Addr("eth0", a.String()+"/24"); err != nil {
-							b.Fatal(err)
-						}
-						sources = append(sources, a)
+					if *flagDestPods > 1 {
+						sources = podAddresses(b, topo.Pod, *flagDestPods)
 					}
 					var res topology.RateResult
 					for range b.N {

@@ -114,14 +114,7 @@ func TestPerDestinationCapacityManyPods(t *testing.T) {
 	const rate, dur, pods = 20, 20 * time.Second, 50
 	underBoth(t, masqueradePods("--nat-port-range=61000-61199", "--nat-keep-source-port=false"), func(t *testing.T, s *scenario) {
 		topo := s.topo
-		var sources []netip.Addr
-		for i := range pods {
-			a := netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})
-			if err := topo.Pod.Addr("eth0", a.String()+"/24"); err != nil {
-				t.Fatal(err)
-			}
-			sources = append(sources, a)
-		}
+		sources := podAddresses(t, topo.Pod, pods)
 		serveShort(t, topo.Ext)
 		res := topology.ConnectAtRateFrom(topo.Pod, sources, netip.AddrPortFrom(topology.RemoteIP4, shortPort),
 			rate, dur, 5*time.Second, topology.ClientClosesFirst)
@@ -130,6 +123,43 @@ func TestPerDestinationCapacityManyPods(t *testing.T) {
 			t.Errorf("%d pods, client closes first: %s", pods, res)
 		}
 	})
+}
+
+// TestPerDestinationCapacityManyPodsServerCloses: 50 pods share 20 new
+// connections/s to one server address and port for 20 s, the server
+// closing first, through a 200-port NAT range. The server's TIME_WAIT holds
+// each closed pair against other pods for the closing lifetime, so through
+// the range alone 200 ports last 10 s; pods keep their own ports (and a
+// clash draws random ports beyond the range), as Linux MASQUERADE keeps
+// them, so none fails.
+func TestPerDestinationCapacityManyPodsServerCloses(t *testing.T) {
+	const rate, dur, pods = 20, 20 * time.Second, 50
+	underBoth(t, masqueradePods("--nat-port-range=61000-61199"), func(t *testing.T, s *scenario) {
+		topo := s.topo
+		sources := podAddresses(t, topo.Pod, pods)
+		serveShort(t, topo.Ext)
+		res := topology.ConnectAtRateFrom(topo.Pod, sources, netip.AddrPortFrom(topology.RemoteIP4, shortPort),
+			rate, dur, 5*time.Second, topology.ServerClosesFirst)
+		t.Logf("%d pods, %d/s for %s to one address:port, server closes first: %s", pods, rate, dur, res)
+		if res.Failed > 0 {
+			t.Errorf("%d pods, server closes first: %s", pods, res)
+		}
+	})
+}
+
+// podAddresses adds n pod addresses (10.244.1.10 and up) to the pod
+// namespace's eth0 and returns them: n pods, as the node sees them.
+func podAddresses(tb testing.TB, pod *topology.Netns, n int) []netip.Addr {
+	tb.Helper()
+	var addrs []netip.Addr
+	for i := range n {
+		a := netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})
+		if err := pod.Addr("eth0", a.String()+"/24"); err != nil {
+			tb.Fatal(err)
+		}
+		addrs = append(addrs, a)
+	}
+	return addrs
 }
 
 // serveShort runs a topology.ServeShort server on shortPort in n until the
