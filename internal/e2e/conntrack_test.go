@@ -111,18 +111,7 @@ func TestPerDestinationCapacity(t *testing.T) {
 // range/120 s new connections from distinct pods). The pods' own ports are
 // not kept, so that every connection takes a port of the range.
 func TestPerDestinationCapacityManyPods(t *testing.T) {
-	const rate, dur, pods = 20, 20 * time.Second, 50
-	underBoth(t, masqueradePods("--nat-port-range=61000-61199", "--nat-keep-source-port=false"), func(t *testing.T, s *scenario) {
-		topo := s.topo
-		sources := podAddresses(t, topo.Pod, pods)
-		serveShort(t, topo.Ext)
-		res := topology.ConnectAtRateFrom(topo.Pod, sources, netip.AddrPortFrom(topology.RemoteIP4, shortPort),
-			rate, dur, 5*time.Second, topology.ClientClosesFirst)
-		t.Logf("%d pods, %d/s for %s to one address:port, client closes first: %s", pods, rate, dur, res)
-		if res.Failed > 0 {
-			t.Errorf("%d pods, client closes first: %s", pods, res)
-		}
-	})
+	manyPodsToOneDestination(t, topology.ClientClosesFirst, "--nat-port-range=61000-61199", "--nat-keep-source-port=false")
 }
 
 // TestPerDestinationCapacityManyPodsServerCloses: 50 pods share 20 new
@@ -133,16 +122,23 @@ func TestPerDestinationCapacityManyPods(t *testing.T) {
 // clash draws random ports beyond the range), as Linux MASQUERADE keeps
 // them, so none fails.
 func TestPerDestinationCapacityManyPodsServerCloses(t *testing.T) {
+	manyPodsToOneDestination(t, topology.ServerClosesFirst, "--nat-port-range=61000-61199")
+}
+
+// manyPodsToOneDestination: 50 pods share 20 new connections/s to one
+// server address and port for 20 s, under Linux MASQUERADE and ipmasq
+// (with agentArgs); none may fail.
+func manyPodsToOneDestination(t *testing.T, closer byte, agentArgs ...string) {
 	const rate, dur, pods = 20, 20 * time.Second, 50
-	underBoth(t, masqueradePods("--nat-port-range=61000-61199"), func(t *testing.T, s *scenario) {
+	underBoth(t, masqueradePods(agentArgs...), func(t *testing.T, s *scenario) {
 		topo := s.topo
 		sources := podAddresses(t, topo.Pod, pods)
 		serveShort(t, topo.Ext)
 		res := topology.ConnectAtRateFrom(topo.Pod, sources, netip.AddrPortFrom(topology.RemoteIP4, shortPort),
-			rate, dur, 5*time.Second, topology.ServerClosesFirst)
-		t.Logf("%d pods, %d/s for %s to one address:port, server closes first: %s", pods, rate, dur, res)
+			rate, dur, 5*time.Second, closer)
+		t.Logf("%d pods, %d/s for %s to one address:port, %s closes first: %s", pods, rate, dur, closerName(closer), res)
 		if res.Failed > 0 {
-			t.Errorf("%d pods, server closes first: %s", pods, res)
+			t.Errorf("%d pods, %s closes first: %s", pods, closerName(closer), res)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strings"
@@ -17,46 +18,31 @@ import (
 // datagram with the address and port it came from.
 const whoAmIPort = 7011
 
-// serveWhoAmI answers, on addrs in n, every TCP connection with one line
-// "addr:port" of its peer and then echoes it, and every UDP datagram with
-// "addr:port" of its sender.
-func serveWhoAmI(t *testing.T, n *topology.Netns, addrs ...netip.Addr) {
+// serveWhoAmI answers, on whoAmIPort in n (RemoteIP4 and RemoteIP6), every TCP
+// connection with one line "addr:port" of its peer and then echoes it, and
+// every UDP datagram with "addr:port" of its sender.
+func serveWhoAmI(t *testing.T, n *topology.Netns) {
 	t.Helper()
-	for _, a := range addrs {
-		ap := netip.AddrPortFrom(a, whoAmIPort)
-		var l net.Listener
+	peer := func(ap netip.AddrPort) string { return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String() }
+	l, err := topology.ServeTCP(n, whoAmIPort, func(c net.Conn) {
+		fmt.Fprintf(c, "%s\n", peer(c.RemoteAddr().(*net.TCPAddr).AddrPort()))
+		io.Copy(c, c)
+	})
+	if err != nil {
+		t.Fatalf("who-am-i server: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	// One UDP socket per remote address: the answer must leave from the
+	// address the datagram was sent to.
+	for _, a := range []netip.Addr{topology.RemoteIP4, topology.RemoteIP6} {
 		var pc net.PacketConn
 		if err := n.Do(func() (err error) {
-			if l, err = net.Listen("tcp", ap.String()); err != nil {
-				return err
-			}
-			pc, err = net.ListenPacket("udp", ap.String())
+			pc, err = net.ListenPacket("udp", netip.AddrPortFrom(a, whoAmIPort).String())
 			return err
 		}); err != nil {
-			t.Fatalf("who-am-i server on %s: %v", ap, err)
+			t.Fatalf("who-am-i UDP server on %s: %v", a, err)
 		}
-		t.Cleanup(func() { l.Close(); pc.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					peer := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-					fmt.Fprintf(c, "%s\n", netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port()))
-					buf := make([]byte, 512)
-					for {
-						k, err := c.Read(buf)
-						if err != nil {
-							return
-						}
-						c.Write(buf[:k])
-					}
-				}()
-			}
-		}()
+		t.Cleanup(func() { pc.Close() })
 		go func() {
 			buf := make([]byte, 512)
 			for {
@@ -64,8 +50,7 @@ func serveWhoAmI(t *testing.T, n *topology.Netns, addrs ...netip.Addr) {
 				if err != nil {
 					return
 				}
-				peer := from.(*net.UDPAddr).AddrPort()
-				pc.WriteTo([]byte(netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port()).String()), from)
+				pc.WriteTo([]byte(peer(from.(*net.UDPAddr).AddrPort())), from)
 			}
 		}()
 	}
@@ -148,7 +133,7 @@ func TestSourcePortKept(t *testing.T) {
 		if err := topo.Pod.Addr("eth0", pod2.String()+"/24"); err != nil {
 			t.Fatal(err)
 		}
-		serveWhoAmI(t, topo.Ext, topology.RemoteIP4, topology.RemoteIP6)
+		serveWhoAmI(t, topo.Ext)
 		dst4 := netip.AddrPortFrom(topology.RemoteIP4, whoAmIPort)
 		dst6 := netip.AddrPortFrom(topology.RemoteIP6, whoAmIPort)
 
@@ -187,7 +172,7 @@ func TestSourcePortKept(t *testing.T) {
 func TestNodeFlowOnPodsKeptPort(t *testing.T) {
 	underBoth(t, masqueradePods(), func(t *testing.T, s *scenario) {
 		topo := s.topo
-		serveWhoAmI(t, topo.Ext, topology.RemoteIP4, topology.RemoteIP6)
+		serveWhoAmI(t, topo.Ext)
 		for i, c := range []struct{ pod, node, remote netip.Addr }{
 			{topology.PodIP4, topology.NodeIP4, topology.RemoteIP4},
 			{topology.PodIP6, topology.NodeIP6, topology.RemoteIP6},
