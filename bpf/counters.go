@@ -39,6 +39,8 @@ const (
 	CounterNATNewAddrOnly     = Counter(masqCounterCOUNTER_NAT_NEW_ADDR_ONLY)
 	CounterPairTaken          = Counter(masqCounterCOUNTER_PAIR_TAKEN)
 	CounterHostFlowNew        = Counter(masqCounterCOUNTER_HOST_FLOW_NEW)
+	CounterNATPortKept        = Counter(masqCounterCOUNTER_NAT_PORT_KEPT)
+	CounterHostFlowRemapped   = Counter(masqCounterCOUNTER_HOST_FLOW_REMAPPED)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -72,6 +74,8 @@ var counterNames = [NumCounters]string{
 	CounterNATNewAddrOnly:     "nat-new-address-only",
 	CounterPairTaken:          "drop-pair-taken",
 	CounterHostFlowNew:        "host-flow-new",
+	CounterNATPortKept:        "nat-source-port-kept",
+	CounterHostFlowRemapped:   "host-flow-remapped",
 }
 
 // String returns the counter's name as shown to operators.
@@ -139,6 +143,10 @@ func (c Counter) Description() string {
 		return "dropped: another source holds the SCTP port or address-only pair to this remote"
 	case CounterHostFlowNew:
 		return "node flows from a port of the NAT range whose tuple is held so no NAT pair takes it"
+	case CounterNATPortKept:
+		return "new NAT pairs that kept the source's own port, as Linux MASQUERADE does (also counted in nat-new)"
+	case CounterHostFlowRemapped:
+		return "node flows whose tuple a translated flow held, given a port of the NAT range (conntrack's clash remap)"
 	}
 	return ""
 }

@@ -71,6 +71,14 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define PORT_PROBES_HASHED 8
 /* Probes that may take over an expired or closed pair's port. */
 #define PORT_PROBES_REUSE 16
+/* With MASQ_CFG_KEEP_PORT, random ports from 1024-65535 outside the range
+ * tried for a flow whose own port is taken, before the range (Linux remaps
+ * a clash into 1024-65535). */
+#define PORT_PROBES_WIDE 8
+#define PORT_WIDE_MIN	1024
+/* nat_create_v4/v6 flags argument: a node flow's remap, which takes a port
+ * of the range only (never stored). */
+#define NAT_CREATE_NODE	0x80
 /* Extension headers skipped before giving up on an IPv6 packet. */
 #define IPV6_MAX_EXT	4
 /* last_seen_ns is written at most this often per entry: the collector's
@@ -107,6 +115,8 @@ enum counter {
 	COUNTER_NAT_NEW_ADDR_ONLY,	/* new address-only pairs: GRE, ESP, other protocols (also in COUNTER_NAT_NEW) */
 	COUNTER_PAIR_TAKEN,		/* dropped: another source holds the SCTP port or address-only pair to this remote */
 	COUNTER_HOST_FLOW_NEW,		/* node flows whose tuple is held from NAT (a node socket's port in the NAT range) */
+	COUNTER_NAT_PORT_KEPT,		/* new NAT pairs that kept the source's own port (also in COUNTER_NAT_NEW) */
+	COUNTER_HOST_FLOW_REMAPPED,	/* node flows whose tuple a translated flow held: given a port of the NAT range */
 	COUNTER_MAX,
 };
 
@@ -185,9 +195,12 @@ const volatile enum nat_state nat_state_max = NAT_STATE_MAX;
 struct masq_config {
 	__u16 port_min;
 	__u16 port_max;
-	__u32 pad;
+	__u32 flags;	/* MASQ_CFG_* */
 	__u64 timeout_ns[NAT_STATE_MAX];
 };
+
+/* masq_config.flags */
+#define MASQ_CFG_KEEP_PORT	0x1	/* a TCP/UDP flow keeps its own source port (>= 1024) when free */
 
 struct nat_v4_key {
 	__be32 src;
@@ -1429,85 +1442,137 @@ static __always_inline int egress_no_pair(const struct pkt *p, int is_v6)
  * NAT_F_HOST, created by the flow's first packet), so no NAT pair takes
  * that port toward that remote, and its replies pass the ingress program
  * untouched. The entry lives by the flow's state, refreshed by its replies
- * (the ingress lookup happens anyway) and its first packets. Only packets
- * that can start a flow look it up: the node's other packets cost no map
- * operation.
+ * (the ingress lookup happens anyway) and its first packets.
+ *
+ * Ports outside the range are not reserved: a pod keeps its own port there
+ * only where no node socket holds the tuple (node_socket_v4), but the
+ * node's kernel may choose that port later for a connection to the same
+ * remote. Such a node flow gets a NAT pair of its own (a port of the range,
+ * same address), as conntrack remaps a clashing tuple; its packets then
+ * find their dir-0 entry like a pod's. Every node TCP/UDP packet costs one
+ * lookup of that entry; only flow starts look further.
  */
+
+/* host_flow_* results. */
+#define HOST_PASS	0	/* leaves untouched */
+#define HOST_PAIR	1	/* has a NAT pair, or needs one: translated like a pod's flow */
 
 __noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
 {
-	struct nat_v4_key k = { .dir = DIR_INGRESS };
+	struct nat_v4_key k = { .dir = DIR_EGRESS };
 	struct nat_v4_val *v, nv = { .flags = NAT_F_HOST };
 	struct masq_config *cfg = masq_cfg();
 	__u16 port;
+	__u64 now;
 
 	if (!skb || !p || !cfg || p->frag == FRAG_LATER)
-		return 0;
+		return HOST_PASS;
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
-		return 0;
-	if (parse_l4(skb, p, DIR_EGRESS) < 0 || !flow_start(p, DIR_EGRESS))
-		return 0;
-	port = bpf_ntohs(p->sport);
-	if (port < cfg->port_min || port > cfg->port_max)
-		return 0;
+		return HOST_PASS;
 	if (!bpf_map_lookup_elem(&node_addrs_v4, &p->v4.saddr))
-		return 0;
+		return HOST_PASS;
+	if (parse_l4(skb, p, DIR_EGRESS) < 0)
+		return HOST_PASS;
+	k.src = p->v4.saddr;
+	k.dst = p->v4.daddr;
+	k.sport = p->sport;
+	k.dport = p->dport;
+	k.proto = p->proto;
+	if (bpf_map_lookup_elem(&nat_v4, &k))
+		return HOST_PAIR; /* given another port when it started */
+	if (!flow_start(p, DIR_EGRESS))
+		return HOST_PASS;
 	k.src = p->v4.daddr;
 	k.dst = p->v4.saddr;
 	k.sport = p->dport;
 	k.dport = p->sport;
-	k.proto = p->proto;
+	k.dir = DIR_INGRESS;
+	now = bpf_ktime_get_ns();
+	port = bpf_ntohs(p->sport);
 	v = bpf_map_lookup_elem(&nat_v4, &k);
 	if (v) {
-		if (v->flags & NAT_F_HOST)
+		if (v->flags & NAT_F_HOST) {
 			nat_touch_v4(v, 0);
-		return 0;
+			return HOST_PASS;
+		}
+		/* A translated flow holds the tuple (a pod kept this port, which
+		 * the node's kernel then chose too): the node's flow gets a port
+		 * of the range, as conntrack remaps a clashing tuple. */
+		if (!nat_reusable_v4(&k, p->v4.saddr, now))
+			return HOST_PAIR;
+		/* The pair is over: its reply entry must not catch the node's replies. */
+		if (port < cfg->port_min || port > cfg->port_max) {
+			bpf_map_delete_elem(&nat_v4, &k);
+			return HOST_PASS;
+		}
 	}
+	if (port < cfg->port_min || port > cfg->port_max)
+		return HOST_PASS;
 	nv.addr = p->v4.saddr;
 	nv.port = p->sport;
-	nv.last_seen_ns = bpf_ktime_get_ns();
-	nv.created_ns = nv.last_seen_ns;
-	if (bpf_map_update_elem(&nat_v4, &k, &nv, BPF_NOEXIST) == 0)
+	nv.last_seen_ns = now;
+	nv.created_ns = now;
+	if (bpf_map_update_elem(&nat_v4, &k, &nv, v ? BPF_ANY : BPF_NOEXIST) == 0)
 		count(COUNTER_HOST_FLOW_NEW);
-	return 0;
+	return HOST_PASS;
 }
 
 __noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
 {
-	struct nat_v6_key k = { .dir = DIR_INGRESS };
+	struct nat_v6_key k = { .dir = DIR_EGRESS }, out;
 	struct nat_v6_val *v, nv = { .flags = NAT_F_HOST };
 	struct masq_config *cfg = masq_cfg();
 	__u16 port;
+	__u64 now;
 
 	if (!skb || !p || !cfg || p->frag == FRAG_LATER)
-		return 0;
+		return HOST_PASS;
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
-		return 0;
-	if (parse_l4(skb, p, DIR_EGRESS) < 0 || !flow_start(p, DIR_EGRESS))
-		return 0;
-	port = bpf_ntohs(p->sport);
-	if (port < cfg->port_min || port > cfg->port_max)
-		return 0;
+		return HOST_PASS;
 	if (!bpf_map_lookup_elem(&node_addrs_v6, p->v6.saddr))
-		return 0;
+		return HOST_PASS;
+	if (parse_l4(skb, p, DIR_EGRESS) < 0)
+		return HOST_PASS;
+	__builtin_memcpy(k.src, p->v6.saddr, 16);
+	__builtin_memcpy(k.dst, p->v6.daddr, 16);
+	k.sport = p->sport;
+	k.dport = p->dport;
+	k.proto = p->proto;
+	if (bpf_map_lookup_elem(&nat_v6, &k))
+		return HOST_PAIR; /* given another port when it started */
+	if (!flow_start(p, DIR_EGRESS))
+		return HOST_PASS;
+	out = k;
 	__builtin_memcpy(k.src, p->v6.daddr, 16);
 	__builtin_memcpy(k.dst, p->v6.saddr, 16);
 	k.sport = p->dport;
 	k.dport = p->sport;
-	k.proto = p->proto;
+	k.dir = DIR_INGRESS;
+	now = bpf_ktime_get_ns();
+	port = bpf_ntohs(p->sport);
 	v = bpf_map_lookup_elem(&nat_v6, &k);
 	if (v) {
-		if (v->flags & NAT_F_HOST)
+		if (v->flags & NAT_F_HOST) {
 			nat_touch_v6(v, 0);
-		return 0;
+			return HOST_PASS;
+		}
+		/* See host_flow_v4. */
+		if (!nat_reusable_v6(&k, &out, now))
+			return HOST_PAIR;
+		if (port < cfg->port_min || port > cfg->port_max) {
+			bpf_map_delete_elem(&nat_v6, &k);
+			return HOST_PASS;
+		}
 	}
+	if (port < cfg->port_min || port > cfg->port_max)
+		return HOST_PASS;
 	__builtin_memcpy(nv.addr, p->v6.saddr, 16);
 	nv.port = p->sport;
-	nv.last_seen_ns = bpf_ktime_get_ns();
-	nv.created_ns = nv.last_seen_ns;
-	if (bpf_map_update_elem(&nat_v6, &k, &nv, BPF_NOEXIST) == 0)
+	nv.last_seen_ns = now;
+	nv.created_ns = now;
+	if (bpf_map_update_elem(&nat_v6, &k, &nv, v ? BPF_ANY : BPF_NOEXIST) == 0)
 		count(COUNTER_HOST_FLOW_NEW);
-	return 0;
+	return HOST_PASS;
 }
 
 /* ---- NAT port allocation ------------------------------------------------ */
@@ -1525,26 +1590,135 @@ static __always_inline __u32 first_port(const struct masq_config *cfg, __be16 sp
 	return hash % range;
 }
 
+/* keep_port says whether a new flow first tries its own source port, as
+ * Linux MASQUERADE does: TCP and UDP ports from 1024 outside the NAT range
+ * (a port inside it is the range's first probe anyway). */
+static __always_inline int keep_port(const struct masq_config *cfg, __u8 proto, __be16 sport)
+{
+	__u16 own = bpf_ntohs(sport);
+
+	return (cfg->flags & MASQ_CFG_KEEP_PORT) && own >= 1024 &&
+	       (own < cfg->port_min || own > cfg->port_max) &&
+	       (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
+}
+
+/* wide_ports says whether a new flow whose own port is taken first tries
+ * random ports outside the range (wide_port): TCP and UDP flows of pods
+ * when ports are kept. A node flow's remap stays in the range, which the
+ * node's kernel never picks on its own. */
+static __always_inline int wide_ports(const struct masq_config *cfg, __u8 proto, __u8 flags)
+{
+	return (cfg->flags & MASQ_CFG_KEEP_PORT) && !(flags & NAT_CREATE_NODE) &&
+	       (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
+}
+
+/* wide_port is a random port of 1024-65535 outside the range, in network
+ * byte order; 0 when the draw fell inside the range (the caller draws
+ * again). Random, not hashed: a port whose pair still exists is never
+ * taken here (no reuse check), so the server's TIME_WAIT sockets of
+ * recent pairs are safe. */
+static __always_inline __be16 wide_port(const struct masq_config *cfg)
+{
+	__u32 port = PORT_WIDE_MIN + bpf_get_prandom_u32() % (65536 - PORT_WIDE_MIN);
+
+	if (port >= cfg->port_min && port <= cfg->port_max)
+		return 0;
+	return bpf_htons(port);
+}
+
+/* A new flow's port candidates, in order: its own port (keep_port),
+ * PORT_PROBES_WIDE random ports outside the range (wide_ports), then
+ * PORT_PROBES ports of the range from first_port. The first two kinds are
+ * checked against the node's sockets: the node may use those ports. */
+#define CAND_OWN	0
+#define CAND_RANGE	(1 + PORT_PROBES_WIDE)
+#define CANDIDATES	(CAND_RANGE + PORT_PROBES)
+
+/* candidate_port is candidate i's port in network byte order, or 0 when it
+ * does not apply to this flow. */
+static __always_inline __be16 candidate_port(const struct masq_config *cfg, __u32 i, __be16 sport,
+					     __u8 proto, __u8 flags, __u32 start, __u32 range)
+{
+	if (i == CAND_OWN)
+		return keep_port(cfg, proto, sport) ? sport : 0;
+	if (i < CAND_RANGE)
+		return wide_ports(cfg, proto, flags) ? wide_port(cfg) : 0;
+	return bpf_htons(cfg->port_min + probe_offset(start, i - CAND_RANGE) % range);
+}
+
+/* candidate_reuses says whether candidate i may take over a pair that is
+ * over (nat_reusable_*): the flow's own port, and the first
+ * PORT_PROBES_REUSE ports of the range. A random port is only taken free. */
+static __always_inline int candidate_reuses(__u32 i)
+{
+	return i == CAND_OWN || (i >= CAND_RANGE && i - CAND_RANGE < PORT_PROBES_REUSE);
+}
+
+/* node_socket_v4 says whether a socket of the node owns the reply tuple in:
+ * a connection (any state, TIME_WAIT included), a listener or a bound UDP
+ * socket. A port outside the NAT range is not reserved from the node, so a
+ * flow keeps its own port only where no node socket would get its replies
+ * (conntrack's nf_nat_used_tuple, asked of the socket table). */
+static __always_inline int node_socket_v4(struct __sk_buff *skb, const struct nat_v4_key *in)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+
+	t.ipv4.saddr = in->src;
+	t.ipv4.daddr = in->dst;
+	t.ipv4.sport = in->sport;
+	t.ipv4.dport = in->dport;
+	if (in->proto == IPPROTO_TCP)
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
+}
+
+/* node_socket_v6 is node_socket_v4 for IPv6. */
+static __always_inline int node_socket_v6(struct __sk_buff *skb, const struct nat_v6_key *in)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+
+	__builtin_memcpy(t.ipv6.saddr, in->src, 16);
+	__builtin_memcpy(t.ipv6.daddr, in->dst, 16);
+	t.ipv6.sport = in->sport;
+	t.ipv6.dport = in->dport;
+	if (in->proto == IPPROTO_TCP)
+		sk = bpf_skc_lookup_tcp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
+}
+
 /* nat_create_v4 allocates a NAT port for the egress tuple out and inserts
  * both entries. The reply (dir 1) entry goes in first with BPF_NOEXIST: its
  * key holds the remote address and port, so a port is taken only for that
- * destination. A port whose dir-1 entry exists is still taken when
- * nat_reusable_v4 allows it (expired, half, or closed by the same source).
- * On success *res holds the mapping and the result is COUNTER_NAT_NEW (or
+ * destination. With MASQ_CFG_KEEP_PORT, the source's own port is tried
+ * first (keep_port; where no node socket owns the tuple), then the range. A
+ * port whose dir-1 entry exists is still taken when nat_reusable_v4 allows
+ * it (expired, half, or closed by the same source). On success *res holds the mapping and the result is COUNTER_NAT_NEW (or
  * COUNTER_MASQUERADED when another CPU created the same flow concurrently);
  * otherwise the counter of the drop reason. */
-__noinline enum counter nat_create_v4(const struct nat_v4_key *out, __be32 snat, __u8 flags,
-				      struct nat_v4_val *res)
+__noinline enum counter nat_create_v4(struct __sk_buff *skb, const struct nat_v4_key *out,
+				      __be32 snat, __u8 flags, struct nat_v4_val *res)
 {
 	struct nat_v4_key in = {};
 	struct nat_v4_val rev = {};
 	struct nat_v4_val *cur;
 	struct masq_config *cfg;
-	__u32 start, range;
+	__u32 start, range, i;
 	__u64 now;
 	long ret;
 
-	if (!out || !res)
+	if (!skb || !out || !res)
 		return COUNTER_ERROR;
 	cfg = masq_cfg();
 	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
@@ -1564,25 +1738,29 @@ __noinline enum counter nat_create_v4(const struct nat_v4_key *out, __be32 snat,
 
 	start = first_port(cfg, out->sport,
 			   tuple_hash(out->src, out->dst, out->sport, out->dport, out->proto), range);
-	for (__u32 i = 0; i < PORT_PROBES; i++) {
-		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
+	for (i = 0; i < CANDIDATES; i++) {
+		in.dport = candidate_port(cfg, i, out->sport, out->proto, flags, start, range);
+		if (!in.dport || (i < CAND_RANGE && node_socket_v4(skb, &in)))
+			continue;
 		ret = bpf_map_update_elem(&nat_v4, &in, &rev, BPF_NOEXIST);
 		if (ret == 0)
-			goto allocated;
+			goto found;
 		if (ret != -EEXIST)
 			return COUNTER_NAT_FULL;
-		if (i < PORT_PROBES_REUSE && nat_reusable_v4(&in, out->src, now) &&
+		if (candidate_reuses(i) && nat_reusable_v4(&in, out->src, now) &&
 		    bpf_map_update_elem(&nat_v4, &in, &rev, BPF_ANY) == 0) {
 			count(COUNTER_NAT_REUSED);
-			goto allocated;
+			goto found;
 		}
 	}
 	return COUNTER_NO_PORT;
 
-allocated:
+found:
+	if (i == CAND_OWN)
+		count(COUNTER_NAT_PORT_KEPT);
 	res->addr = snat;
 	res->port = in.dport;
-	res->flags = flags;
+	res->flags = flags & NAT_F_STORED;
 	res->last_seen_ns = now;
 	res->created_ns = now;
 	ret = bpf_map_update_elem(&nat_v4, out, res, BPF_NOEXIST);
@@ -1601,17 +1779,17 @@ allocated:
 
 /* nat_create_v6 is nat_create_v4 for IPv6; res->addr holds the SNAT address
  * on entry (a global function's pointer must point to a whole struct). */
-__noinline enum counter nat_create_v6(const struct nat_v6_key *out, __u8 flags,
-				      struct nat_v6_val *res)
+__noinline enum counter nat_create_v6(struct __sk_buff *skb, const struct nat_v6_key *out,
+				      __u8 flags, struct nat_v6_val *res)
 {
-	__u32 start, range, s, d, s_hi, d_hi;
+	__u32 start, range, s, d, s_hi, d_hi, i;
 	struct nat_v6_key in = {};
 	struct nat_v6_val *cur;
 	struct masq_config *cfg;
 	__u64 now;
 	long ret;
 
-	if (!out || !res)
+	if (!skb || !out || !res)
 		return COUNTER_ERROR;
 	cfg = masq_cfg();
 	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
@@ -1640,25 +1818,29 @@ __noinline enum counter nat_create_v6(const struct nat_v6_key *out, __u8 flags,
 	s ^= mix32(s_hi);
 	d ^= mix32(d_hi);
 	start = first_port(cfg, out->sport, tuple_hash(s, d, out->sport, out->dport, out->proto), range);
-	for (__u32 i = 0; i < PORT_PROBES; i++) {
-		in.dport = bpf_htons(cfg->port_min + probe_offset(start, i) % range);
+	for (i = 0; i < CANDIDATES; i++) {
+		in.dport = candidate_port(cfg, i, out->sport, out->proto, flags, start, range);
+		if (!in.dport || (i < CAND_RANGE && node_socket_v6(skb, &in)))
+			continue;
 		ret = bpf_map_update_elem(&nat_v6, &in, res, BPF_NOEXIST);
 		if (ret == 0)
-			goto allocated;
+			goto found;
 		if (ret != -EEXIST)
 			return COUNTER_NAT_FULL;
-		if (i < PORT_PROBES_REUSE && nat_reusable_v6(&in, out, now) &&
+		if (candidate_reuses(i) && nat_reusable_v6(&in, out, now) &&
 		    bpf_map_update_elem(&nat_v6, &in, res, BPF_ANY) == 0) {
 			count(COUNTER_NAT_REUSED);
-			goto allocated;
+			goto found;
 		}
 	}
 	return COUNTER_NO_PORT;
 
-allocated:
+found:
+	if (i == CAND_OWN)
+		count(COUNTER_NAT_PORT_KEPT);
 	__builtin_memcpy(res->addr, in.dst, 16);
 	res->port = in.dport;
-	res->flags = flags;
+	res->flags = flags & NAT_F_STORED;
 	res->last_seen_ns = now;
 	res->created_ns = now;
 	ret = bpf_map_update_elem(&nat_v6, out, res, BPF_NOEXIST);
@@ -2075,7 +2257,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	struct pkt p;
 	enum counter c;
 	__be32 snat;
-	int verdict;
+	int verdict, node;
 
 	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0) {
@@ -2088,32 +2270,38 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 		if (verdict != NOT_TRANSLATED_ERROR)
 			return verdict;
 	}
-	if (!masq_source_v4(skb, p.v4.saddr, &rule)) {
-		host_flow_v4(skb, &p);
-		count(COUNTER_SKIP_NOT_SOURCE);
-		return TC_ACT_UNSPEC;
-	}
-	if (p.frag == FRAG_LATER)
-		return egress_frag_v4(skb, &p, rule);
-	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
-		/* truncated L4 header from a masquerade source: cannot translate */
-		count(COUNTER_ERROR);
-		return TC_ACT_SHOT;
-	}
-	if (p.kind == PKT_ECHO_INBOUND) {
-		if (inbound_reply_v4(&p)) {
-			count(COUNTER_SKIP_INBOUND_REPLY);
+	node = !masq_source_v4(skb, p.v4.saddr, &rule);
+	if (node) {
+		/* The node's own flow: translated only when a pod's flow held its
+		 * tuple (host_flow_v4). */
+		if (host_flow_v4(skb, &p) != HOST_PAIR) {
+			count(COUNTER_SKIP_NOT_SOURCE);
 			return TC_ACT_UNSPEC;
 		}
-		/* an echo reply of no flow we know of */
-		return egress_untranslatable_v4(skb, &p, rule);
+		rule = NULL;
+	} else {
+		if (p.frag == FRAG_LATER)
+			return egress_frag_v4(skb, &p, rule);
+		if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
+			/* truncated L4 header from a masquerade source: cannot translate */
+			count(COUNTER_ERROR);
+			return TC_ACT_SHOT;
+		}
+		if (p.kind == PKT_ECHO_INBOUND) {
+			if (inbound_reply_v4(&p)) {
+				count(COUNTER_SKIP_INBOUND_REPLY);
+				return TC_ACT_UNSPEC;
+			}
+			/* an echo reply of no flow we know of */
+			return egress_untranslatable_v4(skb, &p, rule);
+		}
+		if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+			return egress_fixed_v4(skb, &p, rule);
+		if (p.kind == PKT_ICMP_ERR)
+			return icmp_error_unmatched_v4(skb, &p, rule);
+		if (p.kind != PKT_PORTS)
+			return egress_untranslatable_v4(skb, &p, rule);
 	}
-	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
-		return egress_fixed_v4(skb, &p, rule);
-	if (p.kind == PKT_ICMP_ERR)
-		return icmp_error_unmatched_v4(skb, &p, rule);
-	if (p.kind != PKT_PORTS)
-		return egress_untranslatable_v4(skb, &p, rule);
 
 	k.src = p.v4.saddr;
 	k.dst = p.v4.daddr;
@@ -2131,18 +2319,22 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	} else {
 		if (egress_no_pair(&p, 0))
 			return TC_ACT_UNSPEC;
-		c = decide_v4(skb, p.v4.saddr, p.v4.daddr, rule, &snat);
-		if (c != COUNTER_MASQUERADED) {
-			count(c);
-			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+		if (node) {
+			snat = p.v4.saddr; /* a new port, the same address */
+		} else {
+			c = decide_v4(skb, p.v4.saddr, p.v4.daddr, rule, &snat);
+			if (c != COUNTER_MASQUERADED) {
+				count(c);
+				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+			}
 		}
-		c = nat_create_v4(&k, snat, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
+		c = nat_create_v4(skb, &k, snat, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
 		}
 		if (c == COUNTER_NAT_NEW) {
-			count(COUNTER_NAT_NEW);
+			count(node ? COUNTER_HOST_FLOW_REMAPPED : COUNTER_NAT_NEW);
 			if (rule)
 				count(COUNTER_NAT_NEW_BY_RULE);
 		}
@@ -2164,10 +2356,9 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	struct nat_v6_key k = { .dir = DIR_EGRESS };
 	struct nat_v6_val *v, nv;
 	const struct masq_rule *rule;
-	__u8 from[16];
 	struct pkt p;
 	enum counter c;
-	int ret, verdict;
+	int ret, verdict, node;
 
 	p.l3_off = l3_off;
 	ret = parse_l3_v6(skb, &p);
@@ -2180,34 +2371,38 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 		if (verdict != NOT_TRANSLATED_ERROR)
 			return verdict;
 	}
-	if (!masq_source_v6(skb, p.v6.saddr, &rule)) {
-		if (ret == 0)
-			host_flow_v6(skb, &p);
-		count(COUNTER_SKIP_NOT_SOURCE);
-		return TC_ACT_UNSPEC;
-	}
-	if (ret > 0)
-		return egress_untranslatable_v6(skb, &p, rule);
-	if (p.frag == FRAG_LATER)
-		return egress_frag_v6(skb, &p, rule);
-	if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
-		count(COUNTER_ERROR);
-		return TC_ACT_SHOT;
-	}
-	if (p.kind == PKT_ECHO_INBOUND) {
-		if (inbound_reply_v6(&p)) {
-			count(COUNTER_SKIP_INBOUND_REPLY);
+	node = !masq_source_v6(skb, p.v6.saddr, &rule);
+	if (node) {
+		/* See egress_v4. */
+		if (ret != 0 || host_flow_v6(skb, &p) != HOST_PAIR) {
+			count(COUNTER_SKIP_NOT_SOURCE);
 			return TC_ACT_UNSPEC;
 		}
-		/* an echo reply of no flow we know of */
-		return egress_untranslatable_v6(skb, &p, rule);
+		rule = NULL;
+	} else {
+		if (ret > 0)
+			return egress_untranslatable_v6(skb, &p, rule);
+		if (p.frag == FRAG_LATER)
+			return egress_frag_v6(skb, &p, rule);
+		if (parse_l4(skb, &p, DIR_EGRESS) < 0) {
+			count(COUNTER_ERROR);
+			return TC_ACT_SHOT;
+		}
+		if (p.kind == PKT_ECHO_INBOUND) {
+			if (inbound_reply_v6(&p)) {
+				count(COUNTER_SKIP_INBOUND_REPLY);
+				return TC_ACT_UNSPEC;
+			}
+			/* an echo reply of no flow we know of */
+			return egress_untranslatable_v6(skb, &p, rule);
+		}
+		if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+			return egress_fixed_v6(skb, &p, rule);
+		if (p.kind == PKT_ICMP_ERR)
+			return icmp_error_unmatched_v6(skb, &p, rule);
+		if (p.kind != PKT_PORTS)
+			return egress_untranslatable_v6(skb, &p, rule);
 	}
-	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
-		return egress_fixed_v6(skb, &p, rule);
-	if (p.kind == PKT_ICMP_ERR)
-		return icmp_error_unmatched_v6(skb, &p, rule);
-	if (p.kind != PKT_PORTS)
-		return egress_untranslatable_v6(skb, &p, rule);
 
 	__builtin_memcpy(k.src, p.v6.saddr, 16);
 	__builtin_memcpy(k.dst, p.v6.daddr, 16);
@@ -2223,26 +2418,30 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	} else {
 		if (egress_no_pair(&p, 1))
 			return TC_ACT_UNSPEC;
-		c = decide_v6(skb, &p, rule, nv.addr);
-		if (c != COUNTER_MASQUERADED) {
-			count(c);
-			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+		if (node) {
+			__builtin_memcpy(nv.addr, p.v6.saddr, 16);
+		} else {
+			c = decide_v6(skb, &p, rule, nv.addr);
+			if (c != COUNTER_MASQUERADED) {
+				count(c);
+				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+			}
 		}
-		c = nat_create_v6(&k, p.tcp_flags & (NAT_F_FIN | NAT_F_RST), &nv);
+		c = nat_create_v6(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
 		}
 		if (c == COUNTER_NAT_NEW) {
-			count(COUNTER_NAT_NEW);
+			count(node ? COUNTER_HOST_FLOW_REMAPPED : COUNTER_NAT_NEW);
 			if (rule)
 				count(COUNTER_NAT_NEW_BY_RULE);
 		}
 	}
 	if (p.frag == FRAG_FIRST)
 		frag_remember_v6(&p, DIR_EGRESS, nv.addr);
-	__builtin_memcpy(from, p.v6.saddr, 16);
-	if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, saddr), from, nv.addr,
+	/* k.src is the packet's source (rewrite_v6 needs a copy off the packet). */
+	if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, saddr), k.src, nv.addr,
 		       p.proto, p.l4_off + l4_csum_off(p.proto),
 		       p.l4_off + l4_port_off(p.proto, DIR_EGRESS), p.sport, nv.port) < 0) {
 		count(COUNTER_ERROR);

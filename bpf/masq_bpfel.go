@@ -43,7 +43,9 @@ const (
 	masqCounterCOUNTER_NAT_NEW_ADDR_ONLY   masqCounter = 24
 	masqCounterCOUNTER_PAIR_TAKEN          masqCounter = 25
 	masqCounterCOUNTER_HOST_FLOW_NEW       masqCounter = 26
-	masqCounterCOUNTER_MAX                 masqCounter = 27
+	masqCounterCOUNTER_NAT_PORT_KEPT       masqCounter = 27
+	masqCounterCOUNTER_HOST_FLOW_REMAPPED  masqCounter = 28
+	masqCounterCOUNTER_MAX                 masqCounter = 29
 )
 
 type masqEgressDev struct {
@@ -106,7 +108,7 @@ type masqMasqConfig struct {
 	_         structs.HostLayout
 	PortMin   uint16
 	PortMax   uint16
-	Pad       uint32
+	Flags     uint32
 	TimeoutNs [8]uint64
 }
 

@@ -83,6 +83,21 @@ func (d *Datapath) SetPortRange(min, max uint16) error {
 	return d.updateConfig(func(c *Config) { c.PortMin, c.PortMax = min, max })
 }
 
+// ConfigKeepPort is masq_config's MASQ_CFG_KEEP_PORT bit.
+const ConfigKeepPort = 0x1
+
+// SetKeepSourcePort sets whether a new TCP or UDP flow first tries its own
+// source port (from 1024, outside the NAT range) before the range, as Linux
+// MASQUERADE keeps it when the tuple is free.
+func (d *Datapath) SetKeepSourcePort(keep bool) error {
+	return d.updateConfig(func(c *Config) {
+		c.Flags &^= ConfigKeepPort
+		if keep {
+			c.Flags |= ConfigKeepPort
+		}
+	})
+}
+
 // SetEgressDevice sets the SNAT addresses of a device; an invalid address
 // leaves its family untranslated on that device.
 func (d *Datapath) SetEgressDevice(ifindex int, v4, v6 netip.Addr) error {

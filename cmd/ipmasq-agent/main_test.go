@@ -92,7 +92,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 	for _, flag := range []string{
 		"--ip-masq-agent-config-path", "--bpf-root", "--enable-ipv4", "--enable-ipv6", "--max-nonmasq-cidrs",
 		"--log-level", "--pod-cidr", "--state-dir", "--api-socket", "--egress-route-table", "--ipam-config-wait",
-		"--egress-rule-priority", "--devices", "--nat-port-range", "--nat-max-entries", "--nat-gc-interval", "--tc-attach-mode",
+		"--egress-rule-priority", "--devices", "--nat-port-range", "--nat-keep-source-port", "--nat-max-entries", "--nat-gc-interval", "--tc-attach-mode",
 		"--prometheus-serve-addr", "--shell-sock-path",
 	} {
 		if !strings.Contains(out, flag) {

@@ -23,13 +23,16 @@ var (
 		"BenchmarkPerDestinationRate: new connections per second to try, comma-separated")
 	flagDestDuration = flag.Duration("conntrack.duration", 150*time.Second,
 		"BenchmarkPerDestinationRate: how long each rate is sustained")
+	flagDestPods = flag.Int("conntrack.pods", 1,
+		"BenchmarkPerDestinationRate: pod addresses the connections rotate through (1: the pod's own)")
 )
 
 // BenchmarkPerDestinationRate: a pod opens short TCP connections to one
 // server address and port at a fixed rate for a long time (150 s by
 // default, issue #11's figure), client closing first and server closing
 // first, under Linux MASQUERADE and under ipmasq with default flags, in the
-// same run. Reported per condition: connections that succeeded and failed.
+// same run; with -conntrack.pods=N the connections rotate through N pod
+// addresses. Reported per condition: connections that succeeded and failed.
 // The highest rate with 0 failures is the figure in
 // docs/datapath-benchmarks.md.
 //
@@ -65,12 +68,19 @@ func BenchmarkPerDestinationRate(b *testing.B) {
 						}
 					}
 					serveShort(b, topo.Ext)
+					// One pod connects from its own address without binding
+					// (connect() picks the port, as a client does); more
+					// rotate through bound addresses.
+					var sources []netip.Addr
+					if *flagDestPods > 1 {
+						sources = podAddresses(b, topo.Pod, *flagDestPods)
+					}
 					var res topology.RateResult
 					for range b.N {
-						res = topology.ConnectAtRate(topo.Pod, netip.AddrPortFrom(topology.RemoteIP4, shortPort),
+						res = topology.ConnectAtRateFrom(topo.Pod, sources, netip.AddrPortFrom(topology.RemoteIP4, shortPort),
 							rate, *flagDestDuration, 5*time.Second, closer)
 					}
-					b.Logf("%s, %d/s for %s, %s closes first: %s", name, rate, *flagDestDuration, closerName(closer), res)
+					b.Logf("%s, %d pod addresses, %d/s for %s, %s closes first: %s", name, max(1, len(sources)), rate, *flagDestDuration, closerName(closer), res)
 					b.ReportMetric(float64(res.OK), "ok")
 					b.ReportMetric(float64(res.Failed), "failed")
 					if a != nil {

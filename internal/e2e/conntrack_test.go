@@ -108,27 +108,54 @@ func TestPerDestinationCapacity(t *testing.T) {
 // reused. A pair whose pod closed first leaves the server no TIME_WAIT, so
 // after the 2 s linger its port goes to any pod (before, only to the same
 // pod, or after the 2 min closing lifetime: one destination took at most
-// range/120 s new connections from distinct pods).
+// range/120 s new connections from distinct pods). The pods' own ports are
+// not kept, so that every connection takes a port of the range.
 func TestPerDestinationCapacityManyPods(t *testing.T) {
+	manyPodsToOneDestination(t, topology.ClientClosesFirst, "--nat-port-range=61000-61199", "--nat-keep-source-port=false")
+}
+
+// TestPerDestinationCapacityManyPodsServerCloses: 50 pods share 20 new
+// connections/s to one server address and port for 20 s, the server
+// closing first, through a 200-port NAT range. The server's TIME_WAIT holds
+// each closed pair against other pods for the closing lifetime, so through
+// the range alone 200 ports last 10 s; pods keep their own ports (and a
+// clash draws random ports beyond the range), as Linux MASQUERADE keeps
+// them, so none fails.
+func TestPerDestinationCapacityManyPodsServerCloses(t *testing.T) {
+	manyPodsToOneDestination(t, topology.ServerClosesFirst, "--nat-port-range=61000-61199")
+}
+
+// manyPodsToOneDestination: 50 pods share 20 new connections/s to one
+// server address and port for 20 s, under Linux MASQUERADE and ipmasq
+// (with agentArgs); none may fail.
+func manyPodsToOneDestination(t *testing.T, closer byte, agentArgs ...string) {
 	const rate, dur, pods = 20, 20 * time.Second, 50
-	underBoth(t, masqueradePods("--nat-port-range=61000-61199"), func(t *testing.T, s *scenario) {
+	underBoth(t, masqueradePods(agentArgs...), func(t *testing.T, s *scenario) {
 		topo := s.topo
-		var sources []netip.Addr
-		for i := range pods {
-			a := netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})
-			if err := topo.Pod.Addr("eth0", a.String()+"/24"); err != nil {
-				t.Fatal(err)
-			}
-			sources = append(sources, a)
-		}
+		sources := podAddresses(t, topo.Pod, pods)
 		serveShort(t, topo.Ext)
 		res := topology.ConnectAtRateFrom(topo.Pod, sources, netip.AddrPortFrom(topology.RemoteIP4, shortPort),
-			rate, dur, 5*time.Second, topology.ClientClosesFirst)
-		t.Logf("%d pods, %d/s for %s to one address:port, client closes first: %s", pods, rate, dur, res)
+			rate, dur, 5*time.Second, closer)
+		t.Logf("%d pods, %d/s for %s to one address:port, %s closes first: %s", pods, rate, dur, closerName(closer), res)
 		if res.Failed > 0 {
-			t.Errorf("%d pods, client closes first: %s", pods, res)
+			t.Errorf("%d pods, %s closes first: %s", pods, closerName(closer), res)
 		}
 	})
+}
+
+// podAddresses adds n pod addresses (10.244.1.10 and up) to the pod
+// namespace's eth0 and returns them: n pods, as the node sees them.
+func podAddresses(tb testing.TB, pod *topology.Netns, n int) []netip.Addr {
+	tb.Helper()
+	var addrs []netip.Addr
+	for i := range n {
+		a := netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})
+		if err := pod.Addr("eth0", a.String()+"/24"); err != nil {
+			tb.Fatal(err)
+		}
+		addrs = append(addrs, a)
+	}
+	return addrs
 }
 
 // serveShort runs a topology.ServeShort server on shortPort in n until the

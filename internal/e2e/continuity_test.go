@@ -168,7 +168,7 @@ func pathMTU(t *testing.T, c net.Conn, dst netip.Addr) int {
 
 // TestNATPortRangeOverlap: a --nat-port-range inside the node's
 // ip_local_port_range is reserved from the node's own connections, and the
-// masqueraded flows use ports from it.
+// masqueraded flows use ports from it (their own ports not kept).
 func TestNATPortRangeOverlap(t *testing.T) {
 	topo, err := topology.NewMasquerade()
 	if err != nil {
@@ -177,7 +177,7 @@ func TestNATPortRangeOverlap(t *testing.T) {
 	t.Cleanup(func() { topo.Close() })
 	startServers(t, topo.Ext, topology.RemoteIP4)
 	a := newAgent(t, topo.Node, masqueradeAll)
-	a.args = []string{"--nat-port-range=40000-40100"}
+	a.args = []string{"--nat-port-range=40000-40100", "--nat-keep-source-port=false"}
 	a.start()
 	var reserved []byte
 	topo.Node.Do(func() (err error) {

@@ -143,6 +143,10 @@ func register(p params) error {
 				dp.Close()
 				return err
 			}
+			if err := dp.SetKeepSourcePort(p.Config.NATKeepSourcePort); err != nil {
+				dp.Close()
+				return err
+			}
 			p.Handle.dp.Store(dp)
 			return nil
 		},

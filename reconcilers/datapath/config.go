@@ -17,6 +17,10 @@ type Config struct {
 	// NATPortRange is the range of source ports (and ICMP echo ids)
 	// masqueraded flows get, "min-max".
 	NATPortRange string `mapstructure:"nat-port-range"`
+	// NATKeepSourcePort: a TCP or UDP flow keeps its own source port (from
+	// 1024) when no other flow and no node socket holds that port toward its
+	// destination, as Linux MASQUERADE does; the range serves the others.
+	NATKeepSourcePort bool `mapstructure:"nat-keep-source-port"`
 	// NATMaxEntries sizes each NAT map; a flow takes two entries.
 	NATMaxEntries uint32 `mapstructure:"nat-max-entries"`
 	// NATGCInterval is how often idle NAT entries are expired.
@@ -62,10 +66,11 @@ func (c Config) Lifetimes() (bpf.Lifetimes, error) {
 // range sits above Linux's default ip_local_port_range (32768-60999), so
 // masqueraded flows and the node's own connections never compete for a port.
 var DefaultConfig = Config{
-	NATPortRange:  "61000-65535",
-	NATMaxEntries: bpf.DefaultNATMaxEntries,
-	NATGCInterval: 10 * time.Second,
-	TCAttachMode:  AttachAuto,
+	NATPortRange:      "61000-65535",
+	NATKeepSourcePort: true,
+	NATMaxEntries:     bpf.DefaultNATMaxEntries,
+	NATGCInterval:     10 * time.Second,
+	TCAttachMode:      AttachAuto,
 
 	TimeoutTCPSyn:         bpf.DefaultLifetimes.TCPSyn,
 	TimeoutTCPEstablished: bpf.DefaultLifetimes.TCPEstablished,
@@ -81,6 +86,8 @@ var DefaultConfig = Config{
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("nat-port-range", def.NATPortRange,
 		"Source ports (and ICMP echo ids) of masqueraded flows, min-max; reserved from the node's own connections if ip_local_port_range overlaps")
+	flags.Bool("nat-keep-source-port", def.NATKeepSourcePort,
+		"A TCP or UDP flow keeps its own source port (1024 and up) when no other flow and no node socket holds it toward the same destination, as Linux MASQUERADE does; false: every flow gets a port of --nat-port-range")
 	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries; a full map evicts the least recently used entries")
 	flags.Duration("nat-gc-interval", def.NATGCInterval, "How often idle NAT entries are expired")
 	flags.String("tc-attach-mode", def.TCAttachMode, "How the programs are attached: auto (tcx where the kernel has it, clsact otherwise), tcx or clsact")
