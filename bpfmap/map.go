@@ -94,12 +94,21 @@ func NewMap[K comparable, V comparable](m *ebpf.Map) (*Map[K, V], error) {
 // is in the map. When a key appears more than once, the last value wins and
 // all its occurrences share its result.
 func (m *Map[K, V]) Put(entries []KV[K, V]) (errs []error) {
+	return m.put(entries, false)
+}
+
+// put is Put; distinct says that no key repeats in entries, so that the
+// search for repeated keys can be skipped.
+func (m *Map[K, V]) put(entries []KV[K, V], distinct bool) (errs []error) {
 	errs = make([]error, len(entries))
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
-	last := lastIndex(entries, func(kv KV[K, V]) K { return kv.Key })
+	var last map[K]int
+	if !distinct {
+		last = lastIndex(entries, func(kv KV[K, V]) K { return kv.Key })
+	}
 	todo := make([]int, 0, len(entries))
 	for i, kv := range entries {
 		if last != nil && last[kv.Key] != i {
@@ -154,12 +163,20 @@ func (m *Map[K, V]) Put(entries []KV[K, V]) (errs []error) {
 // longer has (ErrKeyNotExist) counts as deleted. The returned slice is
 // parallel to keys.
 func (m *Map[K, V]) Delete(keys []K) (errs []error) {
+	return m.delete(keys, false)
+}
+
+// delete is Delete; distinct says that no key repeats in keys.
+func (m *Map[K, V]) delete(keys []K, distinct bool) (errs []error) {
 	errs = make([]error, len(keys))
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
-	last := lastIndex(keys, func(k K) K { return k })
+	var last map[K]int
+	if !distinct {
+		last = lastIndex(keys, func(k K) K { return k })
+	}
 	todo := make([]int, 0, len(keys))
 	for i, k := range keys {
 		if last != nil && last[k] != i {

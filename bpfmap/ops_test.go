@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"iter"
+	"maps"
 	"net/netip"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -215,4 +217,61 @@ func TestOpsMapFullEvictsUndesired(t *testing.T) {
 		}
 		dumpEquals(t, c, wantOf(desired))
 	})
+}
+
+// TestOpsDistinctKeys: with WithDistinctKeys a batch is written and removed
+// as without it, and without building the map of repeated keys, a map as
+// large as the batch (issue #14).
+func TestOpsDistinctKeys(t *testing.T) {
+	ctx := context.Background()
+	const n = 4096
+	objs := make([]cidr, n)
+	for i := range objs {
+		objs[i] = cidr{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24), Action: uint8(i % 2)}
+	}
+	// allocated returns the bytes allocated by f.
+	allocated := func(f func()) uint64 {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		f()
+		runtime.ReadMemStats(&after)
+		return after.TotalAlloc - before.TotalAlloc
+	}
+	var written, removed [2]uint64
+	for i, opts := range [][]OpsOption[LPMKeyV4]{nil, {WithDistinctKeys[LPMKeyV4]()}} {
+		c := newCache(t, newLPMv4(t, n))
+		ops := NewOps(c, cidrEntry, opts...)
+		batch := batchOf(objs)
+		written[i] = allocated(func() { ops.UpdateBatch(ctx, nil, batch) })
+		for _, e := range batch {
+			if e.Result != nil {
+				t.Fatalf("options %d: UpdateBatch %v: %v", i, e.Object.Prefix, e.Result)
+			}
+		}
+		got, err := c.Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(got, wantOf(objs)) {
+			t.Fatalf("options %d: map holds %d entries, want the %d written", i, len(got), n)
+		}
+		removed[i] = allocated(func() { ops.DeleteBatch(ctx, nil, batch) })
+		for _, e := range batch {
+			if e.Result != nil {
+				t.Fatalf("options %d: DeleteBatch %v: %v", i, e.Object.Prefix, e.Result)
+			}
+		}
+		if got, err := c.Dump(); err != nil || len(got) != 0 {
+			t.Fatalf("options %d: after DeleteBatch the map holds %d entries (%v)", i, len(got), err)
+		}
+	}
+	// The map of repeated keys holds at least a key and an index per entry.
+	const mapBytes = n * 12
+	if written[1]+mapBytes > written[0] {
+		t.Errorf("UpdateBatch allocated %d bytes with WithDistinctKeys, %d without; want at least %d fewer", written[1], written[0], mapBytes)
+	}
+	if removed[1]+mapBytes > removed[0] {
+		t.Errorf("DeleteBatch allocated %d bytes with WithDistinctKeys, %d without; want at least %d fewer", removed[1], removed[0], mapBytes)
+	}
 }

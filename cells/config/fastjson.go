@@ -97,6 +97,12 @@ func fastDecodeJSON(data []byte, raw *rawFile) bool {
 type fastJSON struct {
 	data []byte
 	pos  int
+	// text is data as one string, made on the first string read: the
+	// strings read are slices of it instead of one allocation each
+	// (16 384 of them for a full map, issue #14). They only live while
+	// the file is parsed, so holding the whole text meanwhile costs
+	// nothing more.
+	text string
 }
 
 func (d *fastJSON) peek() byte {
@@ -143,7 +149,10 @@ func (d *fastJSON) str() (string, bool) {
 		c := d.data[d.pos]
 		switch {
 		case c == '"':
-			s := string(d.data[start:d.pos])
+			if d.text == "" {
+				d.text = string(d.data)
+			}
+			s := d.text[start:d.pos]
 			d.pos++
 			return s, true
 		case c == '\\' || c < 0x20 || c >= 0x7f:

@@ -111,3 +111,23 @@ func FuzzFastJSON(f *testing.F) {
 		checkFastJSON(t, data)
 	})
 }
+
+// TestFastJSONListAllocatesOnce: the strings of a list are slices of one
+// copy of the file, not one allocation each (issue #14).
+func TestFastJSONListAllocatesOnce(t *testing.T) {
+	list := genCIDRs(1000)
+	data := []byte(`{"masqLinkLocal": true, "nonMasqueradeCIDRs": ["` + strings.Join(list, `", "`) + `"]}`)
+	var raw rawFile
+	allocs := testing.AllocsPerRun(10, func() {
+		raw = rawFile{NonMasqueradeCIDRs: new([]string)}
+		if !fastDecodeJSON(data, &raw) {
+			t.Fatal("fast path declined a plain list")
+		}
+	})
+	if got := *raw.NonMasqueradeCIDRs; !reflect.DeepEqual(got, list) {
+		t.Fatalf("decoded %d prefixes, want the %d listed", len(got), len(list))
+	}
+	if allocs > 20 {
+		t.Errorf("decoding %d prefixes made %.0f allocations; want a handful, not one per prefix", len(list), allocs)
+	}
+}

@@ -281,6 +281,21 @@ func (l *loader) applyCIDRs(wtxn statedb.WriteTxn, entries []Entry) int {
 	}
 	changed := 0
 	i, j := 0, 0
+	// The rows inserted by one load come from a few blocks, each twice the
+	// last and never more than the entries left: a new 16 384-prefix file
+	// was 16 384 small allocations, and the collections they caused slowed
+	// the whole path to the maps (issue #14). The map reconciler replaces
+	// every row with a copy when it records its status, so a block is
+	// garbage once its rows are reconciled (a row waiting for a retry
+	// keeps its block, at most the size of the load).
+	var block []tables.NonMasqCIDR
+	newRow := func(e Entry) *tables.NonMasqCIDR {
+		if len(block) == cap(block) {
+			block = make([]tables.NonMasqCIDR, 0, min(max(2*cap(block), 16), len(entries)-j))
+		}
+		block = append(block, tables.NonMasqCIDR{Prefix: e.Prefix, Action: e.Action, Origin: e.Origin, Status: reconciler.StatusPending()})
+		return &block[len(block)-1]
+	}
 	for i < len(rows) || j < len(entries) {
 		c := 0
 		switch {
@@ -310,10 +325,6 @@ func (l *loader) applyCIDRs(wtxn statedb.WriteTxn, entries []Entry) int {
 		}
 	}
 	return changed
-}
-
-func newRow(e Entry) *tables.NonMasqCIDR {
-	return &tables.NonMasqCIDR{Prefix: e.Prefix, Action: e.Action, Origin: e.Origin, Status: reconciler.StatusPending()}
 }
 
 // applyRules makes the masquerade-rules table hold the file's rules and

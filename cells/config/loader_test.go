@@ -1,12 +1,14 @@
 package config
 
 import (
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -78,5 +80,46 @@ func TestApplyTouchesOnlyChangedRows(t *testing.T) {
 			}
 		}
 		before = got
+	}
+}
+
+// TestApplyAllocatesRowsInBlocks: applying a large new file costs the
+// table's own allocations for its inserts and almost nothing per row on
+// top (the rows come from a few blocks, not one allocation each: issue #14).
+func TestApplyAllocatesRowsInBlocks(t *testing.T) {
+	const n = 4096
+	entries := make([]Entry, n)
+	rows := make([]*tables.NonMasqCIDR, n)
+	for i := range entries {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
+		entries[i] = Entry{Prefix: p, Action: tables.ActionNoMasquerade, Origin: tables.OriginConfig}
+		rows[i] = &tables.NonMasqCIDR{Prefix: p, Status: reconciler.StatusPending()}
+	}
+	fill := func(apply func(*loader, statedb.WriteTxn)) float64 {
+		return testing.AllocsPerRun(5, func() {
+			db := statedb.New()
+			cidrs, err := tables.NewNonMasqCIDRTable(db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := &loader{db: db, cidrs: cidrs}
+			wtxn := db.WriteTxn(cidrs)
+			apply(l, wtxn)
+			wtxn.Abort()
+		})
+	}
+	table := fill(func(l *loader, wtxn statedb.WriteTxn) {
+		for _, r := range rows {
+			l.cidrs.Insert(wtxn, r)
+		}
+	})
+	var changed int
+	apply := fill(func(l *loader, wtxn statedb.WriteTxn) { changed = l.applyCIDRs(wtxn, entries) })
+	if changed != n {
+		t.Fatalf("applyCIDRs changed %d rows, want %d", changed, n)
+	}
+	if extra := apply - table; extra > n/8 {
+		t.Errorf("applying %d new rows allocated %.0f times more than inserting them (%.0f vs %.0f); want a few blocks, not one per row",
+			n, extra, apply, table)
 	}
 }

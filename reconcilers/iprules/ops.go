@@ -23,9 +23,9 @@ type Ops struct {
 	target Target
 
 	mu sync.Mutex
-	// owned holds the rules with Protocol that the Target has; nil until
-	// the first successful List.
-	owned map[tables.IPRuleKey]struct{}
+	// owned holds the rules with Protocol that the Target has, in their
+	// compact form; nil until the first successful List.
+	owned map[cacheKey]struct{}
 
 	rules         atomic.Int64
 	adds, deletes atomic.Uint64
@@ -67,7 +67,7 @@ func (o *Ops) Update(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r
 	if err := o.load(); err != nil {
 		return err
 	}
-	if _, ok := o.owned[k]; ok {
+	if _, ok := o.owned[toCacheKey(k)]; ok {
 		return nil
 	}
 	return o.add(k)
@@ -81,7 +81,7 @@ func (o *Ops) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revision, r
 	if err := o.load(); err != nil {
 		return err
 	}
-	if _, ok := o.owned[k]; !ok {
+	if _, ok := o.owned[toCacheKey(k)]; !ok {
 		return nil
 	}
 	return o.del(k)
@@ -117,7 +117,7 @@ func (o *Ops) batch(ctx context.Context, batch []reconciler.BatchEntry[*tables.I
 	for i := range batch {
 		batch[i].Result = nil
 		k := Canonical(batch[i].Object.Key())
-		if _, has := o.owned[k]; has == add {
+		if _, has := o.owned[toCacheKey(k)]; has == add {
 			continue
 		}
 		if j, ok := at[k]; ok {
@@ -179,10 +179,10 @@ func (o *Ops) write(ctx context.Context, keys []tables.IPRuleKey, add bool) []er
 func (o *Ops) written(k tables.IPRuleKey, add bool) {
 	if add {
 		o.adds.Add(1)
-		o.owned[k] = struct{}{}
+		o.owned[toCacheKey(k)] = struct{}{}
 	} else {
 		o.deletes.Add(1)
-		delete(o.owned, k)
+		delete(o.owned, toCacheKey(k))
 	}
 	o.rules.Store(int64(len(o.owned)))
 }
@@ -200,22 +200,23 @@ func (o *Ops) Prune(ctx context.Context, _ statedb.ReadTxn, objects iter.Seq2[*t
 	if err := o.reload(); err != nil {
 		return fmt.Errorf("prune: %w", err)
 	}
-	want := make(map[tables.IPRuleKey]struct{})
+	want := make(map[cacheKey]struct{})
 	var missing []tables.IPRuleKey
 	for r := range objects {
 		k := Canonical(r.Key())
-		if _, dup := want[k]; dup {
+		ck := toCacheKey(k)
+		if _, dup := want[ck]; dup {
 			continue
 		}
-		want[k] = struct{}{}
-		if _, ok := o.owned[k]; !ok {
+		want[ck] = struct{}{}
+		if _, ok := o.owned[ck]; !ok {
 			missing = append(missing, k)
 		}
 	}
 	var stale []tables.IPRuleKey
-	for k := range o.owned {
-		if _, ok := want[k]; !ok {
-			stale = append(stale, k)
+	for ck := range o.owned {
+		if _, ok := want[ck]; !ok {
+			stale = append(stale, ck.ruleKey())
 		}
 	}
 	// Sorted, so that a prune writes and fails in a reproducible order.
@@ -249,9 +250,9 @@ func (o *Ops) reload() error {
 	if err != nil {
 		return err
 	}
-	owned := make(map[tables.IPRuleKey]struct{}, len(keys))
+	owned := make(map[cacheKey]struct{}, len(keys))
 	for _, k := range keys {
-		owned[Canonical(k)] = struct{}{}
+		owned[toCacheKey(Canonical(k))] = struct{}{}
 	}
 	o.owned = owned
 	o.rules.Store(int64(len(owned)))

@@ -12,7 +12,8 @@ import (
 )
 
 // newOps sends each row to the map of its family. One table holds both
-// families so that readers get one longest-match view.
+// families so that readers get one longest-match view. A row's key is made
+// from its prefix, the table's primary key, so rows have distinct keys.
 func newOps(maps *Maps, tbl statedb.Table[*tables.NonMasqCIDR]) *bpfmap.ByFamily[*tables.NonMasqCIDR] {
 	o := &bpfmap.ByFamily[*tables.NonMasqCIDR]{
 		Is4:   func(c *tables.NonMasqCIDR) bool { return tables.FamilyOf(c.Prefix.Addr()) == tables.IPv4 },
@@ -24,14 +25,16 @@ func newOps(maps *Maps, tbl statedb.Table[*tables.NonMasqCIDR]) *bpfmap.ByFamily
 			func(c *tables.NonMasqCIDR) (bpf.LPMKeyV4, uint8) {
 				return bpf.LPMKeyV4From(c.Prefix), uint8(c.Action)
 			},
-			bpfmap.WithDesired(desiredKeys(tbl, tables.IPv4, bpf.LPMKeyV4From)))
+			bpfmap.WithDesired(desiredKeys(tbl, tables.IPv4, bpf.LPMKeyV4From)),
+			bpfmap.WithDistinctKeys[bpf.LPMKeyV4]())
 	}
 	if maps.V6 != nil {
 		o.V6 = bpfmap.NewOps(maps.V6,
 			func(c *tables.NonMasqCIDR) (bpf.LPMKeyV6, uint8) {
 				return bpf.LPMKeyV6From(c.Prefix), uint8(c.Action)
 			},
-			bpfmap.WithDesired(desiredKeys(tbl, tables.IPv6, bpf.LPMKeyV6From)))
+			bpfmap.WithDesired(desiredKeys(tbl, tables.IPv6, bpf.LPMKeyV6From)),
+			bpfmap.WithDistinctKeys[bpf.LPMKeyV6]())
 	}
 	return o
 }
