@@ -334,3 +334,29 @@ func TestRestartRestoresAllocations(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestClientAnswersOutliveTheNext: the client reads answers into buffers it
+// reuses; what one answer decoded stays as it was after the next answers
+// (other owners, other families, an error) were read into the same buffer.
+func TestClientAnswersOutliveTheNext(t *testing.T) {
+	n := newNodeWithConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8, fd00::/8]\n", []string{"10.244.1.0/24", "fd00:10:244:1::/64"})
+	ctx := context.Background()
+	// The longest answer first: the next ones fit in its buffer.
+	first, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: "a-much-longer-owner-name/eth0", Family: "ipv6"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%+v", first)
+	for i, req := range []api.AllocationRequest{
+		{Owner: "c1/eth0", Family: "ipv4"},
+		{Owner: "c2/eth0", Family: "ipv6"},
+		{Owner: "", Family: "ipv4"}, // 400
+	} {
+		if _, err := n.client.Allocate(ctx, req); err != nil && i < 2 {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprintf("%+v", first); got != want {
+			t.Fatalf("after answer %d the first answer changed:\n%s\nwas\n%s", i+1, got, want)
+		}
+	}
+}

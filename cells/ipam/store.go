@@ -68,9 +68,16 @@ type Store struct {
 	// started (see resetLocked). jfi identifies its inode.
 	jf  *os.File
 	jfi os.FileInfo
-	// lines are the records in the journal, size its length in bytes.
-	lines []journalLine
-	size  int64
+	// records counts the records in the journal, size its length in
+	// bytes.
+	records int
+	size    int64
+	// While a compaction writes its snapshot, tail collects the records
+	// appended meanwhile: they go into the journal that replaces the cut
+	// one. Otherwise no record is kept in memory (with thresholds that grow
+	// with the state, the journal can hold thousands).
+	compacting bool
+	tail       []journalLine
 }
 
 type ownerFamily struct {
@@ -358,7 +365,7 @@ func (s *Store) Load() ([]*tables.Endpoint, LoadReport, error) {
 	report.Replayed = replayed
 
 	s.setState(eps, max(seq, j.lastSeq()))
-	s.lines, s.size = j.lines, j.size
+	s.records, s.size = len(j.lines), j.size
 	if err := s.openJournalLocked(); err != nil {
 		s.loaded = false
 		return nil, LoadReport{}, err

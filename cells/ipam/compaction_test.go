@@ -1,0 +1,82 @@
+package ipam
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// TestCompactionThresholdGrowsWithTheState: a compaction writes every
+// endpoint, so once the state holds more than twice compactRecords
+// endpoints it is due after half as many records as there are endpoints,
+// and the byte threshold grows by the same factor; a small state keeps
+// the fixed thresholds (TestCompactionThreshold).
+func TestCompactionThresholdGrowsWithTheState(t *testing.T) {
+	s := loaded(t)
+	var residents []*tables.Endpoint
+	for i := range 20 {
+		residents = append(residents, ep(fmt.Sprintf("10.244.2.%d", i+1), fmt.Sprintf("resident-%d", i), 0, t0))
+	}
+	save(t, s, residents)
+	// One address allocated and released in turn: 20 or 21 endpoints,
+	// so records are due after 10 of them, bytes after 10/4 × compactBytes.
+	change := func(k int) {
+		if k%2 == 1 {
+			add(t, s, ep("10.244.3.1", "churn", 0, t0))
+		} else {
+			del(t, s, "10.244.3.1")
+		}
+	}
+
+	s.compactRecords, s.compactBytes = 4, 1<<20
+	for k := 1; k <= 10; k++ {
+		change(k)
+		if s.NeedsCompaction() {
+			t.Fatalf("NeedsCompaction after %d records with 20 endpoints: the threshold is 10, not compactRecords 4", k)
+		}
+	}
+	change(11)
+	if !s.NeedsCompaction() {
+		t.Fatal("no NeedsCompaction after 11 records with 21 endpoints (threshold 10)")
+	}
+
+	if err := s.Compact(); err != nil {
+		t.Fatal(err)
+	}
+	s.compactBytes = 300 // grown: 300 × 10/4 = 750 bytes
+	for k := 12; ; k++ {
+		change(k)
+		if due := s.NeedsCompaction(); s.size <= 750 && s.records <= 10 {
+			if due {
+				t.Fatalf("NeedsCompaction with a %d-byte journal of %d records: the byte threshold is 750, not compactBytes 300", s.size, s.records)
+			}
+			continue
+		} else if !due {
+			t.Fatalf("no NeedsCompaction with a %d-byte journal of %d records (thresholds 750 bytes, 10 records)", s.size, s.records)
+		}
+		if s.records < 3 {
+			t.Fatalf("a journal of %d records is over 750 bytes: the test's lines are longer than it assumes", s.records)
+		}
+		break
+	}
+}
+
+// TestCompactionKeepsNoRecordsInMemory: the store counts the journal's
+// records but keeps none of them, except those appended while a
+// compaction writes its snapshot (they go into the new journal).
+func TestCompactionKeepsNoRecordsInMemory(t *testing.T) {
+	s := loaded(t)
+	save(t, s, sampleA())
+	add(t, s, ep("10.244.1.9", "y", 0, t0))
+	del(t, s, "10.244.1.9")
+	if s.records != 2 || s.tail != nil {
+		t.Fatalf("records %d, tail %d lines; want 2 records and no lines kept", s.records, len(s.tail))
+	}
+	if err := s.Compact(); err != nil {
+		t.Fatal(err)
+	}
+	if s.records != 0 || s.size != 0 || s.tail != nil || s.compacting {
+		t.Fatalf("after Compact: records %d, size %d, tail %d, compacting %v", s.records, s.size, len(s.tail), s.compacting)
+	}
+}
