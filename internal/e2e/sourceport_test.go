@@ -102,23 +102,11 @@ func udpFrom(t *testing.T, n *topology.Netns, src, dst netip.AddrPort) (*net.UDP
 // who-am-i server saw.
 func askUDPFrom(t *testing.T, c *net.UDPConn, dst netip.AddrPort) netip.AddrPort {
 	t.Helper()
-	buf := make([]byte, 128)
-	for try := 0; try < 3; try++ {
-		if _, err := c.WriteToUDPAddrPort([]byte("?"), dst); err != nil {
-			t.Fatal(err)
-		}
-		c.SetReadDeadline(time.Now().Add(time.Second))
-		k, from, err := c.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			continue
-		}
-		if from.Addr().Unmap() != dst.Addr() || from.Port() != dst.Port() {
-			t.Fatalf("answer from %s, want %s", from, dst)
-		}
-		return netip.MustParseAddrPort(string(buf[:k]))
+	seen, err := netip.ParseAddrPort(askUDP(t, c, dst))
+	if err != nil {
+		t.Fatalf("who-am-i answer: %v", err)
 	}
-	t.Fatalf("%s: no answer from %s", c.LocalAddr(), dst)
-	return netip.AddrPort{}
+	return seen
 }
 
 // TestSourcePortKept: a pod's flow leaves from its own source port when no
