@@ -15,7 +15,7 @@ import (
 // Config is the datapath's command-line configuration.
 type Config struct {
 	// NATPortRange is the range of source ports (and ICMP echo ids)
-	// masqueraded flows get, "min-max".
+	// masqueraded flows get when their own port is taken, "min-max".
 	NATPortRange string `mapstructure:"nat-port-range"`
 	// NATKeepSourcePort: a TCP or UDP flow keeps its own source port (from
 	// 1024) when no other flow and no node socket holds that port toward its
@@ -85,7 +85,7 @@ var DefaultConfig = Config{
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("nat-port-range", def.NATPortRange,
-		"Source ports (and ICMP echo ids) of masqueraded flows, min-max; reserved from the node's own connections if ip_local_port_range overlaps")
+		"Source ports (and ICMP echo ids) of masqueraded flows whose own port is taken (see --nat-keep-source-port) and of node flows that clash with a pod's, min-max; reserved from the node's own connections if ip_local_port_range overlaps")
 	flags.Bool("nat-keep-source-port", def.NATKeepSourcePort,
 		"A TCP or UDP flow keeps its own source port (1024 and up) when no other flow and no node socket holds it toward the same destination, as Linux MASQUERADE does; false: every flow gets a port of --nat-port-range")
 	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries; a full map evicts the least recently used entries")
