@@ -201,7 +201,12 @@ func portUnreachable(topo *topology.Masquerade, remote, node netip.Addr) error {
 	c.Close()
 
 	buf := make([]byte, 256)
+	// A blocking recvfrom with SO_RCVTIMEO is not restarted after a signal
+	// (the Go runtime's preemption signals reach this thread too).
 	_, from, err := unix.Recvfrom(fd, buf, 0)
+	for errors.Is(err, unix.EINTR) {
+		_, from, err = unix.Recvfrom(fd, buf, 0)
+	}
 	if err != nil {
 		return fmt.Errorf("the pod's datagram did not arrive: %w", err)
 	}
