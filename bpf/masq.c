@@ -1500,14 +1500,13 @@ __noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
 		 * of the range, as conntrack remaps a clashing tuple. */
 		if (!nat_reusable_v4(&k, p->v4.saddr, now))
 			return HOST_PAIR;
-		/* The pair is over: its reply entry must not catch the node's replies. */
-		if (port < cfg->port_min || port > cfg->port_max) {
-			bpf_map_delete_elem(&nat_v4, &k);
-			return HOST_PASS;
-		}
 	}
-	if (port < cfg->port_min || port > cfg->port_max)
+	if (port < cfg->port_min || port > cfg->port_max) {
+		/* A pair that is over must not catch the node's replies. */
+		if (v)
+			bpf_map_delete_elem(&nat_v4, &k);
 		return HOST_PASS;
+	}
 	nv.addr = p->v4.saddr;
 	nv.port = p->sport;
 	nv.last_seen_ns = now;
@@ -1559,13 +1558,12 @@ __noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
 		/* See host_flow_v4. */
 		if (!nat_reusable_v6(&k, &out, now))
 			return HOST_PAIR;
-		if (port < cfg->port_min || port > cfg->port_max) {
-			bpf_map_delete_elem(&nat_v6, &k);
-			return HOST_PASS;
-		}
 	}
-	if (port < cfg->port_min || port > cfg->port_max)
+	if (port < cfg->port_min || port > cfg->port_max) {
+		if (v)
+			bpf_map_delete_elem(&nat_v6, &k);
 		return HOST_PASS;
+	}
 	__builtin_memcpy(nv.addr, p->v6.saddr, 16);
 	nv.port = p->sport;
 	nv.last_seen_ns = now;
