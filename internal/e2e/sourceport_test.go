@@ -43,16 +43,7 @@ func serveWhoAmI(t *testing.T, n *topology.Netns) {
 			t.Fatalf("who-am-i UDP server on %s: %v", a, err)
 		}
 		t.Cleanup(func() { pc.Close() })
-		go func() {
-			buf := make([]byte, 512)
-			for {
-				_, from, err := pc.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				pc.WriteTo([]byte(peer(from.(*net.UDPAddr).AddrPort())), from)
-			}
-		}()
+		go answerUDP(pc, peer)
 	}
 }
 

@@ -92,14 +92,19 @@ func (s *servers) serveSink(l net.Listener) {
 }
 
 func (s *servers) serveUDP(c net.PacketConn) {
+	answerUDP(c, func(from netip.AddrPort) string { return from.Addr().Unmap().String() })
+}
+
+// answerUDP answers every datagram on c with answer(its sender) until c is
+// closed.
+func answerUDP(c net.PacketConn, answer func(from netip.AddrPort) string) {
 	buf := make([]byte, 65536)
 	for {
 		_, from, err := c.ReadFrom(buf)
 		if err != nil {
 			return
 		}
-		ap := from.(*net.UDPAddr).AddrPort()
-		c.WriteTo([]byte(ap.Addr().Unmap().String()), from)
+		c.WriteTo([]byte(answer(from.(*net.UDPAddr).AddrPort())), from)
 	}
 }
 
