@@ -50,12 +50,7 @@ func TestCgroupMemoryLimit(t *testing.T) {
 // burst of at least burstBytes, at the first check that sees the agent
 // quiet, never while it is still allocating, and not for idle trickles.
 func TestMemoryReleaserWaitsForTheBurstToEnd(t *testing.T) {
-	var counter uint64
-	released := 0
-	r := &memoryReleaser{
-		allocated: func() uint64 { return counter },
-		release:   func() { released++ },
-	}
+	r, counter, released := countingReleaser()
 	steps := []struct {
 		what     string
 		alloc    uint64 // allocated since the previous check
@@ -73,10 +68,10 @@ func TestMemoryReleaserWaitsForTheBurstToEnd(t *testing.T) {
 		{"quiet", 0, true},
 	}
 	for _, s := range steps {
-		counter += s.alloc
-		before := released
-		if got := r.check(); got != s.released || (released > before) != s.released {
-			t.Fatalf("%s: check() = %v (release called %d times), want %v", s.what, got, released-before, s.released)
+		*counter += s.alloc
+		before := *released
+		if got := r.check(); got != s.released || (*released > before) != s.released {
+			t.Fatalf("%s: check() = %v (release called %d times), want %v", s.what, got, *released-before, s.released)
 		}
 	}
 }
@@ -118,15 +113,10 @@ func TestMemoryReleaserReturnsAGarbageBurst(t *testing.T) {
 // released once they end; with the live heap at 20 MiB the runtime would
 // otherwise keep them resident until it next collects.
 func TestMemoryReleaserReturnsASmallBurst(t *testing.T) {
-	var counter uint64
-	released := 0
-	r := &memoryReleaser{
-		allocated: func() uint64 { return counter },
-		release:   func() { released++ },
-	}
+	r, counter, released := countingReleaser()
 	r.check()
 	for range 5 { // 2 MiB per check: busy
-		counter += 2 << 20
+		*counter += 2 << 20
 		if r.check() {
 			t.Fatal("released while the allocations were still coming")
 		}
@@ -134,7 +124,18 @@ func TestMemoryReleaserReturnsASmallBurst(t *testing.T) {
 	if !r.check() {
 		t.Fatal("no release once 10 MiB of allocations ended")
 	}
-	if released != 1 {
-		t.Fatalf("release called %d times, want 1", released)
+	if *released != 1 {
+		t.Fatalf("release called %d times, want 1", *released)
 	}
+}
+
+// countingReleaser is a memoryReleaser that reads its allocation counter
+// from *counter and counts its releases in *released.
+func countingReleaser() (r *memoryReleaser, counter *uint64, released *int) {
+	counter, released = new(uint64), new(int)
+	r = &memoryReleaser{
+		allocated: func() uint64 { return *counter },
+		release:   func() { *released++ },
+	}
+	return r, counter, released
 }
