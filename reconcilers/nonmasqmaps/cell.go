@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
-	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/settings"
@@ -106,28 +106,24 @@ func register(p registerParams) error {
 			return nil
 		},
 	})
-	r, err := reconciler.Register(
-		p.Params,
-		p.CIDRs,
-		(*tables.NonMasqCIDR).Clone,
-		(*tables.NonMasqCIDR).SetStatus,
-		(*tables.NonMasqCIDR).GetStatus,
-		p.Ops,
-		p.BatchOps,
-		reconciler.WithName("nonmasq-maps"),
-		// Prune as soon as the table is initialized; later full passes are
-		// driven by the config's resyncInterval (resyncLoop).
-		reconciler.WithPruning(24*time.Hour),
-		// Refreshing would only re-check the cache; the periodic prune
-		// compares with the kernel instead.
-		reconciler.WithRefreshing(0, nil),
-		// One round can hold a whole 16 384-prefix config per family, so a
-		// new file is one batch write per map.
-		reconciler.WithRoundLimits(2*int(p.Agent.MaxNonMasqCIDRs)+1024, rate.NewLimiter(rate.Inf, 1)),
-	)
-	if err != nil {
-		return err
+	metrics := p.DefaultMetrics
+	if metrics == nil {
+		metrics = reconciler.NewUnpublishedExpVarMetrics()
 	}
+	r := &mapReconciler{
+		log:          p.Log,
+		db:           p.DB,
+		table:        p.CIDRs,
+		ops:          p.Ops,
+		batchOps:     p.BatchOps,
+		metrics:      metrics,
+		moduleID:     p.ModuleID,
+		pruneRequest: make(chan struct{}, 1),
+		retries:      map[netip.Prefix]*retry{},
+	}
+	// The first prune comes when the table is initialized; later full
+	// passes are driven by the config's resyncInterval (resyncLoop).
+	p.JobGroup.Add(job.OneShot("reconcile-"+reconcilerName, r.run))
 	p.Handle.r, p.Handle.db, p.Handle.cidrs = r, p.DB, p.CIDRs
 	p.JobGroup.Add(job.OneShot("resync", func(ctx context.Context, _ cell.Health) error {
 		return resyncLoop(ctx, p.DB, p.Status, r)
