@@ -55,6 +55,7 @@ func newRootCommand() *cobra.Command {
 				return fmt.Errorf("remove memlock limit: %w", err)
 			}
 			setMemoryLimit(log)
+			setGCPercent(log, os.LookupEnv)
 			ctx, stop := context.WithCancel(context.Background())
 			defer stop()
 			go newMemoryReleaser(log).run(ctx, releaseCheckInterval)

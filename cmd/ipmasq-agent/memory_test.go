@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/metrics"
 	"strings"
 	"testing"
@@ -138,4 +139,20 @@ func countingReleaser() (r *memoryReleaser, counter *uint64, released *int) {
 		release:   func() { *released++ },
 	}
 	return r, counter, released
+}
+
+// TestGCPercent: the agent's GOGC is gcPercent unless the environment
+// sets one, which is left as the runtime applied it.
+func TestGCPercent(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+
+	setGCPercent(log, func(string) (string, bool) { return "", false })
+	if got := debug.SetGCPercent(100); got != gcPercent {
+		t.Errorf("without GOGC: GC percent %d, want %d", got, gcPercent)
+	}
+	setGCPercent(log, func(name string) (string, bool) { return "150", name == "GOGC" })
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Errorf("with GOGC=150 in the environment: GC percent changed to %d, want it left alone", got)
+	}
 }
