@@ -195,11 +195,22 @@ func (r *mapReconciler) write(ctx context.Context, txn statedb.ReadTxn) (failed 
 		r.metrics.ReconciliationDuration(r.moduleID, reconcilerName, reconciler.OpUpdate, time.Since(start))
 		failed += r.commitStatus(r.updates, nil)
 	}
-	// Keep the batches' arrays for the next round, without their rows.
-	clear(r.deletes)
-	clear(r.updates)
-	r.deletes, r.updates = r.deletes[:0], r.updates[:0]
+	r.deletes, r.updates = reuse(r.deletes), reuse(r.updates)
 	return failed
+}
+
+// keepBatch is the largest batch array kept for the next round: small
+// changes reuse it, the array of a whole new config is left to the
+// collector rather than held by an idle agent.
+const keepBatch = 1024
+
+// reuse empties a batch for the next round, dropping its rows.
+func reuse(batch []reconciler.BatchEntry[*tables.NonMasqCIDR]) []reconciler.BatchEntry[*tables.NonMasqCIDR] {
+	if cap(batch) > keepBatch {
+		return nil
+	}
+	clear(batch)
+	return batch[:0]
 }
 
 // commitStatus records the outcome of each entry as its row's status in
