@@ -80,3 +80,35 @@ func TestCompactionKeepsNoRecordsInMemory(t *testing.T) {
 		t.Fatalf("after Compact: records %d, size %d, tail %d, compacting %v", s.records, s.size, len(s.tail), s.compacting)
 	}
 }
+
+// TestCompactionDefaultThreshold: with the default thresholds, a small
+// state (100 endpoints) is compacted after 2 048 records of an
+// allocate/release loop, not before (a compaction every 128 allocations
+// delayed the allocations behind its journal cut), and a restart replays
+// a journal that long.
+func TestCompactionDefaultThreshold(t *testing.T) {
+	s := loaded(t)
+	var residents []*tables.Endpoint
+	for i := range 100 {
+		residents = append(residents, ep(fmt.Sprintf("10.244.2.%d", i+1), fmt.Sprintf("resident-%d/eth0", i), 0, t0))
+	}
+	save(t, s, residents)
+	for k := 1; k <= 2048; k++ {
+		if k%2 == 1 {
+			add(t, s, ep("10.244.3.1", "0123456789abcdef0123456789abcdef/eth0", 0, t0))
+		} else {
+			del(t, s, "10.244.3.1")
+		}
+		if s.NeedsCompaction() {
+			t.Fatalf("NeedsCompaction after %d records (%d bytes) with 100 endpoints: the default threshold is 2048 records", k, s.size)
+		}
+	}
+	add(t, s, ep("10.244.3.1", "0123456789abcdef0123456789abcdef/eth0", 0, t0))
+	if !s.NeedsCompaction() {
+		t.Fatal("no NeedsCompaction after 2049 records with 100 endpoints")
+	}
+	eps, rep := reopen(t, s)
+	if len(eps) != 101 || rep.Replayed != 2049 {
+		t.Errorf("restart: %d endpoints, %d records replayed; want 101, 2049", len(eps), rep.Replayed)
+	}
+}
