@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -110,17 +109,7 @@ func register(p registerParams) error {
 	if metrics == nil {
 		metrics = reconciler.NewUnpublishedExpVarMetrics()
 	}
-	r := &mapReconciler{
-		log:          p.Log,
-		db:           p.DB,
-		table:        p.CIDRs,
-		ops:          p.Ops,
-		batchOps:     p.BatchOps,
-		metrics:      metrics,
-		moduleID:     p.ModuleID,
-		pruneRequest: make(chan struct{}, 1),
-		retries:      map[netip.Prefix]*retry{},
-	}
+	r := newMapReconciler(p.Log, p.DB, p.CIDRs, p.Ops, p.BatchOps, metrics, p.ModuleID)
 	// The first prune comes when the table is initialized; later full
 	// passes are driven by the config's resyncInterval (resyncLoop).
 	p.JobGroup.Add(job.OneShot("reconcile-"+reconcilerName, r.run))

@@ -64,6 +64,19 @@ type mapReconciler struct {
 
 var _ reconciler.Reconciler[*tables.NonMasqCIDR] = (*mapReconciler)(nil)
 
+// newMapReconciler returns a reconciler of table into ops; its run method
+// is the job that does the work.
+func newMapReconciler(log *slog.Logger, db *statedb.DB, table statedb.RWTable[*tables.NonMasqCIDR],
+	ops reconciler.Operations[*tables.NonMasqCIDR], batchOps reconciler.BatchOperations[*tables.NonMasqCIDR],
+	metrics reconciler.Metrics, moduleID cell.FullModuleID) *mapReconciler {
+	return &mapReconciler{
+		log: log, db: db, table: table, ops: ops, batchOps: batchOps,
+		metrics: metrics, moduleID: moduleID,
+		pruneRequest: make(chan struct{}, 1),
+		retries:      map[netip.Prefix]*retry{},
+	}
+}
+
 // retry is a row whose last write or delete failed.
 type retry struct {
 	row      *tables.NonMasqCIDR
@@ -148,6 +161,8 @@ func (r *mapReconciler) run(ctx context.Context, health cell.Health) error {
 		}
 		if next, ok := r.nextRetry(); ok {
 			retryTimer.Reset(time.Until(next))
+		} else {
+			retryTimer.Stop()
 		}
 	}
 }

@@ -123,14 +123,8 @@ func startReconciler(t *testing.T, initDone *func()) *reconcilerFixture {
 		}
 	}
 	f := &reconcilerFixture{t: t, db: db, table: table, ops: newRecordingOps()}
-	f.r = &mapReconciler{
-		log: slog.New(slog.DiscardHandler), db: db, table: table,
-		ops: f.ops, batchOps: f.ops,
-		metrics:      reconciler.NewUnpublishedExpVarMetrics(),
-		moduleID:     cell.FullModuleID{"test"},
-		pruneRequest: make(chan struct{}, 1),
-		retries:      map[netip.Prefix]*retry{},
-	}
+	f.r = newMapReconciler(slog.New(slog.DiscardHandler), db, table, f.ops, f.ops,
+		reconciler.NewUnpublishedExpVarMetrics(), cell.FullModuleID{"test"})
 	health, simple := cell.NewSimpleHealth()
 	f.health = simple
 	ctx, cancel := context.WithCancel(context.Background())
