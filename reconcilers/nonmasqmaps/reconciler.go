@@ -144,23 +144,24 @@ func (r *mapReconciler) run(ctx context.Context, health cell.Health) error {
 		lastRev := r.collect(seq)
 		newErrors := r.write(ctx, txn)
 		newErrors += r.retryDue(ctx, txn)
-		r.progress.update(lastRev, r.retryLowWatermark())
+		waiting := r.summarizeRetries()
+		r.progress.update(lastRev, waiting.lowRev)
 
-		errs := r.retryErrors()
+		errs, total := waiting.firstErrs, waiting.count
 		if prune && initialized {
 			if err := r.prune(ctx, txn); err != nil {
-				errs = append(errs, err)
+				errs, total = append(errs, err), total+1
 			}
 			prune = false
 		}
-		r.metrics.ReconciliationErrors(r.moduleID, reconcilerName, newErrors, len(errs))
-		if len(errs) == 0 {
+		r.metrics.ReconciliationErrors(r.moduleID, reconcilerName, newErrors, total)
+		if total == 0 {
 			health.OK(fmt.Sprintf("OK, %d object(s)", r.table.NumObjects(txn)))
 		} else {
-			health.Degraded(fmt.Sprintf("%d error(s)", len(errs)), joinErrors(errs))
+			health.Degraded(fmt.Sprintf("%d error(s)", total), joinErrors(errs, total))
 		}
-		if next, ok := r.nextRetry(); ok {
-			retryTimer.Reset(time.Until(next))
+		if waiting.count > 0 {
+			retryTimer.Reset(time.Until(waiting.next))
 		} else {
 			retryTimer.Stop()
 		}
@@ -320,56 +321,49 @@ func (r *mapReconciler) retryDue(ctx context.Context, txn statedb.ReadTxn) (fail
 	return failed
 }
 
-// nextRetry returns when the earliest retry is due.
-func (r *mapReconciler) nextRetry() (time.Time, bool) {
-	var next time.Time
+// retrySummary is what a round reports of the rows waiting for a retry.
+type retrySummary struct {
+	count  int
+	lowRev statedb.Revision // the lowest revision still waiting (WaitUntilReconciled), 0: none
+	next   time.Time        // when the earliest retry is due
+	// firstErrs are the last errors of the first maxHealthErrors rows in
+	// prefix order, so that the health message is stable.
+	firstErrs []error
+}
+
+// summarizeRetries walks the rows waiting for a retry once. Only the
+// first maxHealthErrors are ordered: with a full map or a disabled family
+// thousands of rows can wait, and the health message names ten.
+func (r *mapReconciler) summarizeRetries() retrySummary {
+	sum := retrySummary{count: len(r.retries)}
+	var first []*retry // sorted by prefix, at most maxHealthErrors
 	for _, it := range r.retries {
-		if next.IsZero() || it.at.Before(next) {
-			next = it.at
+		if sum.lowRev == 0 || it.origRev < sum.lowRev {
+			sum.lowRev = it.origRev
+		}
+		if sum.next.IsZero() || it.at.Before(sum.next) {
+			sum.next = it.at
+		}
+		i, _ := slices.BinarySearchFunc(first, it.row.Prefix, func(f *retry, p netip.Prefix) int { return f.row.Prefix.Compare(p) })
+		if i < maxHealthErrors {
+			first = slices.Insert(first, i, it)
+			first = first[:min(len(first), maxHealthErrors)]
 		}
 	}
-	return next, !next.IsZero()
+	for _, it := range first {
+		sum.firstErrs = append(sum.firstErrs, it.err)
+	}
+	return sum
 }
 
-// retryLowWatermark is the lowest revision still waiting for a retry, 0
-// when none is.
-func (r *mapReconciler) retryLowWatermark() (low statedb.Revision) {
-	for _, it := range r.retries {
-		if low == 0 || it.origRev < low {
-			low = it.origRev
-		}
-	}
-	return low
-}
-
-// retryErrors lists the last error of each row waiting for a retry, in
-// prefix order so that the health message is stable.
-func (r *mapReconciler) retryErrors() []error {
-	if len(r.retries) == 0 {
-		return nil
-	}
-	its := make([]*retry, 0, len(r.retries))
-	for _, it := range r.retries {
-		its = append(its, it)
-	}
-	slices.SortFunc(its, func(a, b *retry) int { return comparePrefixes(a.row.Prefix, b.row.Prefix) })
-	errs := make([]error, len(its))
-	for i, it := range its {
-		errs[i] = it.err
-	}
-	return errs
-}
-
-func comparePrefixes(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
-}
-
-func joinErrors(errs []error) error {
+// joinErrors joins the first maxHealthErrors of errs and counts the rest
+// of total.
+func joinErrors(errs []error, total int) error {
 	if len(errs) > maxHealthErrors {
-		errs = append(slices.Clone(errs[:maxHealthErrors]), fmt.Errorf("%d further errors omitted", len(errs)-maxHealthErrors))
+		errs = errs[:maxHealthErrors]
+	}
+	if total > len(errs) {
+		errs = append(slices.Clone(errs), fmt.Errorf("%d further errors omitted", total-len(errs)))
 	}
 	return errors.Join(errs...)
 }
