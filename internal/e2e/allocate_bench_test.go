@@ -96,18 +96,16 @@ func BenchmarkAgentAllocate(b *testing.B) {
 		disk = append(disk, time.Since(start))
 	}
 	loadAfter := loadAverage()
-	slices.Sort(alloc)
-	slices.Sort(disk)
-	p50 := func(l []time.Duration) time.Duration { return l[len(l)/2] }
-	p99 := func(l []time.Duration) time.Duration { return l[len(l)*99/100] }
+	allocP50, allocP99 := percentiles(alloc)
+	diskP50, diskP99 := percentiles(disk)
 	b.Logf("%d allocations: p50 %v p99 %v max %v; %d-byte append + fdatasync: p50 %v p99 %v; load average %s before, %s after",
-		allocateSamples, p50(alloc), p99(alloc), alloc[len(alloc)-1], len(line), p50(disk), p99(disk), loadBefore, loadAfter)
+		allocateSamples, allocP50, allocP99, alloc[len(alloc)-1], len(line), diskP50, diskP99, loadBefore, loadAfter)
 	b.Run("config=seed", func(b *testing.B) {
-		b.ReportMetric(ms(p50(alloc)), "alloc-p50-ms")
-		b.ReportMetric(ms(p99(alloc)), "alloc-p99-ms")
-		b.ReportMetric(ms(p50(disk)), "fdatasync-p50-ms")
-		b.ReportMetric(ms(p99(disk)), "fdatasync-p99-ms")
-		b.ReportMetric(float64(p99(alloc))/float64(p99(disk)), "p99/fdatasync")
+		b.ReportMetric(ms(allocP50), "alloc-p50-ms")
+		b.ReportMetric(ms(allocP99), "alloc-p99-ms")
+		b.ReportMetric(ms(diskP50), "fdatasync-p50-ms")
+		b.ReportMetric(ms(diskP99), "fdatasync-p99-ms")
+		b.ReportMetric(float64(allocP99)/float64(diskP99), "p99/fdatasync")
 		b.ReportMetric(0, "ns/op") // allocateSamples, not b.N, allocations were made
 	})
 }
@@ -138,4 +136,11 @@ func loadAverage() string {
 	return strings.Join(strings.Fields(string(data))[:3], " ")
 }
 
+// ms is d in milliseconds, for b.ReportMetric.
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// percentiles sorts l and returns its median and 99th percentile.
+func percentiles(l []time.Duration) (p50, p99 time.Duration) {
+	slices.Sort(l)
+	return l[len(l)/2], l[len(l)*99/100]
+}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -70,8 +69,7 @@ func (a *agent) allocateMany(prefix string, n int, table *uint32) (p50, p99 time
 			a.t.Fatalf("allocation %d: %v", i, err)
 		}
 	}
-	slices.Sort(lat)
-	return lat[n/2], lat[n*99/100]
+	return percentiles(lat)
 }
 
 // ipBatchRules installs the rules the agent derives for n seeded endpoints
@@ -196,8 +194,8 @@ func BenchmarkAgentMemory(b *testing.B) {
 				b.ReportMetric(float64(f.converge)/float64(f.ipBatch), "converge/ip-batch")
 			}
 			if f.allocP99 > 0 {
-				b.ReportMetric(float64(f.allocP50.Microseconds())/1000, "alloc-p50-ms")
-				b.ReportMetric(float64(f.allocP99.Microseconds())/1000, "alloc-p99-ms")
+				b.ReportMetric(ms(f.allocP50), "alloc-p50-ms")
+				b.ReportMetric(ms(f.allocP99), "alloc-p99-ms")
 			}
 			b.ReportMetric(0, "ns/op")
 		})
