@@ -14,20 +14,10 @@ import (
 // the fixed thresholds (TestCompactionThreshold).
 func TestCompactionThresholdGrowsWithTheState(t *testing.T) {
 	s := loaded(t)
-	var residents []*tables.Endpoint
-	for i := range 20 {
-		residents = append(residents, ep(fmt.Sprintf("10.244.2.%d", i+1), fmt.Sprintf("resident-%d", i), 0, t0))
-	}
-	save(t, s, residents)
+	saveResidents(t, s, 20, "resident-%d")
 	// One address allocated and released in turn: 20 or 21 endpoints,
 	// so records are due after 10 of them, bytes after 10/4 × compactBytes.
-	change := func(k int) {
-		if k%2 == 1 {
-			add(t, s, ep("10.244.3.1", "churn", 0, t0))
-		} else {
-			del(t, s, "10.244.3.1")
-		}
-	}
+	change := func(k int) { churn(t, s, k, "churn") }
 
 	s.compactRecords, s.compactBytes = 4, 1<<20
 	for k := 1; k <= 10; k++ {
@@ -88,27 +78,42 @@ func TestCompactionKeepsNoRecordsInMemory(t *testing.T) {
 // a journal that long.
 func TestCompactionDefaultThreshold(t *testing.T) {
 	s := loaded(t)
-	var residents []*tables.Endpoint
-	for i := range 100 {
-		residents = append(residents, ep(fmt.Sprintf("10.244.2.%d", i+1), fmt.Sprintf("resident-%d/eth0", i), 0, t0))
-	}
-	save(t, s, residents)
+	saveResidents(t, s, 100, "resident-%d/eth0")
+	const owner = "0123456789abcdef0123456789abcdef/eth0"
 	for k := 1; k <= 2048; k++ {
-		if k%2 == 1 {
-			add(t, s, ep("10.244.3.1", "0123456789abcdef0123456789abcdef/eth0", 0, t0))
-		} else {
-			del(t, s, "10.244.3.1")
-		}
+		churn(t, s, k, owner)
 		if s.NeedsCompaction() {
 			t.Fatalf("NeedsCompaction after %d records (%d bytes) with 100 endpoints: the default threshold is 2048 records", k, s.size)
 		}
 	}
-	add(t, s, ep("10.244.3.1", "0123456789abcdef0123456789abcdef/eth0", 0, t0))
+	churn(t, s, 2049, owner)
 	if !s.NeedsCompaction() {
 		t.Fatal("no NeedsCompaction after 2049 records with 100 endpoints")
 	}
 	eps, rep := reopen(t, s)
 	if len(eps) != 101 || rep.Replayed != 2049 {
 		t.Errorf("restart: %d endpoints, %d records replayed; want 101, 2049", len(eps), rep.Replayed)
+	}
+}
+
+// saveResidents saves n endpoints, 10.244.2.1 and up, owned by
+// fmt.Sprintf(owner, i).
+func saveResidents(t *testing.T, s *Store, n int, owner string) {
+	t.Helper()
+	var residents []*tables.Endpoint
+	for i := range n {
+		residents = append(residents, ep(fmt.Sprintf("10.244.2.%d", i+1), fmt.Sprintf(owner, i), 0, t0))
+	}
+	save(t, s, residents)
+}
+
+// churn is change k of a loop that allocates 10.244.3.1 to owner (odd k)
+// and releases it (even k).
+func churn(t *testing.T, s *Store, k int, owner string) {
+	t.Helper()
+	if k%2 == 1 {
+		add(t, s, ep("10.244.3.1", owner, 0, t0))
+	} else {
+		del(t, s, "10.244.3.1")
 	}
 }
