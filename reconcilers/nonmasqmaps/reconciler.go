@@ -120,7 +120,7 @@ func (r *mapReconciler) run(ctx context.Context, health cell.Health) error {
 	// closed then, or already): the maps may hold entries from before a
 	// restart that the config no longer lists.
 	_, initWatch := r.table.Initialized(txn)
-	initialized, prune := false, false
+	prune := false // until initWatch fires (then nil), prune requests wait
 	var tableWatch <-chan struct{} = closedChan
 	retryTimer := time.NewTimer(time.Hour)
 	retryTimer.Stop()
@@ -133,7 +133,7 @@ func (r *mapReconciler) run(ctx context.Context, health cell.Health) error {
 		case <-tableWatch:
 		case <-retryTimer.C:
 		case <-initWatch:
-			initWatch, initialized, prune = nil, true, true
+			initWatch, prune = nil, true
 		case <-r.pruneRequest:
 			prune = true
 		}
@@ -148,7 +148,7 @@ func (r *mapReconciler) run(ctx context.Context, health cell.Health) error {
 		r.progress.update(lastRev, waiting.lowRev)
 
 		errs, total := waiting.firstErrs, waiting.count
-		if prune && initialized {
+		if prune && initWatch == nil {
 			if err := r.prune(ctx, txn); err != nil {
 				errs, total = append(errs, err), total+1
 			}
