@@ -94,7 +94,7 @@ func (o *recordingOps) counts() (updated, deleted, prunes int) {
 
 // reconcilerFixture is a nonmasq-cidrs table with a running mapReconciler.
 type reconcilerFixture struct {
-	t      *testing.T
+	t      testing.TB
 	db     *statedb.DB
 	table  statedb.RWTable[*tables.NonMasqCIDR]
 	ops    *recordingOps
@@ -105,7 +105,7 @@ type reconcilerFixture struct {
 // startReconciler runs a reconciler over a new table. initDone, when not
 // nil, receives the function that marks the table initialized; otherwise
 // the table is initialized from the start.
-func startReconciler(t *testing.T, initDone *func()) *reconcilerFixture {
+func startReconciler(t testing.TB, initDone *func()) *reconcilerFixture {
 	t.Helper()
 	db := statedb.New()
 	table, err := tables.NewNonMasqCIDRTable(db)
@@ -355,8 +355,7 @@ func TestReconcilerHealthNamesTenErrors(t *testing.T) {
 func BenchmarkReconcileRound(b *testing.B) {
 	for _, n := range []int{1000, 16384} {
 		b.Run(fmt.Sprintf("n=%d/lean", n), func(b *testing.B) {
-			t := &testing.T{}
-			f := startReconciler(t, nil)
+			f := startReconciler(b, nil)
 			benchmarkRound(b, n, f.db, f.table, f.r)
 		})
 		b.Run(fmt.Sprintf("n=%d/generic", n), func(b *testing.B) {
