@@ -289,11 +289,16 @@ func (l *loader) applyCIDRs(wtxn statedb.WriteTxn, entries []Entry) int {
 	// garbage once its rows are reconciled (a row waiting for a retry
 	// keeps its block, at most the size of the load).
 	var block []tables.NonMasqCIDR
+	// One pending status for the whole load: reading the clock for each
+	// row took 60 ns on the 2-vCPU VM, 1 ms of a 16 384-prefix load. The
+	// map reconciler commits its outcome by row revision (compare and
+	// swap), not by the status's ID, so rows may share it.
+	pending := reconciler.StatusPending()
 	newRow := func(e Entry) *tables.NonMasqCIDR {
 		if len(block) == cap(block) {
 			block = make([]tables.NonMasqCIDR, 0, min(max(2*cap(block), 16), len(entries)-j))
 		}
-		block = append(block, tables.NonMasqCIDR{Prefix: e.Prefix, Action: e.Action, Origin: e.Origin, Status: reconciler.StatusPending()})
+		block = append(block, tables.NonMasqCIDR{Prefix: e.Prefix, Action: e.Action, Origin: e.Origin, Status: pending})
 		return &block[len(block)-1]
 	}
 	for i < len(rows) || j < len(entries) {
