@@ -31,9 +31,11 @@ demo: build
 generate:
 	$(GO) generate $(PKGS)
 
-## bench: benchmarks with their same-run baselines (see docs/benchmarks.md)
+## bench: benchmarks with their same-run baselines (see docs/benchmarks.md);
+## about 25 minutes, most of it the real-kernel scenarios of internal/e2e
+## (BenchmarkPerDestinationRate sustains 4 conditions for 150 s each)
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 $(PKGS)
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 -timeout 60m $(PKGS)
 
 ## vet: go vet, gofmt, and go.mod/go.sum tidy (go mod tidy must change nothing)
 vet:
