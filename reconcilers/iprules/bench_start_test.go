@@ -11,6 +11,12 @@ import (
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 )
 
+// maxStartRounds caps BenchmarkRulesStart's rounds: one is ~20 s on the
+// 2-vCPU VM, so make bench's -benchtime 20x (21 rounds with the
+// framework's first call) would take seven minutes, and three interleaved
+// rounds already give each condition a median.
+const maxStartRounds = 3
+
 // BenchmarkRulesStart installs the rules of an agent starting with 10 000
 // endpoints (route table 11, two non-masquerade CIDRs: 20 000 rules) into
 // a fresh network namespace three ways, interleaved in b.N rounds (at most
@@ -24,11 +30,6 @@ import (
 //
 // It reports each condition's median and the medians of the per-round
 // ratios to ip-batch (goal: pipelined ≤ 1.5).
-// maxStartRounds caps BenchmarkRulesStart's rounds: one is ~25 s on the
-// 2-vCPU VM, so make bench's -benchtime 20x would take nine minutes, and
-// three interleaved rounds already give each condition a median.
-const maxStartRounds = 3
-
 func BenchmarkRulesStart(b *testing.B) {
 	privtest.Require(b)
 	if _, err := exec.LookPath("ip"); err != nil {
