@@ -89,22 +89,15 @@ func TestApplyTouchesOnlyChangedRows(t *testing.T) {
 // top (the rows come from a few blocks, not one allocation each: issue #14).
 func TestApplyAllocatesRowsInBlocks(t *testing.T) {
 	const n = 4096
-	entries := make([]Entry, n)
+	entries := entries24(10, n)
 	rows := make([]*tables.NonMasqCIDR, n)
-	for i := range entries {
-		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)
-		entries[i] = Entry{Prefix: p, Action: tables.ActionNoMasquerade, Origin: tables.OriginConfig}
-		rows[i] = &tables.NonMasqCIDR{Prefix: p, Status: reconciler.StatusPending()}
+	for i, e := range entries {
+		rows[i] = &tables.NonMasqCIDR{Prefix: e.Prefix, Status: reconciler.StatusPending()}
 	}
 	fill := func(apply func(*loader, statedb.WriteTxn)) float64 {
 		return testing.AllocsPerRun(5, func() {
-			db := statedb.New()
-			cidrs, err := tables.NewNonMasqCIDRTable(db)
-			if err != nil {
-				t.Fatal(err)
-			}
-			l := &loader{db: db, cidrs: cidrs}
-			wtxn := db.WriteTxn(cidrs)
+			l := newTableLoader(t)
+			wtxn := l.db.WriteTxn(l.cidrs)
 			apply(l, wtxn)
 			wtxn.Abort()
 		})
@@ -125,6 +118,28 @@ func TestApplyAllocatesRowsInBlocks(t *testing.T) {
 	}
 }
 
+// entries24 returns n configured no-masquerade entries, first.x.y.0/24 in
+// order.
+func entries24(first byte, n int) []Entry {
+	out := make([]Entry, n)
+	for i := range out {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{first, byte(i >> 8), byte(i), 0}), 24)
+		out[i] = Entry{Prefix: p, Action: tables.ActionNoMasquerade, Origin: tables.OriginConfig}
+	}
+	return out
+}
+
+// newTableLoader returns a loader over a nonmasq-cidrs table of its own
+// (only applyCIDRs can be used: no status or rules table, no file).
+func newTableLoader(tb testing.TB) *loader {
+	db := statedb.New()
+	cidrs, err := tables.NewNonMasqCIDRTable(db)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &loader{db: db, cidrs: cidrs}
+}
+
 // BenchmarkApplyCIDRs measures the loader's part of a new config in its
 // table transaction: n prefixes replace an empty table, the keys of two
 // alternating sets still in the graveyard of a delete tracker, as in the
@@ -132,31 +147,20 @@ func TestApplyAllocatesRowsInBlocks(t *testing.T) {
 func BenchmarkApplyCIDRs(b *testing.B) {
 	for _, n := range []int{1000, 16384} {
 		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
-			db := statedb.New()
-			cidrs, err := tables.NewNonMasqCIDRTable(db)
-			if err != nil {
-				b.Fatal(err)
-			}
-			wtxn := db.WriteTxn(cidrs)
-			if _, err := cidrs.Changes(wtxn); err != nil {
+			l := newTableLoader(b)
+			wtxn := l.db.WriteTxn(l.cidrs)
+			if _, err := l.cidrs.Changes(wtxn); err != nil {
 				b.Fatal(err)
 			}
 			wtxn.Commit()
-			l := &loader{db: db, cidrs: cidrs}
-			sets := make([][]Entry, 2)
-			for s := range sets {
-				for i := range n {
-					p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(10 + s), byte(i >> 8), byte(i), 0}), 24)
-					sets[s] = append(sets[s], Entry{Prefix: p, Action: tables.ActionNoMasquerade})
-				}
-			}
+			sets := [][]Entry{entries24(10, n), entries24(11, n)}
 			for i := 0; b.Loop(); i++ {
 				b.StopTimer()
-				wtxn := db.WriteTxn(cidrs)
+				wtxn := l.db.WriteTxn(l.cidrs)
 				l.applyCIDRs(wtxn, nil)
 				wtxn.Commit()
 				b.StartTimer()
-				wtxn = db.WriteTxn(cidrs)
+				wtxn = l.db.WriteTxn(l.cidrs)
 				if got := l.applyCIDRs(wtxn, sets[i%2]); got != n {
 					b.Fatalf("%d rows changed, want %d", got, n)
 				}

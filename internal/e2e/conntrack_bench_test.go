@@ -57,7 +57,7 @@ func BenchmarkPerDestinationRate(b *testing.B) {
 					// larger b.N: the figures of the first call stand.
 					res, ok := measured[cond]
 					if !ok {
-						res = perDestinationRate(b, name == "ipmasq", closer, rate)
+						res = perDestinationRate(b, name, closer, rate)
 						measured[cond] = res
 					}
 					b.ReportMetric(float64(res.OK), "ok")
@@ -81,17 +81,16 @@ type destRateResult struct {
 }
 
 // perDestinationRate runs one condition of BenchmarkPerDestinationRate in
-// a topology of its own: Linux MASQUERADE in the node, or the agent.
-func perDestinationRate(b *testing.B, ipmasq bool, closer byte, rate int) destRateResult {
+// a topology of its own: Linux MASQUERADE in the node, or the agent
+// (name "ipmasq").
+func perDestinationRate(b *testing.B, name string, closer byte, rate int) destRateResult {
 	topo, err := topology.NewMasquerade()
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { topo.Close() })
 	var a *agent
-	name := "MASQUERADE"
-	if ipmasq {
-		name = "ipmasq"
+	if name == "ipmasq" {
 		a = newAgent(b, topo.Node, masqueradeAll)
 		a.start()
 	} else {
