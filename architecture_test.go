@@ -286,3 +286,26 @@ func TestCNIPluginLinksOnlyTheClient(t *testing.T) {
 		t.Errorf("cmd/ipmasq-cni links %v; it may link only %s/ipamapi of the module and nothing of cilium", linked, module)
 	}
 }
+
+// TestPackageNamesAreUnique: two packages with one name make every file
+// that needs both alias one of them, and a reader cannot tell from a call
+// (datapath.Cell) which package it is. Commands are all package main.
+func TestPackageNamesAreUnique(t *testing.T) {
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(goTool, "list", "-f", "{{.Name}} {{.ImportPath}}", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list ./...: %v", err)
+	}
+	byName := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		name, path, _ := strings.Cut(line, " ")
+		if name != "main" {
+			byName[name] = append(byName[name], path)
+		}
+	}
+	for name, paths := range byName {
+		if len(paths) > 1 {
+			t.Errorf("package name %s is used by %v: rename all but one", name, paths)
+		}
+	}
+}
