@@ -129,15 +129,6 @@ func (c *NonMasqCIDR) SetStatus(s reconciler.Status) *NonMasqCIDR {
 	return c
 }
 
-// StatusString shows a reconciliation status without its age, so that
-// tables compare stably in script tests.
-func StatusString(s reconciler.Status) string {
-	if s.Kind == reconciler.StatusKindError {
-		return "Error: " + s.GetError()
-	}
-	return s.Kind.String()
-}
-
 var (
 	// NonMasqCIDRByPrefix is the primary index: exactly one row per prefix.
 	NonMasqCIDRByPrefix = statedb.Index[*NonMasqCIDR, netip.Prefix]{
