@@ -36,7 +36,7 @@ static __always_inline int egress_frag_v4(struct __sk_buff *skb, const struct pk
 	__be32 snat;
 
 	if (!f) {
-		c = decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat);
+		c = decide_v4(skb, p, rule, &snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
@@ -61,7 +61,7 @@ static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pk
 	enum counter c;
 
 	if (!f) {
-		c = decide_v6(skb, p, rule, to);
+		c = decide_v6(skb, p, rule, &to);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
@@ -153,7 +153,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 		if (node) {
 			snat = p.v4.saddr; /* a new port, the same address */
 		} else {
-			c = decide_v4(skb, p.v4.saddr, p.v4.daddr, rule, &snat);
+			c = decide_v4(skb, &p, rule, &snat);
 			if (c != COUNTER_MASQUERADED) {
 				count(c);
 				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
@@ -252,7 +252,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 		if (node) {
 			__builtin_memcpy(nv.addr, p.v6.saddr, 16);
 		} else {
-			c = decide_v6(skb, &p, rule, nv.addr);
+			c = decide_v6(skb, &p, rule, &nv.addr);
 			if (c != COUNTER_MASQUERADED) {
 				count(c);
 				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;

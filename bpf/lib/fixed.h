@@ -172,7 +172,7 @@ static __noinline int egress_fixed_v4(struct __sk_buff *skb, const struct pkt *p
 		nat_touch_v4(v, 0);
 		nv.addr = v->addr;
 	} else {
-		c = decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat);
+		c = decide_v4(skb, p, rule, &snat);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
@@ -212,7 +212,7 @@ static __noinline int egress_fixed_v6(struct __sk_buff *skb, const struct pkt *p
 		nat_touch_v6(v, 0);
 		__builtin_memcpy(nv.addr, v->addr, 16);
 	} else {
-		c = decide_v6(skb, p, rule, nv.addr);
+		c = decide_v6(skb, p, rule, &nv.addr);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
@@ -299,7 +299,7 @@ static __noinline int egress_untranslatable_v4(struct __sk_buff *skb, const stru
 	enum counter c;
 	__be32 snat;
 
-	c = decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat);
+	c = decide_v4(skb, p, rule, &snat);
 	if (c != COUNTER_MASQUERADED) {
 		count(c);
 		return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
@@ -314,7 +314,7 @@ static __noinline int egress_untranslatable_v6(struct __sk_buff *skb, const stru
 	struct nat_v6_val snat;
 	enum counter c;
 
-	c = decide_v6(skb, p, rule, snat.addr);
+	c = decide_v6(skb, p, rule, &snat.addr);
 	if (c != COUNTER_MASQUERADED) {
 		count(c);
 		return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;

@@ -6,6 +6,7 @@
 
 #include <linux/bpf.h>
 #include <linux/types.h>
+#include <bpf/bpf_helpers.h>
 
 struct lpm_v4_key {
 	__u32 prefixlen;
@@ -165,5 +166,21 @@ enum {
 	 * like dir 0 (the source's reply tuple); its replies leave untranslated. */
 	DIR_INBOUND = 2,
 };
+
+/* Addresses as the maps hold them, in network byte order: a family
+ * template's FAM_ADDR (family.h). */
+typedef __be32 addr4_t;
+typedef __u8 addr6_t[16];
+
+static __always_inline int addr6_equal(const __u8 *a, const __u8 *b)
+{
+	__u64 a0, a1, b0, b1;
+
+	__builtin_memcpy(&a0, a, 8);
+	__builtin_memcpy(&a1, a + 8, 8);
+	__builtin_memcpy(&b0, b, 8);
+	__builtin_memcpy(&b1, b + 8, 8);
+	return a0 == b0 && a1 == b1;
+}
 
 #endif /* IPMASQ_LIB_TYPES_H */
