@@ -1,16 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * The decision of decision.h for one family: a template, included once
- * with FAMILY 4 and once with FAMILY 6 (see family.h).
+ * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers
+ * it uses.
  */
 
-#include <linux/bpf.h>
-#include <bpf/bpf_helpers.h>
-#include "types.h"
-#include "counters.h"
-#include "maps.h"
-#include "parse.h"
-#include "fib.h"
 #include "family.h"
 
 static __always_inline int FAM(is_masq_source)(const FAM_ADDR src)
