@@ -33,7 +33,7 @@ type layer struct {
 // the socket helper, the Kubernetes API connection) import no other package
 // of the module and may be imported by all.
 var layers = []layer{
-	{"leaf", []string{"settings", "bpfmap", "internal/unixsock", "internal/kubeclient"}},
+	{"leaf", []string{"settings", "bpfmap", "internal/unixsock", "internal/kubeclient", "internal/buildinfo"}},
 	{"tables", []string{"tables"}},
 	{"bpf", []string{"bpf"}},
 	{"reconcilers", []string{"reconcilers/"}},
@@ -42,6 +42,9 @@ var layers = []layer{
 	// The namespace networks of the demo and the end-to-end tests.
 	{"topology", []string{"internal/topology"}},
 	{"cmd", []string{"cmd/"}},
+	// Build tools (the image builder): programs of the module that are
+	// not shipped and link nothing of the agent.
+	{"tools", []string{"tools/"}},
 }
 
 // testTooling are packages that exist for tests only; no production package
