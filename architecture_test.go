@@ -33,12 +33,14 @@ type layer struct {
 // the socket helper, the Kubernetes API connection) import no other package
 // of the module and may be imported by all.
 var layers = []layer{
-	{"leaf", []string{"settings", "bpfmap", "internal/unixsock", "internal/kubeclient", "internal/buildinfo"}},
+	{"leaf", []string{"settings", "bpfmap", "internal/unixsock", "internal/kubeclient", "internal/buildinfo", "internal/agentlock"}},
 	{"tables", []string{"tables"}},
 	{"bpf", []string{"bpf"}},
 	{"reconcilers", []string{"reconcilers/"}},
 	{"cells", []string{"cells/", "readers/"}},
-	{"agent", []string{"agent"}},
+	// The composition root, and uninstall: the other package that needs
+	// every owner of a kernel object or file together.
+	{"agent", []string{"agent", "uninstall"}},
 	// The namespace networks of the demo and the end-to-end tests.
 	{"topology", []string{"internal/topology"}},
 	{"cmd", []string{"cmd/"}},

@@ -12,9 +12,9 @@ import (
 	"github.com/ipmasq/ipmasq/internal/kubetest"
 )
 
-// kustomizations are the directories an operator applies with
-// `kubectl apply -k`.
-var kustomizations = []string{"."}
+// kustomizations are the directories an operator renders and applies:
+// the install, and the uninstall Job.
+var kustomizations = []string{".", "uninstall"}
 
 // rendered decodes Kustomize's output into objects, for error messages
 // named after the kustomization.

@@ -7,6 +7,7 @@
 //	ipmasq-agent maps        # print the pinned maps
 //	ipmasq-agent status      # summary of the running agent (over its shell socket)
 //	ipmasq-agent shell       # the agent's shell: db/show, maps/dump, datapath/nat, ...
+//	ipmasq-agent uninstall   # remove ipmasq from the node (no agent running)
 //	ipmasq-agent --version   # the build's version
 //	ipmasq-agent --help      # every flag; each can also be set as IPMASQ_<FLAG>
 package main
@@ -73,7 +74,7 @@ func newRootCommand() *cobra.Command {
 	root.Flags().BoolVar(&showVersion, "version", false, "Print the version (git describe of the build) and exit")
 	root.Flags().StringVar(&logLevel, "log-level", envOr("IPMASQ_LOG_LEVEL", "info"), "Log level: debug, info, warn or error")
 	h.RegisterFlags(root.Flags())
-	root.AddCommand(h.Command(), newMapsCommand(), newShellCommand(), newStatusCommand())
+	root.AddCommand(h.Command(), newMapsCommand(), newShellCommand(), newStatusCommand(), newUninstallCommand())
 	return root
 }
 
