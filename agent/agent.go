@@ -56,6 +56,8 @@ var Infrastructure = cell.Group(
 // (metrics, status, the Node's Events). Their order does not matter: each
 // reads tables or pinned maps, never another cell's state filled at start.
 var Cell = cell.Group(
+	// First: no other start hook runs while another agent holds the state.
+	stateLock,
 	settings.Cell,
 	// The API server connection (disabled without --k8s-node-name).
 	kubeclient.Cell,
