@@ -6,7 +6,7 @@ BIN       := bin
 PKGS      := ./...
 BENCHTIME ?= 20x
 
-.PHONY: all build test demo generate bench vet fmt clean
+.PHONY: all build deps test demo generate bench vet fmt clean
 
 all: build
 
@@ -16,10 +16,15 @@ build:
 
 FUZZTIME  ?= 60000x
 
-## test: vet, every test (unit, script, privileged) once, uncached, then the
+## deps: install the Debian packages the tests need (as root, once; tools/deps.sh)
+deps:
+	@sh tools/deps.sh
+
+## test: the Debian packages the tests need (deps), vet, every test (unit,
+## script, privileged) once, uncached, then the
 ## config parser's fuzzer for a fixed number of inputs (a fixed-time run can end in
 ## "context deadline exceeded" when it stops during minimization)
-test: vet
+test: deps vet
 	$(GO) test -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./cells/config/
 

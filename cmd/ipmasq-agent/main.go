@@ -38,7 +38,9 @@ func main() {
 }
 
 func newRootCommand() *cobra.Command {
-	h := agent.New()
+	var pre preflight
+	h := agent.New(pre.captureSettings())
+	var upstream upstreamFlags
 	var logLevel string
 	root := &cobra.Command{
 		Use:           "ipmasq-agent",
@@ -51,6 +53,12 @@ func newRootCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			warnings, err := upstream.apply(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			// Nothing is logged before the flags are known good.
+			log = pre.holdLog(log)
 			if err := rlimit.RemoveMemlock(); err != nil {
 				return fmt.Errorf("remove memlock limit: %w", err)
 			}
@@ -59,11 +67,16 @@ func newRootCommand() *cobra.Command {
 			ctx, stop := context.WithCancel(context.Background())
 			defer stop()
 			go newMemoryReleaser(log).run(ctx, releaseCheckInterval)
+			if err := pre.check(h, log); err != nil {
+				return err
+			}
+			pre.release(warnings)
 			return h.Run(log)
 		},
 	}
 	root.Flags().StringVar(&logLevel, "log-level", envOr("IPMASQ_LOG_LEVEL", "info"), "Log level: debug, info, warn or error")
 	h.RegisterFlags(root.Flags())
+	upstream.register(root.Flags())
 	root.AddCommand(h.Command(), newMapsCommand(), newShellCommand(), newStatusCommand())
 	return root
 }

@@ -118,6 +118,9 @@ func (a *agent) start() {
 		"--api-socket="+filepath.Join(a.dir, "api.sock"),
 		"--shell-sock-path="+filepath.Join(a.dir, "shell.sock"),
 		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6,
+		// Both families: IPv6 is off by default (the Kubernetes agent's
+		// default); a test's own args may still turn it off.
+		"--enable-ipv6=true",
 		"--log-level=debug")
 	a.cmd.Args = append(a.cmd.Args, a.args...)
 	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
