@@ -2,7 +2,6 @@ package deploy_test
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -20,7 +19,7 @@ import (
 )
 
 // TestManifestsAgainstAPIServer runs against one real kube-apiserver:
-// every object in deploy/*.yaml passes a server-side dry run (validation
+// every object in deploy/*.yaml and deploy/config/*.yaml passes a server-side dry run (validation
 // and admission, nothing stored); then, with rbac.yaml and the
 // ServiceAccount applied, the agent's token can do exactly what the agent
 // does (follow its Node, post Events on it) and nothing else.
@@ -29,7 +28,7 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 	s := kubetest.Start(t)
 	admin := s.Client(kubetest.AdminToken)
 
-	files, err := filepath.Glob("*.yaml")
+	files, err := manifestFiles()
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests: %v", err)
 	}

@@ -102,9 +102,8 @@ func (a *agent) writeConfig(content string) {
 	}
 }
 
-// start runs the agent and waits until its programs are attached to the
-// node's uplink.
-func (a *agent) start() {
+// startProcess runs the agent in the node namespace, waiting for nothing.
+func (a *agent) startProcess() {
 	a.t.Helper()
 	logFile, err := os.OpenFile(a.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -127,6 +126,13 @@ func (a *agent) start() {
 	if err := a.node.Start(a.cmd); err != nil {
 		a.t.Fatalf("start agent: %v", err)
 	}
+}
+
+// start runs the agent and waits until its programs are attached to the
+// node's uplink.
+func (a *agent) start() {
+	a.t.Helper()
+	a.startProcess()
 	eth0, err := a.node.NL.LinkByName("eth0")
 	if err != nil {
 		a.t.Fatal(err)
