@@ -90,7 +90,7 @@ type upstreamConfig struct {
 
 type upstreamArgs struct {
 	allReserved, ipv6, randomFully bool
-	toPorts                         string
+	toPorts                        string
 }
 
 func parseUpstreamArgs(args []string) upstreamArgs {
@@ -144,7 +144,9 @@ func upstreamRules(c upstreamCase, v6 bool) [][]string {
 		{"-t", "nat", "-N", chain},
 		{"-t", "nat", "-A", "POSTROUTING", "-m", "addrtype", "!", "--dst-type", "LOCAL", "-j", chain},
 	}
-	ret := func(cidr string) { rules = append(rules, []string{"-t", "nat", "-A", chain, "-d", cidr, "-j", "RETURN"}) }
+	ret := func(cidr string) {
+		rules = append(rules, []string{"-t", "nat", "-A", chain, "-d", cidr, "-j", "RETURN"})
+	}
 	if !v6 && !cfg.MasqLinkLocal {
 		ret("169.254.0.0/16")
 	}
