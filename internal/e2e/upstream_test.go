@@ -1,13 +1,17 @@
 package e2e
 
 import (
+	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -569,3 +573,95 @@ func checkUpstreamFlagWarnings(t *testing.T, a *agent, args []string) {
 		}
 	}
 }
+
+// TestLeftoverUpstreamRulesReported: the Kubernetes agent's chain left in
+// the node (as it writes it) and a plain MASQUERADE rule for the pods are
+// reported by the agent, read-only: one warning line, the status, the
+// metric, and the rules are still there afterwards, untouched.
+func TestLeftoverUpstreamRulesReported(t *testing.T) {
+	d := newDiffTopology(t)
+	for _, v6 := range []bool{false, true} {
+		for _, rule := range upstreamRules(upstreamCorpus[0], v6) {
+			if err := d.node.Iptables(v6, rule...); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := d.node.Iptables(false, "-t", "nat", "-A", "POSTROUTING", "-s", "10.244.0.0/16", "-o", "eth0", "-j", "MASQUERADE"); err != nil {
+		t.Fatal(err)
+	}
+	before := iptablesSave(t, d.node)
+
+	a := newAgent(t, d.node, "nonMasqueradeCIDRs: [10.0.0.0/8]\n")
+	a.args = []string{"--prometheus-serve-addr=127.0.0.1:9464"}
+	a.start()
+	want := []string{
+		"ip nat chain IP-MASQ-AGENT (ip-masq-agent-chain)",
+		"ip nat IP-MASQ-AGENT handle", ": masquerade from any",
+		"ip nat POSTROUTING handle", ": masquerade from 10.244.0.0/16",
+	}
+	var status string
+	a.waitFor("the status to report the rules", func() bool {
+		out, err := exec.Command(agentBin, "status", "--shell-sock-path="+a.dir+"/shell.sock").CombinedOutput()
+		status = string(out)
+		return err == nil && strings.Contains(status, "Netfilter:  3 NAT rule(s) decide before ipmasq")
+	})
+	for _, w := range want {
+		if !strings.Contains(status, w) {
+			t.Errorf("status lacks %q:\n%s", w, status)
+		}
+	}
+	// Dialled on the thread inside the node namespace (http.Get would dial
+	// from another goroutine, outside it).
+	var conn net.Conn
+	if err := d.node.Do(func() (err error) {
+		conn, err = net.Dial("tcp", "127.0.0.1:9464")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /metrics HTTP/1.0\r\nHost: agent\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := string(body)
+	if !strings.Contains(metrics, "\nipmasq_netfilter_nat_rules 3\n") {
+		t.Errorf("metrics lack ipmasq_netfilter_nat_rules 3:\n%s", grepLines(metrics, "netfilter"))
+	}
+	log, err := os.ReadFile(a.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(log), `msg="Netfilter NAT rules decide before ipmasq`); n != 1 {
+		t.Errorf("%d warning lines about the rules, want 1", n)
+	}
+	if after := iptablesSave(t, d.node); after != before {
+		t.Errorf("the agent changed netfilter:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}
+
+// iptablesSave lists the node's IPv4 and IPv6 nat rules.
+func iptablesSave(t *testing.T, n *topology.Netns) string {
+	t.Helper()
+	var out strings.Builder
+	for _, bin := range []string{"iptables-nft", "ip6tables-nft"} {
+		cmd := exec.Command(bin, "-w", "-t", "nat", "-S")
+		var b strings.Builder
+		cmd.Stdout, cmd.Stderr = &b, &b
+		if err := n.Start(cmd); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("%s: %v: %s", bin, err, b.String())
+		}
+		out.WriteString(b.String())
+	}
+	return out.String()
+}
+
