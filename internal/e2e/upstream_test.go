@@ -664,4 +664,3 @@ func iptablesSave(t *testing.T, n *topology.Netns) string {
 	}
 	return out.String()
 }
-
