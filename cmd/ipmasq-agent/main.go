@@ -31,7 +31,9 @@ import (
 )
 
 func main() {
-	if err := newRootCommand().Execute(); err != nil {
+	root := newRootCommand()
+	root.SetArgs(goStyleArgs(root.Flags(), os.Args[1:]))
+	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "ipmasq-agent: %s\n", oneLine(err))
 		os.Exit(1)
 	}

@@ -117,3 +117,23 @@ func parseToPorts(s string) (datapath.PortRange, error) {
 	}
 	return pr, nil
 }
+
+// goStyleArgs rewrites "-name" and "-name=value" to "--name..." when name is
+// one of flags' long names: upstream parses its flags with Go's flag
+// package, which takes a single dash too (-v=2, -masq-chain=X), and its
+// users' manifests may hold either. Shorthands ("-h") and everything else
+// are left as they are; "--" ends the rewriting.
+func goStyleArgs(flags *pflag.FlagSet, args []string) []string {
+	out := make([]string, 0, len(args))
+	for i, a := range args {
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "-"), "=")
+		if len(a) > 1 && a[0] == '-' && a[1] != '-' && flags.Lookup(name) != nil && (len(name) > 1 || flags.ShorthandLookup(name) == nil) {
+			a = "-" + a
+		}
+		out = append(out, a)
+	}
+	return out
+}

@@ -85,3 +85,15 @@ func TestUpstreamArgsWarnOncePerFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestGoStyleArgs: upstream's single-dash spellings reach the same flags.
+func TestGoStyleArgs(t *testing.T) {
+	root := newRootCommand()
+	got := goStyleArgs(root.Flags(), []string{"-v=2", "-masq-chain=IP-MASQ", "-nomasq-all-reserved-ranges", "-logtostderr",
+		"--log-level=debug", "-h", "-x", "status", "--", "-v=3"})
+	want := []string{"--v=2", "--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges", "--logtostderr",
+		"--log-level=debug", "-h", "-x", "status", "--", "-v=3"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("got  %q\nwant %q", got, want)
+	}
+}

@@ -77,7 +77,8 @@ var upstreamCorpus = []upstreamCase{
 	{"masqLinkLocal", file("nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqLinkLocal: true\n"), nil},
 	{"nested and odd ranges, JSON", file(`{"nonMasqueradeCIDRs": ["100.64.0.0/10", "100.64.1.0/24", "198.18.0.0/15", "240.0.0.0/4", "1.2.3.4/32", "128.0.0.0/2"]}`), nil},
 	{"upstream DaemonSet args", file("nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\n"),
-		[]string{"--masq-chain=IP-MASQ", "--v=2", "--logtostderr", "--random-fully=false", "--to-ports=40000-40100"}},
+		// Go's flag package takes one dash too: -v=2.
+		[]string{"--masq-chain=IP-MASQ", "-v=2", "--logtostderr", "--random-fully=false", "--to-ports=40000-40100"}},
 	{"IPv6", file("nonMasqueradeCIDRs: [10.0.0.0/8, fd00::/8, 2001:db8::/32]\n"), []string{"--enable-ipv6"}},
 	{"IPv6, masqLinkLocalIPv6", file("nonMasqueradeCIDRs: [2001:db8:1::/48, 172.16.0.0/12]\nmasqLinkLocalIPv6: true\n"), []string{"--enable-ipv6=true"}},
 	{"IPv6 defaults", nil, []string{"--enable-ipv6"}},
@@ -562,7 +563,7 @@ func checkUpstreamFlagWarnings(t *testing.T, a *agent, args []string) {
 		t.Fatal(err)
 	}
 	for _, arg := range args {
-		name, _, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+		name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
 		switch name {
 		case "masq-chain", "v", "logtostderr", "random-fully":
 		default:
