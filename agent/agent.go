@@ -18,6 +18,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/egressrules"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/k8snode"
+	"github.com/ipmasq/ipmasq/cells/netfilter"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/readers/metrics"
@@ -52,7 +53,8 @@ var Infrastructure = cell.Group(
 
 // Cell is every ipmasq cell: settings, the Kubernetes connection, config
 // file, pod CIDRs (flags and Node), BPF maps, devices and the eBPF
-// datapath, IPAM and its API, the per-endpoint ip rules, and the readers
+// datapath, IPAM and its API, the per-endpoint ip rules, the netfilter
+// NAT rules that would decide first, and the readers
 // (metrics, status, the Node's Events). Their order does not matter: each
 // reads tables or pinned maps, never another cell's state filled at start.
 var Cell = cell.Group(
@@ -74,6 +76,8 @@ var Cell = cell.Group(
 	api.Cell,
 	egressrules.Cell,
 	iprules.Cell,
+	// Netfilter NAT rules that decide before the datapath (read-only).
+	netfilter.Cell,
 	status.Cell,
 	// Config rejections as Events on the Node (with --k8s-node-name).
 	nodeevents.Cell,

@@ -34,14 +34,18 @@ import (
 )
 
 func main() {
-	if err := newRootCommand().Execute(); err != nil {
+	root := newRootCommand()
+	root.SetArgs(goStyleArgs(root.Flags(), os.Args[1:]))
+	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "ipmasq-agent: %s\n", oneLine(err))
 		os.Exit(1)
 	}
 }
 
 func newRootCommand() *cobra.Command {
-	h := agent.New()
+	var pre preflight
+	h := agent.New(pre.captureSettings())
+	var upstream upstreamFlags
 	var logLevel string
 	var showVersion bool
 	root := &cobra.Command{
@@ -59,6 +63,12 @@ func newRootCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			warnings, err := upstream.apply(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			// Nothing is logged before the flags are known good.
+			log = pre.holdLog(log)
 			log.Info("Starting ipmasq-agent", "version", buildinfo.Version(), "revision", buildinfo.Revision(), "goversion", buildinfo.GoVersion())
 			if err := rlimit.RemoveMemlock(); err != nil {
 				return fmt.Errorf("remove memlock limit: %w", err)
@@ -68,12 +78,17 @@ func newRootCommand() *cobra.Command {
 			ctx, stop := context.WithCancel(context.Background())
 			defer stop()
 			go newMemoryReleaser(log).run(ctx, releaseCheckInterval)
+			if err := pre.check(h, log); err != nil {
+				return err
+			}
+			pre.release(warnings)
 			return h.Run(log)
 		},
 	}
 	root.Flags().BoolVar(&showVersion, "version", false, "Print the version (git describe of the build) and exit")
 	root.Flags().StringVar(&logLevel, "log-level", envOr("IPMASQ_LOG_LEVEL", "info"), "Log level: debug, info, warn or error")
 	h.RegisterFlags(root.Flags())
+	upstream.register(root.Flags())
 	root.AddCommand(h.Command(), newMapsCommand(), newShellCommand(), newStatusCommand(), newUninstallCommand())
 	return root
 }

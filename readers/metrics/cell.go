@@ -86,6 +86,7 @@ type sources struct {
 	CIDRs        statedb.Table[*tables.NonMasqCIDR]          `optional:"true"`
 	Devices      statedb.Table[*tables.DatapathDevice]       `optional:"true"`
 	RuleSources  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
+	Netfilter    statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
 }
 
 func registerCollectors(s sources) error {
