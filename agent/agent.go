@@ -46,7 +46,7 @@ var Infrastructure = cell.Group(
 	job.Cell,
 	cell.SimpleHealthCell,
 	cell.Provide(func(h *cell.SimpleHealth) hive.ScriptCmdOut {
-		return hive.NewScriptCmd("health", cell.SimpleHealthCmd(h))
+		return hive.NewScriptCmd("health", metrics.HealthCmd(h))
 	}),
 )
 

@@ -39,7 +39,7 @@ func main() {
 
 func newRootCommand() *cobra.Command {
 	h := agent.New()
-	var logLevel string
+	var logLevel, logFormat string
 	root := &cobra.Command{
 		Use:           "ipmasq-agent",
 		Short:         "Masquerade agent for Linux and Kubernetes nodes, in eBPF",
@@ -47,7 +47,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(logLevel)
+			log, err := newLogger(os.Stderr, logLevel, logFormat)
 			if err != nil {
 				return err
 			}
@@ -63,6 +63,7 @@ func newRootCommand() *cobra.Command {
 		},
 	}
 	root.Flags().StringVar(&logLevel, "log-level", envOr("IPMASQ_LOG_LEVEL", "info"), "Log level: debug, info, warn or error")
+	root.Flags().StringVar(&logFormat, "log-format", envOr("IPMASQ_LOG_FORMAT", "text"), "Log format: text (key=value) or json (one object a line)")
 	h.RegisterFlags(root.Flags())
 	root.AddCommand(h.Command(), newMapsCommand(), newShellCommand(), newStatusCommand())
 	return root
@@ -136,12 +137,21 @@ func newMapsCommand() *cobra.Command {
 	return cmd
 }
 
-func newLogger(level string) (*slog.Logger, error) {
+// newLogger is the agent's logger on w: key=value text by default, or one
+// JSON object a line for log collectors that parse fields.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level=%q: want debug, info, warn or error", level)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format=%q: want text or json", format)
 }
 
 func envOr(name, def string) string {

@@ -4,7 +4,7 @@
 //	ipmasq-agent --prometheus-serve-addr=:9963
 //	curl http://127.0.0.1:9963/metrics          # ipmasq_*, go_* and process_* metrics
 //	curl http://127.0.0.1:9963/healthz          # 200 "ok", or 503 and the degraded health scopes
-//	curl http://127.0.0.1:9963/healthz?verbose  # ... and every scope
+//	curl http://127.0.0.1:9963/healthz?verbose  # ... and every scope that has a status
 //
 // Like the status page it only reads: the tables and the nonmasq-maps and
 // datapath handles at scrape time (an idle agent does no work for its
