@@ -21,6 +21,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/readers/metrics"
+	"github.com/ipmasq/ipmasq/readers/natview"
 	"github.com/ipmasq/ipmasq/readers/nodeevents"
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/readers/status"
@@ -73,6 +74,8 @@ var Cell = cell.Group(
 	iprules.Cell,
 	iprulesreconciler.Cell,
 	status.Cell,
+	// datapath/nat: the NAT pairs, read from the pins.
+	natview.Cell,
 	// Config rejections as Events on the Node (with --k8s-node-name).
 	nodeevents.Cell,
 	// The live shell, read-only: the db/* queries and the cells' own

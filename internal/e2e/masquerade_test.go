@@ -171,7 +171,7 @@ func TestStatusAndShell(t *testing.T) {
 		}
 	}
 	out, err = exec.Command(agentBin, "shell", sock, "datapath/nat").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "tcp egress 10.244.1.2:") {
+	if err != nil || !strings.Contains(string(out), "masquerade ipv4 tcp tcp-") || !strings.Contains(string(out), " 10.244.1.2:") {
 		t.Fatalf("shell datapath/nat: %v\n%s", err, out)
 	}
 	out, err = exec.Command(agentBin, "status", "--shell-sock-path=/nonexistent/shell.sock").CombinedOutput()
