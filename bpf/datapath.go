@@ -51,6 +51,7 @@ const (
 	MapFragV4      = masqMapFragV4
 	MapFragV6      = masqMapFragV6
 	MapCounters    = masqMapCounters
+	MapDevCounters = masqMapDevCounters
 )
 
 // NonMasqSpec is the layout of the trie nonmasq_v4 or nonmasq_v6 as lib/maps.h
@@ -158,7 +159,7 @@ func Load(opts LoadOptions) (*Datapath, error) {
 		for _, name := range []string{
 			MapMasqSrcV4, MapMasqSrcV6, MapMasqRulesV4, MapMasqRulesV6,
 			MapNodeAddrsV4, MapNodeAddrsV6, MapEgressDevs, MapConfig,
-			MapNATV4, MapNATV6, MapFragV4, MapFragV6, MapCounters,
+			MapNATV4, MapNATV6, MapFragV4, MapFragV6, MapCounters, MapDevCounters,
 		} {
 			open := bpfmap.OpenPinned
 			if name == MapNATV4 || name == MapNATV6 {
