@@ -182,4 +182,3 @@ func TestDatapathCollectorError(t *testing.T) {
 		t.Fatalf("gathered %v, want the counters only", names)
 	}
 }
-
