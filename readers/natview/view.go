@@ -151,11 +151,14 @@ type jsonPair struct {
 	Flags            []string `json:"flags,omitempty"`
 }
 
+// writeJSON writes an array with one pair a line.
 func writeJSON(w *bufio.Writer, src Source, f filter, l bpf.Lifetimes, now uint64) error {
 	w.WriteString("[")
-	first := true
-	enc := json.NewEncoder(w)
-	var werr error
+	sep := "\n"
+	var (
+		buf  []byte
+		werr error
+	)
 	err := src.NATPairs(func(p *bpf.NATPair) bool {
 		if !f.match(p) {
 			return true
@@ -170,17 +173,22 @@ func writeJSON(w *bufio.Writer, src Source, f filter, l bpf.Lifetimes, now uint6
 		if p.Translated.IsValid() {
 			rec.Translated = &jsonTuple{p.Translated, p.Dst}
 		}
-		if !first {
-			w.WriteString(",")
+		if buf, werr = json.Marshal(&rec); werr != nil {
+			return false
 		}
-		first = false
-		werr = enc.Encode(&rec)
-		return werr == nil
+		w.WriteString(sep)
+		w.Write(buf)
+		sep = ",\n"
+		return true
 	})
 	if err == nil {
 		err = werr
 	}
-	w.WriteString("]\n")
+	if sep == "\n" {
+		w.WriteString("]\n") // no pair: []
+	} else {
+		w.WriteString("\n]\n")
+	}
 	return err
 }
 
