@@ -287,7 +287,7 @@ func sendRaw(n *topology.Netns, network string, src, dst netip.Addr, payload []b
 	defer c.Close()
 	if network == "ip4:icmp" {
 		binary.BigEndian.PutUint16(payload[2:], 0)
-		binary.BigEndian.PutUint16(payload[2:], inetChecksum(payload))
+		binary.BigEndian.PutUint16(payload[2:], icmpChecksum(payload))
 	}
 	_, err := c.WriteTo(payload, &net.IPAddr{IP: dst.AsSlice()})
 	return err
@@ -302,25 +302,11 @@ func ipv4UDPHeader(src, dst netip.Addr, sport, dport uint16) []byte {
 	s, d := src.As4(), dst.As4()
 	copy(h[12:], s[:])
 	copy(h[16:], d[:])
-	binary.BigEndian.PutUint16(h[10:], inetChecksum(h[:20]))
+	binary.BigEndian.PutUint16(h[10:], icmpChecksum(h[:20]))
 	binary.BigEndian.PutUint16(h[20:], sport)
 	binary.BigEndian.PutUint16(h[22:], dport)
 	binary.BigEndian.PutUint16(h[24:], 8+8)
 	return h
-}
-
-func inetChecksum(b []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
 }
 
 // conntrackTuple is what the nat listing and conntrack -L agree on for a
