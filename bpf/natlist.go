@@ -85,8 +85,8 @@ const natReadChunk = 4096
 
 // ReadNATPairsV4 reads nat_v4 in batches and calls visit for every pair,
 // inbound record and node flow hold (in map order), until visit returns
-// false. The reply entries are indexed first, so a listing costs two
-// passes over a batch-read copy of the map and no lookup per pair.
+// false. The map is read twice: the reply entries are indexed first, so a
+// pair costs no lookup, and memory is that index, not a copy of the map.
 func ReadNATPairsV4(m *ebpf.Map, visit func(*NATPair) bool) error {
 	return readNATPairs(m, MapNATV4, func(k NATKeyV4, v NATValV4) natRecord[NATKeyV4] {
 		return natRecord[NATKeyV4]{
@@ -147,23 +147,25 @@ type replyInfo struct {
 
 func readNATPairs[K comparable, V any](m *ebpf.Map, name string, decode func(K, V) natRecord[K],
 	visit func(*NATPair) bool) error {
-	keys, vals, err := readAll[K, V](m, name)
+	// Pass 1: the reply entries, by key, so each egress entry finds its
+	// other half without a syscall. Only they are kept: memory is this
+	// index and one batch, not a copy of the map.
+	replies := map[K]replyInfo{}
+	err := readBatches(m, name, func(k K, v V) bool {
+		if r := decode(k, v); r.dir == DirIngress && r.flags&NATFlagHost == 0 {
+			replies[k] = replyInfo{flags: r.flags, lastSeen: r.lastSeen}
+		}
+		return true
+	})
 	if err != nil {
 		return err
 	}
-	// Pass 1: the reply entries, by key, so each egress entry finds its
-	// other half without a syscall.
-	replies := make(map[K]replyInfo, len(keys)/2)
-	for i := range keys {
-		r := decode(keys[i], vals[i])
-		if r.dir == DirIngress && r.flags&NATFlagHost == 0 {
-			replies[keys[i]] = replyInfo{flags: r.flags, lastSeen: r.lastSeen}
-		}
-	}
 	// Pass 2: one record per egress entry, inbound record and host hold.
+	// An entry added between the passes may miss its reply (listed as
+	// evicted until the next read).
 	var p NATPair
-	for i := range keys {
-		r := decode(keys[i], vals[i])
+	return readBatches(m, name, func(k K, v V) bool {
+		r := decode(k, v)
 		p = NATPair{IPv6: r.ipv6, Proto: r.proto, Flags: r.flags, CreatedNs: r.created, LastSeenNs: r.lastSeen}
 		switch {
 		case r.dir == DirEgress:
@@ -181,52 +183,53 @@ func readNATPairs[K comparable, V any](m *ebpf.Map, name string, decode func(K, 
 			// The reply tuple of a node flow: remote → node.
 			p.Kind, p.Src, p.Dst = KindHost, r.dst, r.src
 		default:
-			continue // a reply entry, listed with its pair
+			return true // a reply entry, listed with its pair
 		}
 		p.State = StateOf(p.Proto, p.Flags)
-		if !visit(&p) {
-			return nil
-		}
-	}
-	return nil
+		return visit(&p)
+	})
 }
 
-// readAll copies a map in batches (one syscall per natReadChunk entries),
-// or entry by entry where the kernel has no batch reads.
-func readAll[K comparable, V any](m *ebpf.Map, name string) ([]K, []V, error) {
+// readBatches calls fn for every entry of m, read in batches of
+// natReadChunk (one syscall each), or entry by entry where the kernel has
+// no batch reads, until fn returns false.
+func readBatches[K comparable, V any](m *ebpf.Map, name string, fn func(K, V) bool) error {
 	var (
-		keys   []K
-		vals   []V
 		cursor ebpf.MapBatchCursor
-		kbuf   = make([]K, natReadChunk)
-		vbuf   = make([]V, natReadChunk)
+		keys   = make([]K, natReadChunk)
+		vals   = make([]V, natReadChunk)
 	)
 	for {
-		n, err := m.BatchLookup(&cursor, kbuf, vbuf, nil)
-		keys, vals = append(keys, kbuf[:n]...), append(vals, vbuf[:n]...)
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return keys, vals, nil
-		}
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
 		if errors.Is(err, ebpf.ErrNotSupported) {
 			break
 		}
+		for i := range n {
+			if !fn(keys[i], vals[i]) {
+				return nil
+			}
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("read %s: %w", name, err)
+			return fmt.Errorf("read %s: %w", name, err)
 		}
 	}
-	keys, vals = keys[:0], vals[:0]
 	var (
 		k K
 		v V
 	)
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		keys, vals = append(keys, k), append(vals, v)
+		if !fn(k, v) {
+			return nil
+		}
 	}
 	if err := it.Err(); err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", name, err)
+		return fmt.Errorf("read %s: %w", name, err)
 	}
-	return keys, vals, nil
+	return nil
 }
 
 // LifetimesOf reads the lifetimes the programs apply from the config map.

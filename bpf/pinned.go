@@ -70,35 +70,9 @@ func (p Pinned) NATOccupancy() (v4, v6, capacity int, err error) {
 // kernel has them (one buffer of natReadChunk entries, whatever the map's
 // size), entry by entry otherwise.
 func CountEntries[K, V comparable](m *ebpf.Map) (int, error) {
-	var (
-		n      int
-		cursor ebpf.MapBatchCursor
-		keys   = make([]K, natReadChunk)
-		vals   = make([]V, natReadChunk)
-	)
-	for {
-		got, err := m.BatchLookup(&cursor, keys, vals, nil)
-		n += got
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, nil
-		}
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			break
-		}
-		if err != nil {
-			return 0, err
-		}
-	}
-	n = 0
-	var (
-		k K
-		v V
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	return n, it.Err()
+	n := 0
+	err := readBatches(m, m.String(), func(K, V) bool { n++; return true })
+	return n, err
 }
 
 // NonMasqEntries returns the entries of the non-masquerade maps, per
