@@ -9,11 +9,13 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -416,4 +418,45 @@ func natFlows(t *testing.T, a *agent) []conntrackTuple {
 		flows = append(flows, c)
 	}
 	return flows
+}
+
+// TestQuietSteadyState: once started, an agent whose config and devices do
+// not change writes nothing at INFO, however many resyncs (config re-read,
+// map drift repair) run.
+func TestQuietSteadyState(t *testing.T) {
+	topo, err := topology.NewMasquerade()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { topo.Close() })
+	a := newAgent(t, topo.Node, masqueradeAll+"resyncInterval: 200ms\n")
+	a.args = []string{"--log-level=info"} // after the harness's --log-level=debug: the last wins
+	a.start()
+	var started int
+	a.waitFor("the hive started", func() bool {
+		data, _ := os.ReadFile(a.log)
+		started = strings.Index(string(data), `msg="Started hive"`)
+		return started >= 0
+	})
+	time.Sleep(2 * time.Second) // ten resyncs
+	data, err := os.ReadFile(a.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steady := string(data[started:])
+	_, steady, _ = strings.Cut(steady, "\n")
+	// The device watcher reports the selected devices once after start;
+	// anything after that is noise.
+	var noisy []string
+	for line := range strings.Lines(steady) {
+		if strings.Contains(line, "level=INFO") && !strings.Contains(line, `msg="Egress devices selected"`) {
+			noisy = append(noisy, line)
+		}
+	}
+	if len(noisy) > 0 {
+		t.Errorf("INFO lines at steady state (2 s, resyncInterval 200ms):\n%s", strings.Join(noisy, ""))
+	}
+	if !strings.Contains(string(data), `msg="Config applied"`) {
+		t.Errorf("the first load was not logged at INFO:\n%s", data)
+	}
 }
