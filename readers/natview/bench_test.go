@@ -64,10 +64,13 @@ func natMaps(b *testing.B, pairs int) bpf.Pinned {
 	vals := make([]bpf.NATValV4, 0, chunk)
 	snat := bpf.Addr4(netip.MustParseAddr("10.0.0.5"))
 	for i := range pairs {
+		// Every pair its own tuples both ways: 60 000 NAT ports toward
+		// each of 17 remotes.
 		pod := netip.AddrFrom4([4]byte{10, 244, byte(i >> 16), byte(i >> 8)})
-		k := bpf.NATKeyV4{Src: bpf.Addr4(pod), Dst: bpf.Addr4(netip.MustParseAddr("198.51.100.7")),
+		remote := netip.AddrFrom4([4]byte{198, 18, byte(i / 60000), 7})
+		k := bpf.NATKeyV4{Src: bpf.Addr4(pod), Dst: bpf.Addr4(remote),
 			Sport: bpf.Port(uint16(1024 + i%60000)), Dport: bpf.Port(443), Proto: bpf.ProtoTCP, Dir: bpf.DirEgress}
-		v := bpf.NATValV4{Addr: snat, Port: bpf.Port(uint16(1024 + i%64000)), CreatedNs: now, LastSeenNs: now}
+		v := bpf.NATValV4{Addr: snat, Port: bpf.Port(uint16(1024 + i%60000)), CreatedNs: now, LastSeenNs: now}
 		keys, vals = append(keys, k, bpf.PeerV4(k, v)), append(vals, v, bpf.NATValV4{Addr: k.Src, Port: k.Sport,
 			Flags: bpf.NATFlagSeen, CreatedNs: now, LastSeenNs: now})
 		if len(keys) >= chunk || i == pairs-1 {
@@ -77,7 +80,11 @@ func natMaps(b *testing.B, pairs int) bpf.Pinned {
 			keys, vals = keys[:0], vals[:0]
 		}
 	}
-	return bpf.Pinned{Dir: dir}
+	pinned := bpf.Pinned{Dir: dir}
+	if fill, err := pinned.NATFill(); err != nil || fill[0].Entries != 2*pairs {
+		b.Fatalf("nat_v4 holds %v (%v), want %d entries", fill, err, 2*pairs)
+	}
+	return pinned
 }
 
 func BenchmarkNATList(b *testing.B) {
