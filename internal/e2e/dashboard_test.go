@@ -30,7 +30,8 @@ var metricName = regexp.MustCompile(`\b(?:ipmasq|go|process)_[a-zA-Z0-9_:]*`)
 // a live agent's /metrics (after traffic, so every datapath series
 // exists); every query of deploy/grafana/ipmasq.json and every alert of
 // deploy/prometheus/ipmasq-rules.yaml names only metrics that agent
-// exports; promtool check rules accepts the alerts.
+// exports; promtool check rules accepts the alerts, and promtool test rules
+// runs their unit tests (deploy/prometheus/ipmasq-rules.test.yaml).
 func TestDashboardAndAlerts(t *testing.T) {
 	promtool, err := promtooltest.Binary()
 	if err != nil {
@@ -111,12 +112,25 @@ func TestDashboardAndAlerts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rulesFile := filepath.Join(t.TempDir(), "ipmasq-rules.yaml")
+	dir := t.TempDir()
+	rulesFile := filepath.Join(dir, "ipmasq-rules.yaml")
 	if err := os.WriteFile(rulesFile, groups, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command(promtool, "check", "rules", rulesFile).CombinedOutput(); err != nil {
 		t.Errorf("promtool check rules: %v\n%s", err, out)
+	}
+	// The alerts' unit tests, next to the plain rule file they name.
+	tests, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "ipmasq-rules.test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testsFile := filepath.Join(dir, "ipmasq-rules.test.yaml")
+	if err := os.WriteFile(testsFile, tests, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", testsFile).CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules: %v\n%s", err, out)
 	}
 	alerts := map[string]bool{}
 	for _, g := range rule.Spec.Groups {
