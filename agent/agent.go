@@ -22,6 +22,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/readers/metrics"
+	"github.com/ipmasq/ipmasq/readers/natview"
 	"github.com/ipmasq/ipmasq/readers/nodeevents"
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/readers/status"
@@ -47,7 +48,7 @@ var Infrastructure = cell.Group(
 	job.Cell,
 	cell.SimpleHealthCell,
 	cell.Provide(func(h *cell.SimpleHealth) hive.ScriptCmdOut {
-		return hive.NewScriptCmd("health", cell.SimpleHealthCmd(h))
+		return hive.NewScriptCmd("health", metrics.HealthCmd(h))
 	}),
 )
 
@@ -79,6 +80,8 @@ var Cell = cell.Group(
 	// Netfilter NAT rules that decide before the datapath (read-only).
 	netfilter.Cell,
 	status.Cell,
+	// datapath/nat: the NAT pairs, read from the pins.
+	natview.Cell,
 	// Config rejections as Events on the Node (with --k8s-node-name).
 	nodeevents.Cell,
 	// The live shell, read-only: the db/* queries and the cells' own

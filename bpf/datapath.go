@@ -53,6 +53,7 @@ const (
 	MapFragV4      = masqMapFragV4
 	MapFragV6      = masqMapFragV6
 	MapCounters    = masqMapCounters
+	MapDevCounters = masqMapDevCounters
 )
 
 // NonMasqSpec is the layout of the trie nonmasq_v4 or nonmasq_v6 as lib/maps.h
