@@ -30,48 +30,28 @@ func runBench(b *testing.B, prog *ebpf.Program, frame []byte, n int) {
 // also a masquerade source with a dir-0 entry back to the pod's tuple.
 func pingPong(b *testing.B, e *testEnv, f flow) {
 	natPort := masqueradedB(b, e, f)
-	var err error
-	if f.src.Is4() {
-		if err = e.dp.Maps.MasqSrcV4.Put(LPMKeyV4From(netip.PrefixFrom(snat4, 32)), uint8(1)); err == nil {
-			k := NATKeyV4{Src: Addr4(snat4), Dst: Addr4(f.dst), Sport: Port(natPort), Dport: Port(f.dport), Proto: f.proto, Dir: DirEgress}
-			err = e.dp.Maps.NatV4.Put(k, NATValV4{Addr: Addr4(f.src), Port: Port(f.sport)})
-		}
-	} else {
-		if err = e.dp.Maps.MasqSrcV6.Put(LPMKeyV6From(netip.PrefixFrom(snat6, 128)), uint8(1)); err == nil {
-			k := NATKeyV6{Src: snat6.As16(), Dst: f.dst.As16(), Sport: Port(natPort), Dport: Port(f.dport), Proto: f.proto, Dir: DirEgress}
-			err = e.dp.Maps.NatV6.Put(k, NATValV6{Addr: f.src.As16(), Port: Port(f.sport)})
-		}
+	if err := e.dp.Maps.MasqSrcV4.Put(LPMKeyV4From(netip.PrefixFrom(snat4, 32)), uint8(1)); err != nil {
+		b.Fatal(err)
 	}
-	if err != nil {
+	k := NATKeyV4{Src: Addr4(snat4), Dst: Addr4(f.dst), Sport: Port(natPort), Dport: Port(f.dport), Proto: f.proto, Dir: DirEgress}
+	v := NATValV4{Addr: Addr4(f.src), Port: Port(f.sport)}
+	if err := e.dp.Maps.NatV4.Put(k, v); err != nil {
 		b.Fatal(err)
 	}
 }
 
-// masqueradedB runs the first packet of f through egress and returns its
-// NAT port (the translated TCP source port).
 func masqueradedB(b *testing.B, e *testEnv, f flow) uint16 {
 	b.Helper()
-	l4 := 14 + 20
-	if f.src.Is6() {
-		l4 = 14 + 40
-	}
 	ret, out := e.run(e.dp.Egress, f.packet())
-	if ret != tcActUnspec || len(out) < l4+2 {
+	if ret != tcActUnspec || len(out) < 14+24 {
 		b.Fatalf("first packet: verdict %d", int32(ret))
 	}
-	return uint16(out[l4])<<8 | uint16(out[l4+1])
+	return uint16(out[14+20])<<8 | uint16(out[14+21])
 }
 
 func BenchmarkEgressEstablished(b *testing.B) {
 	e := newEnv(b, envOptions{})
 	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK, payload: make([]byte, 1400)}
-	pingPong(b, e, f)
-	runBench(b, e.dp.Egress, f.packet(), b.N)
-}
-
-func BenchmarkEgressEstablishedV6(b *testing.B) {
-	e := newEnv(b, envOptions{})
-	f := flow{src: pod6, dst: remote6, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK, payload: make([]byte, 1400)}
 	pingPong(b, e, f)
 	runBench(b, e.dp.Egress, f.packet(), b.N)
 }
@@ -93,27 +73,12 @@ func BenchmarkEgressNonMasqDestination(b *testing.B) {
 // The NAT map is emptied every chunk so that port probing stays short, as in
 // a table that the collector keeps from filling up.
 func BenchmarkEgressNewFlow(b *testing.B) {
-	benchNewFlow(b, flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN})
-}
-
-func BenchmarkEgressNewFlowV6(b *testing.B) {
-	benchNewFlow(b, flow{src: pod6, dst: remote6, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN})
-}
-
-func benchNewFlow(b *testing.B, f flow) {
 	const chunk = 4096
 	e := newEnv(b, envOptions{natMax: 4 * chunk, portMin: 1024, portMax: 65535})
-	var err error
-	natMap := e.dp.Maps.NatV4
-	if f.src.Is4() {
-		err = e.dp.Maps.MasqSrcV4.Put(LPMKeyV4From(netip.PrefixFrom(snat4, 32)), uint8(1))
-	} else {
-		natMap = e.dp.Maps.NatV6
-		err = e.dp.Maps.MasqSrcV6.Put(LPMKeyV6From(netip.PrefixFrom(snat6, 128)), uint8(1))
-	}
-	if err != nil {
+	if err := e.dp.Maps.MasqSrcV4.Put(LPMKeyV4From(netip.PrefixFrom(snat4, 32)), uint8(1)); err != nil {
 		b.Fatal(err)
 	}
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
 	frame := f.packet()
 	before := e.counters()
 	var total float64
@@ -126,11 +91,7 @@ func benchNewFlow(b *testing.B, f flow) {
 		}
 		total += float64(perRun.Nanoseconds()) * float64(n)
 		b.StopTimer()
-		if f.src.Is4() {
-			clearMap[NATKeyV4, NATValV4](b, natMap)
-		} else {
-			clearMap[NATKeyV6, NATValV6](b, natMap)
-		}
+		clearMap(b, e.dp.Maps.NatV4)
 		b.StartTimer()
 	}
 	b.ReportMetric(total/float64(b.N), "ns/pkt")
@@ -139,10 +100,10 @@ func benchNewFlow(b *testing.B, f flow) {
 	}
 }
 
-func clearMap[K, V any](b *testing.B, m *ebpf.Map) {
-	var keys []K
-	var k K
-	var v V
+func clearMap(b *testing.B, m *ebpf.Map) {
+	var keys []NATKeyV4
+	var k NATKeyV4
+	var v NATValV4
 	it := m.Iterate()
 	for it.Next(&k, &v) {
 		keys = append(keys, k)
@@ -170,20 +131,6 @@ func BenchmarkIngressReply(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := reply(f, snat4, natPort)
-	r.payload = make([]byte, 1400)
-	runBench(b, e.dp.Ingress, r.packet(), b.N)
-}
-
-func BenchmarkIngressReplyV6(b *testing.B) {
-	e := newEnv(b, envOptions{})
-	f := flow{src: pod6, dst: remote6, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpACK}
-	natPort := masqueradedB(b, e, f)
-	k := NATKeyV6{Src: remote6.As16(), Dst: pod6.As16(), Sport: Port(443), Dport: Port(40000), Proto: protoTCP, Dir: DirIngress}
-	v := NATValV6{Addr: snat6.As16(), Port: Port(natPort)}
-	if err := e.dp.Maps.NatV6.Put(k, v); err != nil {
-		b.Fatal(err)
-	}
-	r := reply(f, snat6, natPort)
 	r.payload = make([]byte, 1400)
 	runBench(b, e.dp.Ingress, r.packet(), b.N)
 }
