@@ -7,8 +7,8 @@ import (
 
 	"github.com/cilium/hive/cell"
 
-	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/agentlock"
+	"github.com/ipmasq/ipmasq/settings"
 )
 
 // stateLock holds <state-dir>/agent.lock (internal/agentlock) from the
@@ -17,7 +17,7 @@ import (
 // the same pins, rules and state file, and `ipmasq-agent uninstall`
 // refuses to remove what a running agent uses. It is the first cell of
 // Cell, so its start hook runs before any other touches the kernel.
-var stateLock = cell.Invoke(func(lc cell.Lifecycle, cfg ipam.Config, log *slog.Logger) {
+var stateLock = cell.Invoke(func(lc cell.Lifecycle, cfg settings.Config, log *slog.Logger) {
 	var l *agentlock.Lock
 	lc.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {

@@ -28,11 +28,11 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/k8snode"
 	"github.com/ipmasq/ipmasq/internal/agentlock"
 	"github.com/ipmasq/ipmasq/internal/unixsock"
+	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
@@ -60,8 +60,8 @@ type Options struct {
 // DefaultOptions are the agent's defaults.
 var DefaultOptions = Options{
 	BPFRoot:      settings.Default.BPFRoot,
-	StateDir:     ipam.DefaultConfig.StateDir,
-	APISocket:    api.DefaultSocket,
+	StateDir:     settings.Default.StateDir,
+	APISocket:    ipamapi.DefaultSocket,
 	ShellSocket:  shell.DefaultSocket,
 	RulePriority: 111,
 }

@@ -1,4 +1,4 @@
-package iprules
+package egressrules
 
 import (
 	"bytes"
@@ -22,7 +22,7 @@ import (
 // endpoint's rules, a config change only the rules of the templates that
 // appeared or went away. Re-deriving endpoints × prefixes on every change
 // is what made an agent with 16 384 prefixes and 1 000 endpoints run out of
-// memory (issue #14).
+// memory.
 type controller struct {
 	params          controllerParams
 	markInitialized func(statedb.WriteTxn)

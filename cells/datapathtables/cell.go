@@ -5,7 +5,7 @@
 //	egress-devices + masquerade-rules ──▶ datapath-devices, masquerade-rule-sources
 //	egress-devices (every address)    ──▶ node-addresses
 //	pod-cidrs (enabled families)      ──▶ masquerade-sources
-package datapath
+package datapathtables
 
 import (
 	"context"

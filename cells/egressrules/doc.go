@@ -21,4 +21,4 @@
 // table → map path. The first endpoint with a route table brings them up
 // to date in the same round. Nesting too deep for the priority range is
 // reported (health degraded) while some endpoint has a route table.
-package iprules
+package egressrules

@@ -1,4 +1,4 @@
-package iprules
+package egressrules
 
 import (
 	"fmt"
