@@ -18,8 +18,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 )
 
@@ -72,8 +72,8 @@ func testUninstall(t *testing.T, mode string, stop syscall.Signal) {
 	}
 	rt := uint32(11)
 	for _, family := range []string{"ipv4", "ipv6"} {
-		if _, err := api.NewClient(filepath.Join(a.dir, "api.sock")).Allocate(context.Background(),
-			api.AllocationRequest{Owner: "uninstall/" + family, Family: family, RouteTable: &rt}); err != nil {
+		if _, err := ipamapi.NewClient(filepath.Join(a.dir, "api.sock")).Allocate(context.Background(),
+			ipamapi.AllocationRequest{Owner: "uninstall/" + family, Family: family, RouteTable: &rt}); err != nil {
 			t.Fatalf("allocate %s: %v", family, err)
 		}
 	}
