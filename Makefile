@@ -6,20 +6,47 @@ BIN       := bin
 PKGS      := ./...
 BENCHTIME ?= 20x
 
-.PHONY: all build test demo generate bench vet fmt clean
+# The version stamped into the binaries (ipmasq-agent --version, the start
+# log line, the ipmasq_build_info metric) and the image tag.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS   := -X github.com/ipmasq/ipmasq/internal/buildinfo.version=$(VERSION) \
+             -X github.com/ipmasq/ipmasq/internal/buildinfo.revision=$(REVISION)
+# The image: its reference (registry/repository:tag) and the tarball.
+IMAGE_REPO ?= ghcr.io/ipmasq/ipmasq-agent
+IMAGE      ?= $(IMAGE_REPO):$(VERSION)
+IMAGE_TAR  ?= $(BIN)/ipmasq-agent-image.tar
+# Image files get the commit's time, so a commit builds the same image.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+.PHONY: all build image deps test demo generate bench vet fmt clean
 
 all: build
 
 ## build: compile ipmasq-agent and ipmasq-demo into bin/
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+## image: the agent's OCI image (a static binary and nothing else), built
+## without a container daemon, as a docker-archive tarball $(IMAGE_TAR)
+## tagged $(IMAGE): ctr -n k8s.io images import $(IMAGE_TAR)
+## Override the reference with IMAGE=registry/repo:tag or IMAGE_REPO=...
+image:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/image/ipmasq-agent ./cmd/ipmasq-agent
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./tools/mkimage --binary $(BIN)/image/ipmasq-agent \
+		--image $(IMAGE) --version $(VERSION) --output $(IMAGE_TAR)
 
 FUZZTIME  ?= 60000x
 
-## test: vet, every test (unit, script, privileged) once, uncached, then the
+## deps: install the Debian packages the tests need (as root, once; tools/deps.sh)
+deps:
+	@sh tools/deps.sh
+
+## test: the Debian packages the tests need (deps), vet, every test (unit,
+## script, privileged) once, uncached, then the
 ## config parser's fuzzer for a fixed number of inputs (a fixed-time run can end in
 ## "context deadline exceeded" when it stops during minimization)
-test: vet
+test: deps vet
 	$(GO) test -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./cells/config/
 

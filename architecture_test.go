@@ -34,15 +34,20 @@ type layer struct {
 // connection) import no other package
 // of the module and may be imported by all.
 var layers = []layer{
-	{"leaf", []string{"settings", "bpfmap", "ipamapi", "internal/unixsock", "internal/kubeclient"}},
+	{"leaf", []string{"settings", "bpfmap", "ipamapi", "internal/unixsock", "internal/kubeclient", "internal/buildinfo", "internal/agentlock"}},
 	{"tables", []string{"tables"}},
 	{"bpf", []string{"bpf"}},
 	{"reconcilers", []string{"reconcilers/"}},
 	{"cells", []string{"cells/", "readers/"}},
-	{"agent", []string{"agent"}},
+	// The composition root, and uninstall: the other package that needs
+	// every owner of a kernel object or file together.
+	{"agent", []string{"agent", "uninstall"}},
 	// The namespace networks of the demo and the end-to-end tests.
 	{"topology", []string{"internal/topology"}},
 	{"cmd", []string{"cmd/"}},
+	// Build tools (the image builder): programs of the module that are
+	// not shipped and link nothing of the agent.
+	{"tools", []string{"tools/"}},
 }
 
 // testTooling are packages that exist for tests only; no production package

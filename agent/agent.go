@@ -18,6 +18,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/egressrules"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/k8snode"
+	"github.com/ipmasq/ipmasq/cells/netfilter"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/readers/metrics"
@@ -53,10 +54,13 @@ var Infrastructure = cell.Group(
 
 // Cell is every ipmasq cell: settings, the Kubernetes connection, config
 // file, pod CIDRs (flags and Node), BPF maps, devices and the eBPF
-// datapath, IPAM and its API, the per-endpoint ip rules, and the readers
+// datapath, IPAM and its API, the per-endpoint ip rules, the netfilter
+// NAT rules that would decide first, and the readers
 // (metrics, status, the Node's Events). Their order does not matter: each
 // reads tables or pinned maps, never another cell's state filled at start.
 var Cell = cell.Group(
+	// First: no other start hook runs while another agent holds the state.
+	stateLock,
 	settings.Cell,
 	// The API server connection (disabled without --k8s-node-name).
 	kubeclient.Cell,
@@ -73,6 +77,8 @@ var Cell = cell.Group(
 	api.Cell,
 	egressrules.Cell,
 	iprules.Cell,
+	// Netfilter NAT rules that decide before the datapath (read-only).
+	netfilter.Cell,
 	status.Cell,
 	// datapath/nat: the NAT pairs, read from the pins.
 	natview.Cell,

@@ -150,6 +150,12 @@ type masqLpmV6Key struct {
 	Addr      [16]uint8
 }
 
+type masqMasqCfgFlag uint32
+
+const (
+	masqMasqCfgFlagMASQ_CFG_KEEP_PORT masqMasqCfgFlag = 1
+)
+
 type masqMasqConfig struct {
 	_         structs.HostLayout
 	PortMin   uint16
@@ -179,6 +185,25 @@ type masqMasqRuleV6Key struct {
 	Ifindex   uint32
 	Addr      [16]uint8
 }
+
+type masqNatDir uint32
+
+const (
+	masqNatDirDIR_EGRESS  masqNatDir = 0
+	masqNatDirDIR_INGRESS masqNatDir = 1
+	masqNatDirDIR_INBOUND masqNatDir = 2
+)
+
+type masqNatFlag uint32
+
+const (
+	masqNatFlagNAT_F_FIN          masqNatFlag = 1
+	masqNatFlagNAT_F_RST          masqNatFlag = 2
+	masqNatFlagNAT_F_SEEN         masqNatFlag = 4
+	masqNatFlagNAT_F_HOST         masqNatFlag = 8
+	masqNatFlagNAT_F_CLOSED_FIRST masqNatFlag = 16
+	masqNatFlagNAT_F_STORED       masqNatFlag = 31
+)
 
 type masqNatState uint32
 
@@ -275,6 +300,9 @@ const (
 	masqVarCounterMax         = "counter_max"
 	masqVarCsumIpv6Flag       = "csum_ipv6_flag"
 	masqVarDropReasonMax      = "drop_reason_max"
+	masqVarMasqCfgFlagsKnown  = "masq_cfg_flags_known"
+	masqVarNatDirLast         = "nat_dir_last"
+	masqVarNatFlagsStored     = "nat_flags_stored"
 	masqVarNatStateMax        = "nat_state_max"
 )
 
@@ -359,6 +387,9 @@ type masqVariableSpecs struct {
 	CounterMax         *ebpf.VariableSpec `ebpf:"counter_max"`
 	CsumIpv6Flag       *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
 	DropReasonMax      *ebpf.VariableSpec `ebpf:"drop_reason_max"`
+	MasqCfgFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
+	NatDirLast         *ebpf.VariableSpec `ebpf:"nat_dir_last"`
+	NatFlagsStored     *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
 	NatStateMax        *ebpf.VariableSpec `ebpf:"nat_state_max"`
 }
 
@@ -434,6 +465,9 @@ type masqVariables struct {
 	CounterMax         *ebpf.Variable `ebpf:"counter_max"`
 	CsumIpv6Flag       *ebpf.Variable `ebpf:"csum_ipv6_flag"`
 	DropReasonMax      *ebpf.Variable `ebpf:"drop_reason_max"`
+	MasqCfgFlagsKnown  *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
+	NatDirLast         *ebpf.Variable `ebpf:"nat_dir_last"`
+	NatFlagsStored     *ebpf.Variable `ebpf:"nat_flags_stored"`
 	NatStateMax        *ebpf.Variable `ebpf:"nat_state_max"`
 }
 

@@ -28,7 +28,6 @@
 static __always_inline int ingress_v4(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v4_key k = { .dir = DIR_INGRESS };
-	struct frag_v4_val *f;
 	struct nat_v4_val *v;
 	__be32 to;
 	struct pkt p;
@@ -36,16 +35,8 @@ static __always_inline int ingress_v4(struct __sk_buff *skb, __u32 l3_off)
 	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0)
 		return TC_ACT_UNSPEC;
-	if (p.frag == FRAG_LATER) {
-		f = frag_lookup_v4(&p, DIR_INGRESS);
-		if (!f)
-			return TC_ACT_UNSPEC;
-		if (rewrite_v4(skb, p.l3_off, p.l3_off + offsetof(struct iphdr, daddr), p.v4.daddr, f->addr,
-			       p.proto, 0, 0, 0, 0) < 0)
-			goto err;
-		count(COUNTER_FRAGMENTS);
-		return TC_ACT_UNSPEC;
-	}
+	if (p.frag == FRAG_LATER)
+		return ingress_frag_v4(skb, &p);
 	if (parse_l4(skb, &p, DIR_INGRESS) < 0)
 		return TC_ACT_UNSPEC;
 	if (p.kind == PKT_ICMP_ERR)
@@ -89,7 +80,6 @@ err:
 static __always_inline int ingress_v6(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v6_key k = { .dir = DIR_INGRESS };
-	struct frag_v6_val *f;
 	struct nat_v6_val *v;
 	__u8 from[16], to[16];
 	struct pkt p;
@@ -98,17 +88,8 @@ static __always_inline int ingress_v6(struct __sk_buff *skb, __u32 l3_off)
 	if (parse_l3_v6(skb, &p) != 0)
 		return TC_ACT_UNSPEC;
 	__builtin_memcpy(from, p.v6.daddr, 16);
-	if (p.frag == FRAG_LATER) {
-		f = frag_lookup_v6(&p, DIR_INGRESS);
-		if (!f)
-			return TC_ACT_UNSPEC;
-		__builtin_memcpy(to, f->addr, 16);
-		if (rewrite_v6(skb, p.l3_off + offsetof(struct ipv6hdr, daddr), from, to,
-			       p.proto, 0, 0, 0, 0) < 0)
-			goto err;
-		count(COUNTER_FRAGMENTS);
-		return TC_ACT_UNSPEC;
-	}
+	if (p.frag == FRAG_LATER)
+		return ingress_frag_v6(skb, &p);
 	if (parse_l4(skb, &p, DIR_INGRESS) < 0)
 		return TC_ACT_UNSPEC;
 	if (p.kind == PKT_ICMP_ERR)

@@ -8,6 +8,8 @@
 //	ipmasq-agent nat         # list the NAT pairs (like conntrack -L; --summary like conntrack -S)
 //	ipmasq-agent status      # summary of the running agent (over its shell socket)
 //	ipmasq-agent shell       # the agent's shell: db/show, maps/dump, datapath/nat, ...
+//	ipmasq-agent uninstall   # remove ipmasq from the node (no agent running)
+//	ipmasq-agent --version   # the build's version
 //	ipmasq-agent --help      # every flag; each can also be set as IPMASQ_<FLAG>
 package main
 
@@ -27,6 +29,7 @@ import (
 
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/internal/buildinfo"
 	"github.com/ipmasq/ipmasq/readers/natview"
 	agentshell "github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
@@ -34,15 +37,20 @@ import (
 )
 
 func main() {
-	if err := newRootCommand().Execute(); err != nil {
+	root := newRootCommand()
+	root.SetArgs(goStyleArgs(root.Flags(), os.Args[1:]))
+	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "ipmasq-agent: %s\n", oneLine(err))
 		os.Exit(1)
 	}
 }
 
 func newRootCommand() *cobra.Command {
-	h := agent.New()
+	var pre preflight
+	h := agent.New(pre.captureSettings())
+	var upstream upstreamFlags
 	var logLevel, logFormat string
+	var showVersion bool
 	root := &cobra.Command{
 		Use:           "ipmasq-agent",
 		Short:         "Masquerade agent for Linux and Kubernetes nodes, in eBPF",
@@ -50,10 +58,21 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if showVersion {
+				_, err := fmt.Fprintln(cmd.OutOrStdout(), "ipmasq-agent", buildinfo.String())
+				return err
+			}
 			log, err := newLogger(os.Stderr, logLevel, logFormat)
 			if err != nil {
 				return err
 			}
+			warnings, err := upstream.apply(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			// Nothing is logged before the flags are known good.
+			log = pre.holdLog(log)
+			log.Info("Starting ipmasq-agent", "version", buildinfo.Version(), "revision", buildinfo.Revision(), "goversion", buildinfo.GoVersion())
 			if err := rlimit.RemoveMemlock(); err != nil {
 				return fmt.Errorf("remove memlock limit: %w", err)
 			}
@@ -62,13 +81,19 @@ func newRootCommand() *cobra.Command {
 			ctx, stop := context.WithCancel(context.Background())
 			defer stop()
 			go newMemoryReleaser(log).run(ctx, releaseCheckInterval)
+			if err := pre.check(h, log); err != nil {
+				return err
+			}
+			pre.release(warnings)
 			return h.Run(log)
 		},
 	}
+	root.Flags().BoolVar(&showVersion, "version", false, "Print the version (git describe of the build) and exit")
 	root.Flags().StringVar(&logLevel, "log-level", envOr("IPMASQ_LOG_LEVEL", "info"), "Log level: debug, info, warn or error")
 	root.Flags().StringVar(&logFormat, "log-format", envOr("IPMASQ_LOG_FORMAT", "text"), "Log format: text (key=value) or json (one object a line)")
 	h.RegisterFlags(root.Flags())
-	root.AddCommand(h.Command(), newMapsCommand(), newNATCommand(), newShellCommand(), newStatusCommand())
+	upstream.register(root.Flags())
+	root.AddCommand(h.Command(), newMapsCommand(), newNATCommand(), newShellCommand(), newStatusCommand(), newUninstallCommand())
 	return root
 }
 
@@ -140,8 +165,6 @@ func newMapsCommand() *cobra.Command {
 	return cmd
 }
 
-// newLogger is the agent's logger on w: key=value text by default, or one
-// JSON object a line for log collectors that parse fields.
 // newNATCommand lists the NAT pairs from the pinned maps, with or without
 // a running agent, as conntrack -L lists connections.
 func newNATCommand() *cobra.Command {
@@ -164,6 +187,8 @@ func newNATCommand() *cobra.Command {
 	return cmd
 }
 
+// newLogger is the agent's logger on w: key=value text by default, or one
+// JSON object a line for log collectors that parse fields.
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {

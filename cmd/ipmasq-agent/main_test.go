@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ipmasq/ipmasq/internal/buildinfo"
 )
 
 // run executes the command line and returns the one line an operator would
@@ -127,5 +129,18 @@ func TestLogFormat(t *testing.T) {
 	log.Info("Config applied", "generation", 3)
 	if !strings.Contains(b.String(), `level=INFO msg="Config applied" generation=3`) {
 		t.Fatalf("text log line: %q", b.String())
+	}
+}
+
+// TestVersion: --version prints the build's version and starts nothing
+// (the variables below would make a start fail).
+func TestVersion(t *testing.T) {
+	t.Setenv("IPMASQ_BPF_ROOT", t.TempDir())
+	out, err := run(t, "--version")
+	if err != nil {
+		t.Fatalf("--version: %v", err)
+	}
+	if want := "ipmasq-agent " + buildinfo.String() + "\n"; out != want {
+		t.Fatalf("--version printed %q, want %q", out, want)
 	}
 }

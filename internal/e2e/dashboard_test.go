@@ -15,13 +15,6 @@ import (
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
 
-// providedElsewhere are metric names the dashboard or the alerts name that
-// another change adds to the agent; each says which. The test fails for a
-// listed name the agent already exports, so the list only shrinks.
-var providedElsewhere = map[string]string{
-	"ipmasq_build_info": "issue #23: the image change's version package adds it",
-}
-
 // metricName finds the metric names of a PromQL expression: the agent's
 // (ipmasq_*) and the Go and process collectors' it exports too.
 var metricName = regexp.MustCompile(`\b(?:ipmasq|go|process)_[a-zA-Z0-9_:]*`)
@@ -57,11 +50,6 @@ func TestDashboardAndAlerts(t *testing.T) {
 		name, _, _ = strings.Cut(name, " ")
 		exported[name] = true
 	}
-	for name, why := range providedElsewhere {
-		if exported[name] {
-			t.Errorf("%s is exported now: remove it from providedElsewhere (%s)", name, why)
-		}
-	}
 	checkNames := func(where, expr string) {
 		t.Helper()
 		names := metricName.FindAllString(expr, -1)
@@ -69,7 +57,7 @@ func TestDashboardAndAlerts(t *testing.T) {
 			t.Errorf("%s: %q names no metric of the agent", where, expr)
 		}
 		for _, n := range names {
-			if !exported[n] && providedElsewhere[n] == "" {
+			if !exported[n] {
 				t.Errorf("%s: %q names %s, which the agent does not export", where, expr, n)
 			}
 		}
