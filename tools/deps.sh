@@ -11,13 +11,15 @@
 #                                Kubernetes tests start on loopback
 #   containerd, runc,            the real node (internal/kubetest): a
 #   containernetworking-plugins  container runtime and CNI plugins
+#   conntrack                    conntrack -L, the reference the NAT listing
+#                                is checked and benchmarked against
 #
 # As root, what is missing is installed with one line saying so; otherwise
 # one line names the missing packages and the exit status is 1. Nothing is
 # printed when everything is there.
 set -eu
 
-packages="make iptables etcd-server containerd runc containernetworking-plugins"
+packages="make iptables etcd-server containerd runc containernetworking-plugins conntrack"
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
 	echo "deps: not a Debian system (no dpkg-query): install by hand: $packages" >&2

@@ -105,6 +105,19 @@ func TestHelpListsEveryFlag(t *testing.T) {
 	}
 }
 
+// TestVersion: --version prints the build's version and starts nothing
+// (the variables below would make a start fail).
+func TestVersion(t *testing.T) {
+	t.Setenv("IPMASQ_BPF_ROOT", t.TempDir())
+	out, err := run(t, "--version")
+	if err != nil {
+		t.Fatalf("--version: %v", err)
+	}
+	if want := "ipmasq-agent " + buildinfo.String() + "\n"; out != want {
+		t.Fatalf("--version printed %q, want %q", out, want)
+	}
+}
+
 // TestLogFormat: --log-format=json writes one JSON object a line with the
 // level, message and fields; text (the default) writes key=value.
 func TestLogFormat(t *testing.T) {
@@ -129,18 +142,5 @@ func TestLogFormat(t *testing.T) {
 	log.Info("Config applied", "generation", 3)
 	if !strings.Contains(b.String(), `level=INFO msg="Config applied" generation=3`) {
 		t.Fatalf("text log line: %q", b.String())
-	}
-}
-
-// TestVersion: --version prints the build's version and starts nothing
-// (the variables below would make a start fail).
-func TestVersion(t *testing.T) {
-	t.Setenv("IPMASQ_BPF_ROOT", t.TempDir())
-	out, err := run(t, "--version")
-	if err != nil {
-		t.Fatalf("--version: %v", err)
-	}
-	if want := "ipmasq-agent " + buildinfo.String() + "\n"; out != want {
-		t.Fatalf("--version printed %q, want %q", out, want)
 	}
 }
