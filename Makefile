@@ -6,13 +6,35 @@ BIN       := bin
 PKGS      := ./...
 BENCHTIME ?= 20x
 
-.PHONY: all build test demo generate bench vet fmt clean
+# The version stamped into the binaries (ipmasq-agent --version, the start
+# log line, the ipmasq_build_info metric) and the image tag.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS   := -X github.com/ipmasq/ipmasq/internal/buildinfo.version=$(VERSION) \
+             -X github.com/ipmasq/ipmasq/internal/buildinfo.revision=$(REVISION)
+# The image: its reference (registry/repository:tag) and the tarball.
+IMAGE_REPO ?= ghcr.io/ipmasq/ipmasq-agent
+IMAGE      ?= $(IMAGE_REPO):$(VERSION)
+IMAGE_TAR  ?= $(BIN)/ipmasq-agent-image.tar
+# Image files get the commit's time, so a commit builds the same image.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+.PHONY: all build image test demo generate bench vet fmt clean
 
 all: build
 
 ## build: compile ipmasq-agent and ipmasq-demo into bin/
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+## image: the agent's OCI image (a static binary and nothing else), built
+## without a container daemon, as a docker-archive tarball $(IMAGE_TAR)
+## tagged $(IMAGE): ctr -n k8s.io images import $(IMAGE_TAR)
+## Override the reference with IMAGE=registry/repo:tag or IMAGE_REPO=...
+image:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/image/ipmasq-agent ./cmd/ipmasq-agent
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./tools/mkimage --binary $(BIN)/image/ipmasq-agent \
+		--image $(IMAGE) --version $(VERSION) --output $(IMAGE_TAR)
 
 FUZZTIME  ?= 60000x
 

@@ -30,18 +30,24 @@ type layer struct {
 }
 
 // layers, lowest first. Leaves (shared settings, the generic map library,
-// the socket helper, the Kubernetes API connection) import no other package
+// the API's wire types and client, the socket helper, the Kubernetes API
+// connection) import no other package
 // of the module and may be imported by all.
 var layers = []layer{
-	{"leaf", []string{"settings", "bpfmap", "internal/unixsock", "internal/kubeclient"}},
+	{"leaf", []string{"settings", "bpfmap", "ipamapi", "internal/unixsock", "internal/kubeclient", "internal/buildinfo", "internal/agentlock"}},
 	{"tables", []string{"tables"}},
 	{"bpf", []string{"bpf"}},
 	{"reconcilers", []string{"reconcilers/"}},
 	{"cells", []string{"cells/", "readers/"}},
-	{"agent", []string{"agent"}},
+	// The composition root, and uninstall: the other package that needs
+	// every owner of a kernel object or file together.
+	{"agent", []string{"agent", "uninstall"}},
 	// The namespace networks of the demo and the end-to-end tests.
 	{"topology", []string{"internal/topology"}},
 	{"cmd", []string{"cmd/"}},
+	// Build tools (the image builder): programs of the module that are
+	// not shipped and link nothing of the agent.
+	{"tools", []string{"tools/"}},
 }
 
 // testTooling are packages that exist for tests only; no production package
@@ -263,5 +269,50 @@ func TestArchitectureRules(t *testing.T) {
 	}
 	if !matches("testing/fstest", testTooling) || !matches(module+"/internal/faults", testTooling) {
 		t.Error("test tooling is not recognised")
+	}
+}
+
+// TestCNIPluginLinksOnlyTheClient: the CNI plugin runs once per pod
+// sandbox and only sends one request to the agent, so it links the API's
+// wire types and client and nothing of the agent (no hive, no tables, no
+// BPF).
+func TestCNIPluginLinksOnlyTheClient(t *testing.T) {
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(goTool, "list", "-deps", "./cmd/ipmasq-cni").Output()
+	if err != nil {
+		t.Fatalf("go list -deps ./cmd/ipmasq-cni: %v", err)
+	}
+	var linked []string
+	for _, dep := range strings.Fields(string(out)) {
+		rel, ours := relative(dep)
+		if (ours && rel != "ipamapi" && rel != "cmd/ipmasq-cni") || strings.HasPrefix(dep, "github.com/cilium/") {
+			linked = append(linked, dep)
+		}
+	}
+	if len(linked) > 0 {
+		t.Errorf("cmd/ipmasq-cni links %v; it may link only %s/ipamapi of the module and nothing of cilium", linked, module)
+	}
+}
+
+// TestPackageNamesAreUnique: two packages with one name make every file
+// that needs both alias one of them, and a reader cannot tell from a call
+// (datapath.Cell) which package it is. Commands are all package main.
+func TestPackageNamesAreUnique(t *testing.T) {
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(goTool, "list", "-f", "{{.Name}} {{.ImportPath}}", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list ./...: %v", err)
+	}
+	byName := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		name, path, _ := strings.Cut(line, " ")
+		if name != "main" {
+			byName[name] = append(byName[name], path)
+		}
+	}
+	for name, paths := range byName {
+		if len(paths) > 1 {
+			t.Errorf("package name %s is used by %v: rename all but one", name, paths)
+		}
 	}
 }

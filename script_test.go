@@ -31,13 +31,13 @@ import (
 
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/faults"
 	"github.com/ipmasq/ipmasq/internal/iprulestest"
 	"github.com/ipmasq/ipmasq/internal/netnstest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -183,7 +183,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 	}
 	maps.Copy(cmds, configCommands(configPath))
 	maps.Copy(cmds, bpfCommands(filepath.Join(bpfRoot, "ipmasq")))
-	maps.Copy(cmds, apiCommands(api.NewClient(apiSocket)))
+	maps.Copy(cmds, apiCommands(ipamapi.NewClient(apiSocket)))
 	maps.Copy(cmds, stateCommands(filepath.Join(dir, "state")))
 	maps.Copy(cmds, netnsCommands(nlh))
 	maps.Copy(cmds, tunCommands(t, &topology.Netns{Name: "agent", Handle: ns, NL: nlh}))
@@ -605,7 +605,7 @@ func setupEndpointRouting(h *netlink.Handle, ip netip.Addr, table int) error {
 }
 
 // apiCommands drive the agent's API over its socket.
-func apiCommands(c *api.Client) map[string]script.Cmd {
+func apiCommands(c *ipamapi.Client) map[string]script.Cmd {
 	return map[string]script.Cmd{
 		"api/allocate": script.Command(
 			script.CmdUsage{Summary: "Allocate an address over the API and print the answer", Args: "owner family [route-table]"},
@@ -613,7 +613,7 @@ func apiCommands(c *api.Client) map[string]script.Cmd {
 				if len(args) < 2 || len(args) > 3 {
 					return nil, script.ErrUsage
 				}
-				req := api.AllocationRequest{Owner: args[0], Family: args[1]}
+				req := ipamapi.AllocationRequest{Owner: args[0], Family: args[1]}
 				if len(args) == 3 {
 					n, err := strconv.ParseUint(args[2], 10, 32)
 					if err != nil {

@@ -13,10 +13,10 @@ import (
 
 	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/config"
-	datapathtables "github.com/ipmasq/ipmasq/cells/datapath"
+	"github.com/ipmasq/ipmasq/cells/datapathtables"
 	"github.com/ipmasq/ipmasq/cells/devices"
+	"github.com/ipmasq/ipmasq/cells/egressrules"
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/cells/iprules"
 	"github.com/ipmasq/ipmasq/cells/k8snode"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
@@ -25,7 +25,7 @@ import (
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/readers/status"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
-	iprulesreconciler "github.com/ipmasq/ipmasq/reconcilers/iprules"
+	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
 )
@@ -56,6 +56,8 @@ var Infrastructure = cell.Group(
 // (metrics, status, the Node's Events). Their order does not matter: each
 // reads tables or pinned maps, never another cell's state filled at start.
 var Cell = cell.Group(
+	// First: no other start hook runs while another agent holds the state.
+	stateLock,
 	settings.Cell,
 	// The API server connection (disabled without --k8s-node-name).
 	kubeclient.Cell,
@@ -70,8 +72,8 @@ var Cell = cell.Group(
 	datapath.Cell,
 	ipam.Cell,
 	api.Cell,
+	egressrules.Cell,
 	iprules.Cell,
-	iprulesreconciler.Cell,
 	status.Cell,
 	// Config rejections as Events on the Node (with --k8s-node-name).
 	nodeevents.Cell,

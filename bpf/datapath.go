@@ -1,5 +1,5 @@
 // Package bpf is the masquerade datapath: the tc programs ipmasq_egress and
-// ipmasq_ingress (masq.c, compiled by bpf2go into the committed
+// ipmasq_ingress (masq.c and lib/*.h, compiled by bpf2go into the committed
 // masq_bpfel.go/.o) and the maps they share with the agent.
 //
 // The agent loads the datapath with [Load], attaches [Datapath.Egress] and
@@ -23,6 +23,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 
@@ -34,7 +36,7 @@ import (
 const DefaultNATMaxEntries = 131072
 
 // Map names: the pins under the agent's pin directory. They are the names
-// masq.c gives the maps, as bpf2go generated them: declared once, in C.
+// lib/maps.h gives the maps, as bpf2go generated them: declared once, in C.
 const (
 	MapNonMasqV4   = masqMapNonmasqV4
 	MapNonMasqV6   = masqMapNonmasqV6
@@ -53,7 +55,7 @@ const (
 	MapCounters    = masqMapCounters
 )
 
-// NonMasqSpec is the layout of the trie nonmasq_v4 or nonmasq_v6 as masq.c
+// NonMasqSpec is the layout of the trie nonmasq_v4 or nonmasq_v6 as lib/maps.h
 // declares it, sized to maxEntries (--max-nonmasq-cidrs): the one
 // description of the tries, for whoever creates or checks them.
 func NonMasqSpec(name string, maxEntries uint32) (*ebpf.MapSpec, error) {
@@ -102,9 +104,9 @@ type Datapath struct {
 // LoadOptions configure [Load].
 type LoadOptions struct {
 	// PinDir is the directory (on a BPF filesystem) where every map except
-	// the nonmasq tries is pinned by name and reused across restarts; a
-	// pinned map with an incompatible layout is replaced. Empty: nothing
-	// is pinned (tests).
+	// the nonmasq tries is pinned by name and reused
+	// across restarts; a pinned map with an incompatible layout is
+	// replaced. Empty: nothing is pinned (tests).
 	PinDir string
 	// NonMasqV4 and NonMasqV6 are the nonmasq tries (pinned by their own
 	// reconciler), used whatever their max_entries. Nil: an empty private
@@ -155,11 +157,7 @@ func Load(opts LoadOptions) (*Datapath, error) {
 		replacements[name] = c
 	}
 	if opts.PinDir != "" {
-		for _, name := range []string{
-			MapMasqSrcV4, MapMasqSrcV6, MapMasqRulesV4, MapMasqRulesV6,
-			MapNodeAddrsV4, MapNodeAddrsV6, MapEgressDevs, MapConfig,
-			MapNATV4, MapNATV6, MapFragV4, MapFragV6, MapCounters,
-		} {
+		for _, name := range pinnedMaps(spec) {
 			open := bpfmap.OpenPinned
 			if name == MapNATV4 || name == MapNATV6 {
 				// A resized NAT map keeps its pairs: established flows
@@ -189,6 +187,23 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	d.IngressL3 = d.objs.IpmasqIngressL3
 	d.Maps = d.objs.masqMaps
 	return d, nil
+}
+
+// pinnedMaps are the maps [Load] pins, sorted: every map of spec but the
+// nonmasq tries (pinned by their own reconciler, see [OpenNonMasq]) and the
+// sections of global variables (.rodata and the like, named with a dot),
+// which the programs hold and the loader sets. A map added in C is pinned
+// without a change here.
+func pinnedMaps(spec *ebpf.CollectionSpec) []string {
+	var names []string
+	for name := range spec.Maps {
+		if strings.HasPrefix(name, ".") || name == MapNonMasqV4 || name == MapNonMasqV6 {
+			continue
+		}
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Close releases the programs and maps; pins and attachments stay.

@@ -103,8 +103,7 @@ func (b *ByFamily[Obj]) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, ba
 
 func (b *ByFamily[Obj]) batch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[Obj], update bool) {
 	// Sized up front: a 16 384-prefix config is one batch per family, and
-	// growing these by appending was the largest allocation of a load
-	// (issue #14).
+	// growing these by appending was the largest allocation of a load.
 	n4 := 0
 	for i := range batch {
 		if b.Is4(batch[i].Object) {

@@ -48,7 +48,7 @@ func WithDesired[K comparable](desired func(txn statedb.ReadTxn) iter.Seq[K]) Op
 // reconciler holds each row once, so no key repeats in it, and UpdateBatch
 // and DeleteBatch skip Put's and Delete's search for repeated keys: a map
 // as large as the batch, built on every batch (about half of what Put and
-// Delete allocated for a 16 384-prefix config, issue #14).
+// Delete allocated for a 16 384-prefix config).
 // If the promise is broken, which value the kernel keeps for a repeated
 // key is undefined.
 func WithDistinctKeys[K comparable]() OpsOption[K] {

@@ -2,7 +2,6 @@ package deploy_test
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -20,24 +19,21 @@ import (
 )
 
 // TestManifestsAgainstAPIServer runs against one real kube-apiserver:
-// every object in deploy/*.yaml passes a server-side dry run (validation
-// and admission, nothing stored); then, with rbac.yaml and the
-// ServiceAccount applied, the agent's token can do exactly what the agent
-// does (follow its Node, post Events on it) and nothing else.
+// every object the kustomizations render (`kubectl apply -k deploy/`, and
+// deploy/uninstall/) passes a server-side dry run (validation and
+// admission, nothing stored); then, with rbac.yaml and the ServiceAccount
+// applied, the agent's token can do exactly what the agent does (follow
+// its Node, post Events on it) and nothing else.
 func TestManifestsAgainstAPIServer(t *testing.T) {
 	privtest.Require(t)
 	s := kubetest.Start(t)
 	admin := s.Client(kubetest.AdminToken)
 
-	files, err := filepath.Glob("*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no manifests: %v", err)
-	}
 	var objs []runtime.Object
-	for _, f := range files {
-		for _, obj := range kubetest.Decode(t, f) {
+	for _, dir := range kustomizations {
+		for _, obj := range kubetest.DecodeYAML(t, "kustomize "+dir, kubetest.Kustomize(t, dir, "")) {
 			if err := kubetest.Create(admin, obj, true); err != nil {
-				t.Errorf("server-side dry run: %s: %v", f, err)
+				t.Errorf("server-side dry run: kustomize %s: %v", dir, err)
 			}
 			objs = append(objs, obj)
 		}

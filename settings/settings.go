@@ -1,6 +1,6 @@
 // Package settings holds the agent-wide settings that several cells
-// share: which address families are enabled, where the BPF filesystem is
-// and how large the non-masquerade maps are. Each cell reads them from the
+// share: which address families are enabled, where the BPF filesystem and
+// the persistent state are, and how large the non-masquerade maps are. Each cell reads them from the
 // hive instead of defining its own copy of the flag.
 package settings
 
@@ -26,6 +26,9 @@ type Config struct {
 	EnableIPv6 bool `mapstructure:"enable-ipv6"`
 	// MaxNonMasqCIDRs is the capacity of each nonmasq map (per family).
 	MaxNonMasqCIDRs uint32 `mapstructure:"max-nonmasq-cidrs"`
+	// StateDir holds the agent's persistent state: the endpoints (IPAM)
+	// and the last Node pod CIDRs seen (Kubernetes).
+	StateDir string `mapstructure:"state-dir"`
 }
 
 // Default is the configuration used when no flag is given.
@@ -34,6 +37,7 @@ var Default = Config{
 	EnableIPv4:      true,
 	EnableIPv6:      true,
 	MaxNonMasqCIDRs: 16384,
+	StateDir:        "/var/lib/ipmasq",
 }
 
 // Flags implements cell.Flagger.
@@ -42,6 +46,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Bool("enable-ipv4", def.EnableIPv4, "Masquerade IPv4 traffic")
 	flags.Bool("enable-ipv6", def.EnableIPv6, "Masquerade IPv6 traffic")
 	flags.Uint32("max-nonmasq-cidrs", def.MaxNonMasqCIDRs, "Capacity of each non-masquerade map, per address family")
+	flags.String("state-dir", def.StateDir, "Directory of the agent's persistent state (endpoint allocations, the Node's last pod CIDRs)")
 }
 
 // PinDir is the directory holding the agent's pinned maps.

@@ -129,15 +129,6 @@ func (c *NonMasqCIDR) SetStatus(s reconciler.Status) *NonMasqCIDR {
 	return c
 }
 
-// StatusString shows a reconciliation status without its age, so that
-// tables compare stably in script tests.
-func StatusString(s reconciler.Status) string {
-	if s.Kind == reconciler.StatusKindError {
-		return "Error: " + s.GetError()
-	}
-	return s.Kind.String()
-}
-
 var (
 	// NonMasqCIDRByPrefix is the primary index: exactly one row per prefix.
 	NonMasqCIDRByPrefix = statedb.Index[*NonMasqCIDR, netip.Prefix]{
@@ -153,7 +144,7 @@ var (
 
 // prefixKey is index.NetIPPrefix (the 16-byte address, then the prefix
 // length) in one allocation instead of two: the key is computed for every
-// insert and status commit, 16 384 of each per new config (issue #14).
+// insert and status commit, 16 384 of each per new config.
 func prefixKey(p netip.Prefix) index.Key {
 	a := p.Masked().Addr().As16()
 	k := make(index.Key, 17)
@@ -167,6 +158,6 @@ func NewNonMasqCIDRTable(db *statedb.DB) (statedb.RWTable[*NonMasqCIDR], error) 
 	// Longest-prefix matches are answered by probing this index once per
 	// prefix length (LongestMatch): an lpm secondary index was reindexed on
 	// every insert, status commits included, and cost about half of the
-	// time from a config file to the maps (issue #14).
+	// time from a config file to the maps.
 	return statedb.NewTable(db, NonMasqCIDRTableName, NonMasqCIDRByPrefix)
 }

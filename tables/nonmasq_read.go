@@ -8,31 +8,6 @@ import (
 	"github.com/cilium/statedb"
 )
 
-// Family is an IP address family.
-type Family uint8
-
-const (
-	// IPv4 is the IPv4 address family.
-	IPv4 Family = 4
-	// IPv6 is the IPv6 address family.
-	IPv6 Family = 6
-)
-
-func (f Family) String() string {
-	if f == IPv6 {
-		return "ipv6"
-	}
-	return "ipv4"
-}
-
-// FamilyOf returns the family of an address (IPv4-mapped IPv6 counts as IPv4).
-func FamilyOf(addr netip.Addr) Family {
-	if addr.Unmap().Is4() {
-		return IPv4
-	}
-	return IPv6
-}
-
 // LongestMatch returns the row whose prefix is the longest match for addr.
 // It probes the primary index once per prefix length, longest first (at
 // most 33 lookups for IPv4, 129 for IPv6), so that the table needs no

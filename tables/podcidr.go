@@ -2,6 +2,7 @@ package tables
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -144,4 +145,52 @@ func podCIDRPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR], keep func
 		}
 	}
 	return out
+}
+
+// ValidatePools checks prefixes that are to become address pools (the
+// --pod-cidr flags, the Node's spec.podCIDRs): each must be masked, must
+// not overlap another, and must leave room for at least one (IPv4, /30) or
+// two (IPv6, /126) usable addresses. IPv4-mapped IPv6 prefixes are
+// rejected: write them as IPv4. The writers of the pod-cidrs table check
+// their input with it before a row is written, so the IPAM never meets a
+// pool it cannot use.
+func ValidatePools(cidrs []netip.Prefix) error {
+	for i, c := range cidrs {
+		if err := checkPool(c); err != nil {
+			return err
+		}
+		for _, prev := range cidrs[:i] {
+			if c.Overlaps(prev) {
+				return fmt.Errorf("--pod-cidr %s overlaps --pod-cidr %s; pools must be disjoint", c, prev)
+			}
+		}
+	}
+	return nil
+}
+
+func checkPool(c netip.Prefix) error {
+	if !c.IsValid() {
+		return fmt.Errorf("--pod-cidr %s is not a valid prefix; expected e.g. 10.244.1.0/24 or fd00:10:244:1::/64", c)
+	}
+	addr := c.Addr()
+	if addr.Is4In6() {
+		hint := ""
+		if c.Bits() >= 96 {
+			hint = fmt.Sprintf("; write it as IPv4: %s", netip.PrefixFrom(addr.Unmap(), c.Bits()-96).Masked())
+		}
+		return fmt.Errorf("--pod-cidr %s is an IPv4-mapped IPv6 prefix%s", c, hint)
+	}
+	if addr.Zone() != "" {
+		return fmt.Errorf("--pod-cidr %s has a zone; pools cannot have one", c)
+	}
+	if m := c.Masked(); m != c {
+		return fmt.Errorf("--pod-cidr %s has host bits set; did you mean %s?", c, m)
+	}
+	if addr.Is4() && c.Bits() > 30 {
+		return fmt.Errorf("--pod-cidr %s is too small: an IPv4 pool must be /30 or larger (1 usable address)", c)
+	}
+	if addr.Is6() && c.Bits() > 126 {
+		return fmt.Errorf("--pod-cidr %s is too small: an IPv6 pool must be /126 or larger (2 usable addresses)", c)
+	}
+	return nil
 }

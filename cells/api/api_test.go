@@ -28,6 +28,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
+	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/settings"
 )
 
@@ -40,7 +41,7 @@ type node struct {
 	config string
 	pools  []string
 	h      *hive.Hive
-	client *api.Client
+	client *ipamapi.Client
 	// ipam is the node's IPAM, for in-process baselines.
 	ipam *ipam.IPAM
 }
@@ -88,7 +89,7 @@ func (n *node) start(args ...string) {
 	}
 	h := n.h
 	n.t.Cleanup(func() { h.Stop(log, context.Background()) })
-	n.client = api.NewClient(n.socket)
+	n.client = ipamapi.NewClient(n.socket)
 }
 
 func (n *node) stop() {
@@ -125,7 +126,7 @@ func (n *node) raw(method, path, body string) (int, string) {
 }
 
 func apiStatus(err error) int {
-	var e *api.Error
+	var e *ipamapi.Error
 	if errors.As(err, &e) {
 		return e.Status
 	}
@@ -145,12 +146,12 @@ func TestAllocateIdempotentAndCIDRs(t *testing.T) {
 		t.Fatalf("repeated allocation must return the same address with 200: %d %s", status, body)
 	}
 	// The same owner may hold one address per family.
-	a6, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: "c1/eth0", Family: "ipv6"})
+	a6, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: "c1/eth0", Family: "ipv6"})
 	if err != nil || a6.IP.String() != "fd00:10:244:1::2" || fmt.Sprint(a6.NonMasqueradeCIDRs) != "[fd00::/8 fe80::/10]" {
 		t.Fatalf("ipv6 allocation: %+v %v", a6, err)
 	}
 	// A different route table for the same owner is a conflict.
-	if _, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: "c1/eth0", Family: "ipv4"}); apiStatus(err) != http.StatusConflict {
+	if _, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: "c1/eth0", Family: "ipv4"}); apiStatus(err) != http.StatusConflict {
 		t.Fatalf("conflicting route table: want 409, got %v", err)
 	}
 	fi, err := os.Stat(n.socket)
@@ -192,9 +193,9 @@ func TestExhaustionAndRelease(t *testing.T) {
 	n := newNodeWithPools(t, []string{"10.250.0.0/29"})
 	ctx := context.Background()
 	c := n.client
-	var allocs []api.AllocationResponse
+	var allocs []ipamapi.AllocationResponse
 	for _, owner := range []string{"a", "b", "x1", "x2", "x3"} {
-		a, err := c.Allocate(ctx, api.AllocationRequest{Owner: owner, Family: "ipv4"})
+		a, err := c.Allocate(ctx, ipamapi.AllocationRequest{Owner: owner, Family: "ipv4"})
 		if err != nil {
 			t.Fatalf("allocate %s: %v", owner, err)
 		}
@@ -204,11 +205,11 @@ func TestExhaustionAndRelease(t *testing.T) {
 		t.Fatalf("first allocation %s, want 10.250.0.2 (.1 is the gateway)", got)
 	}
 	a := allocs[0]
-	_, err3 := c.Allocate(ctx, api.AllocationRequest{Owner: "c", Family: "ipv4"})
+	_, err3 := c.Allocate(ctx, ipamapi.AllocationRequest{Owner: "c", Family: "ipv4"})
 	if apiStatus(err3) != http.StatusConflict || !strings.Contains(err3.Error(), "exhausted") {
 		t.Fatalf("exhaustion: %v", err3)
 	}
-	if _, err := c.Allocate(ctx, api.AllocationRequest{Owner: "d", Family: "ipv6"}); apiStatus(err) != http.StatusBadRequest || !strings.Contains(err.Error(), "no pool for ipv6") {
+	if _, err := c.Allocate(ctx, ipamapi.AllocationRequest{Owner: "d", Family: "ipv6"}); apiStatus(err) != http.StatusBadRequest || !strings.Contains(err.Error(), "no pool for ipv6") {
 		t.Fatalf("no ipv6 pool: %v", err)
 	}
 	if err := c.Release(ctx, a.IP); err != nil {
@@ -217,7 +218,7 @@ func TestExhaustionAndRelease(t *testing.T) {
 	if err := c.Release(ctx, a.IP); apiStatus(err) != http.StatusNotFound {
 		t.Fatalf("second release: want 404, got %v", err)
 	}
-	if _, err := c.Allocate(ctx, api.AllocationRequest{Owner: "c", Family: "ipv4"}); err != nil {
+	if _, err := c.Allocate(ctx, ipamapi.AllocationRequest{Owner: "c", Family: "ipv4"}); err != nil {
 		t.Fatalf("allocation after release: %v", err)
 	}
 	for _, owner := range []string{"b", "x1", "x2", "x3"} {
@@ -243,7 +244,7 @@ func TestConcurrentAllocations(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			owner := fmt.Sprintf("pod-%d", i%150) // some owners ask twice
-			a, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: owner, Family: "ipv4"})
+			a, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: owner, Family: "ipv4"})
 			ips[i], errs[i] = a.IP.String()+" "+owner, err
 		}()
 	}
@@ -278,7 +279,7 @@ func TestWaitsForFirstConfigLoad(t *testing.T) {
 	ctx := context.Background()
 
 	start := time.Now()
-	_, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: "early", Family: "ipv4"})
+	_, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: "early", Family: "ipv4"})
 	if apiStatus(err) != http.StatusServiceUnavailable || !strings.Contains(err.Error(), "not been loaded") {
 		t.Fatalf("before the first load: want 503, got %v", err)
 	}
@@ -295,7 +296,7 @@ func TestWaitsForFirstConfigLoad(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		n.writeConfig("nonMasqueradeCIDRs: [192.168.0.0/16]\nmasqLinkLocal: true\n")
 	}()
-	a, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: "early", Family: "ipv4"})
+	a, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: "early", Family: "ipv4"})
 	if err != nil || fmt.Sprint(a.NonMasqueradeCIDRs) != "[192.168.0.0/16]" {
 		t.Fatalf("after the first load: %+v %v", a, err)
 	}
@@ -306,7 +307,7 @@ func TestRestartRestoresAllocations(t *testing.T) {
 	ctx := context.Background()
 	var want []string
 	for i := range 5 {
-		a, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: fmt.Sprintf("p%d", i), Family: "ipv4", RouteTable: ptr(uint32(10 + i))})
+		a, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: fmt.Sprintf("p%d", i), Family: "ipv4", RouteTable: ptr(uint32(10 + i))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -327,7 +328,7 @@ func TestRestartRestoresAllocations(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("after restart: %v, want %v", got, want)
 	}
-	again, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: "p3", Family: "ipv4", RouteTable: ptr(uint32(13))})
+	again, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: "p3", Family: "ipv4", RouteTable: ptr(uint32(13))})
 	if err != nil || again.IP.String() != strings.Fields(want[3])[0] {
 		t.Fatalf("p3 after restart: %+v %v", again, err)
 	}
@@ -342,12 +343,12 @@ func TestClientAnswersOutliveTheNext(t *testing.T) {
 	n := newNodeWithConfig(t, "nonMasqueradeCIDRs: [10.0.0.0/8, fd00::/8]\n", []string{"10.244.1.0/24", "fd00:10:244:1::/64"})
 	ctx := context.Background()
 	// The longest answer first: the next ones fit in its buffer.
-	first, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: "a-much-longer-owner-name/eth0", Family: "ipv6"})
+	first, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: "a-much-longer-owner-name/eth0", Family: "ipv6"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf("%+v", first)
-	for i, req := range []api.AllocationRequest{
+	for i, req := range []ipamapi.AllocationRequest{
 		{Owner: "c1/eth0", Family: "ipv4"},
 		{Owner: "c2/eth0", Family: "ipv6"},
 		{Owner: "", Family: "ipv4"}, // 400

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -22,7 +22,7 @@ func BenchmarkAllocate(b *testing.B) {
 	n := newNodeWithConfig(b, "nonMasqueradeCIDRs: [10.0.0.0/8]\n", []string{"10.244.0.0/16"})
 	ctx := context.Background()
 	for i := range 100 {
-		if _, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: fmt.Sprintf("resident-%d", i), Family: "ipv4"}); err != nil {
+		if _, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: fmt.Sprintf("resident-%d", i), Family: "ipv4"}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -30,7 +30,7 @@ func BenchmarkAllocate(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		a, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: "bench", Family: "ipv4", RouteTable: ptr(uint32(11))})
+		a, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: "bench", Family: "ipv4", RouteTable: ptr(uint32(11))})
 		lat = append(lat, time.Since(start))
 		if err != nil {
 			b.Fatal(err)
@@ -72,7 +72,7 @@ func BenchmarkAllocateCIDRs(b *testing.B) {
 			nd := newNodeWithConfig(b, c.config, []string{"10.244.0.0/16"})
 			ctx := context.Background()
 			for i := range 100 {
-				if _, err := nd.client.Allocate(ctx, api.AllocationRequest{Owner: fmt.Sprintf("resident-%d", i), Family: "ipv4"}); err != nil {
+				if _, err := nd.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: fmt.Sprintf("resident-%d", i), Family: "ipv4"}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -83,7 +83,7 @@ func BenchmarkAllocateCIDRs(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < samples; i++ {
 				start := time.Now()
-				a, err := nd.client.Allocate(ctx, api.AllocationRequest{Owner: "bench", Family: "ipv4"})
+				a, err := nd.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: "bench", Family: "ipv4"})
 				socket = append(socket, time.Since(start))
 				if err != nil {
 					b.Fatal(err)

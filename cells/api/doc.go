@@ -1,16 +1,5 @@
 // Package api serves the agent's local HTTP API on a unix socket
 // (--api-socket, mode 0600): IPAM allocations for CNI plugins and other
-// node-local clients.
-//
-//	POST   /v1/ipam/allocations        {"owner": "...", "family": "ipv4"|"ipv6", "routeTable": 11}
-//	                                   201 (new) or 200 (the owner already held it):
-//	                                   {"ip", "owner", "routeTable", "created", "nonMasqueradeCIDRs": [...], "pool"}
-//	GET    /v1/ipam/allocations        200 {"allocations": [...]}
-//	DELETE /v1/ipam/allocations/{ip}   204
-//	DELETE /v1/ipam/allocations?owner= 204 (every address of the owner)
-//
-// Errors are {"error": "..."} with 400 (bad request, unknown field, bad
-// family, invalid UTF-8), 404 (no such allocation or endpoint), 409 (conflicting allocation, pool
-// exhausted), 413 (body over 64 KiB), 500 (state could not be persisted)
-// or 503 (the masquerade config is not loaded yet, after --ipam-config-wait).
+// node-local clients. The protocol, its types and the client are package
+// ipamapi, which clients link without this cell's hive and tables.
 package api

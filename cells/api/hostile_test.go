@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipmasq/ipmasq/cells/api"
+	"github.com/ipmasq/ipmasq/ipamapi"
 )
 
 // The tests in this file treat the API socket as hostile ground: clients
@@ -62,7 +62,7 @@ func (n *node) stillServes(t *testing.T, owner string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if _, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: owner, Family: "ipv4"}); err != nil {
+	if _, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: owner, Family: "ipv4"}); err != nil {
 		t.Fatalf("the server no longer serves: %v", err)
 	}
 }
@@ -75,7 +75,7 @@ func (n *node) stillServes(t *testing.T, owner string) {
 func TestHostileMalformedRequests(t *testing.T) {
 	n := newNode(t)
 	ctx := context.Background()
-	held, err := n.client.Allocate(ctx, api.AllocationRequest{Owner: "resident", Family: "ipv4"})
+	held, err := n.client.Allocate(ctx, ipamapi.AllocationRequest{Owner: "resident", Family: "ipv4"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestHostileMalformedRequests(t *testing.T) {
 				t.Errorf("got %d %q, want %d", resp.StatusCode, body, tc.status)
 			}
 			if tc.jsonErr {
-				var e api.ErrorResponse
+				var e ipamapi.ErrorResponse
 				if !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") ||
 					json.Unmarshal([]byte(body), &e) != nil || e.Error == "" || !strings.Contains(e.Error, tc.msg) {
 					t.Errorf("want a JSON error containing %q, got %s %q", tc.msg, resp.Header.Get("Content-Type"), body)
@@ -383,7 +383,7 @@ func storm(t *testing.T, n *node, round int) {
 				fail("allocate %s %s: %d %s %v", owner, family, status, body, err)
 				return
 			}
-			var a api.AllocationResponse
+			var a ipamapi.AllocationResponse
 			if err := json.Unmarshal(body, &a); err != nil {
 				fail("allocate %s: %v %s", owner, err, body)
 				return
@@ -451,7 +451,7 @@ func storm(t *testing.T, n *node, round int) {
 	if err != nil || status != 200 {
 		t.Fatalf("list: %d %v", status, err)
 	}
-	var list api.ListResponse
+	var list ipamapi.ListResponse
 	if err := json.Unmarshal(body, &list); err != nil {
 		t.Fatal(err)
 	}

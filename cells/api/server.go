@@ -20,11 +20,9 @@ import (
 
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/unixsock"
+	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/tables"
 )
-
-// DefaultSocket is where the API listens unless --api-socket says otherwise.
-const DefaultSocket = "/run/ipmasq/api.sock"
 
 // MaxRequestBody bounds request bodies.
 const MaxRequestBody = 64 << 10
@@ -45,7 +43,7 @@ var Cell = cell.Module(
 	"api",
 	"Local HTTP API on a unix socket",
 
-	cell.Config(Config{APISocket: DefaultSocket}),
+	cell.Config(Config{APISocket: ipamapi.DefaultSocket}),
 	cell.Invoke(register),
 )
 
@@ -104,37 +102,8 @@ func (s *server) routes() http.Handler {
 	return mux
 }
 
-// AllocationRequest is the body of POST /v1/ipam/allocations.
-type AllocationRequest struct {
-	Owner      string  `json:"owner"`
-	Family     string  `json:"family"`
-	RouteTable *uint32 `json:"routeTable,omitempty"`
-}
-
-// AllocationResponse describes one allocation.
-type AllocationResponse struct {
-	IP                 netip.Addr     `json:"ip"`
-	Owner              string         `json:"owner"`
-	RouteTable         uint32         `json:"routeTable"`
-	Created            time.Time      `json:"created"`
-	NonMasqueradeCIDRs []netip.Prefix `json:"nonMasqueradeCIDRs,omitempty"`
-	// Pool is the --pod-cidr pool holding the address: its prefix length
-	// is the endpoint's (empty for an endpoint outside the pools).
-	Pool string `json:"pool,omitempty"`
-}
-
-// ListResponse is the body of GET /v1/ipam/allocations.
-type ListResponse struct {
-	Allocations []AllocationResponse `json:"allocations"`
-}
-
-// ErrorResponse is the body of every error.
-type ErrorResponse struct {
-	Error string `json:"error"`
-}
-
 func (s *server) allocate(w http.ResponseWriter, r *http.Request) {
-	var req AllocationRequest
+	var req ipamapi.AllocationRequest
 	if status, err := decodeStrict(w, r, &req); err != nil {
 		writeError(w, status, err.Error())
 		return
@@ -198,7 +167,7 @@ func writeAllocation(w http.ResponseWriter, status int, a ipam.Allocation) {
 }
 
 func (s *server) list(w http.ResponseWriter, r *http.Request) {
-	out := ListResponse{Allocations: []AllocationResponse{}}
+	out := ipamapi.ListResponse{Allocations: []ipamapi.AllocationResponse{}}
 	for _, ep := range s.ipam.List() {
 		cidrs, err := s.ipam.NonMasqueradeCIDRs(ep.Family())
 		if err != nil {
@@ -236,8 +205,8 @@ func (s *server) releaseOwner(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func response(ep tables.Endpoint, cidrs []netip.Prefix, pool netip.Prefix) AllocationResponse {
-	r := AllocationResponse{IP: ep.IP, Owner: ep.Owner, RouteTable: ep.RouteTable, Created: ep.Created, NonMasqueradeCIDRs: cidrs}
+func response(ep tables.Endpoint, cidrs []netip.Prefix, pool netip.Prefix) ipamapi.AllocationResponse {
+	r := ipamapi.AllocationResponse{IP: ep.IP, Owner: ep.Owner, RouteTable: ep.RouteTable, Created: ep.Created, NonMasqueradeCIDRs: cidrs}
 	if pool.IsValid() {
 		r.Pool = pool.String()
 	}
@@ -292,5 +261,5 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, ErrorResponse{Error: msg})
+	writeJSON(w, status, ipamapi.ErrorResponse{Error: msg})
 }

@@ -2,7 +2,7 @@ package config
 
 // fastDecodeJSON decodes the common shape of a JSON config (a top-level
 // object of the scalar keys and plain string lists) without reflection:
-// with 16 384 prefixes, encoding/json took most of the parse (issue #14).
+// with 16 384 prefixes, encoding/json took most of the parse.
 // It returns false, leaving raw as it found it, for anything it is not
 // sure to decode exactly as decodeJSON would (masqueradeRules, escapes,
 // non-ASCII, null scalars, numbers other than plain integers, unknown or
@@ -99,7 +99,7 @@ type fastJSON struct {
 	pos  int
 	// text is data as one string, made on the first string read: the
 	// strings read are slices of it instead of one allocation each
-	// (16 384 of them for a full map, issue #14). They only live while
+	// (16 384 of them for a full map). They only live while
 	// the file is parsed, so holding the whole text meanwhile costs
 	// nothing more.
 	text string

@@ -116,7 +116,7 @@ func Parse(path string, data []byte, lim Limits) (*File, error) {
 
 // parse is Parse that also returns f.Entries(lim), which validation
 // computes anyway: the loader needs them too, and computing them twice
-// cost a sort of 16 384 rows per load (issue #14).
+// cost a sort of 16 384 rows per load.
 func parse(path string, data []byte, lim Limits) (*File, []Entry, error) {
 	if path == "" {
 		path = "<config>"

@@ -272,7 +272,7 @@ func (l *loader) apply(file *File, entries []Entry, start time.Time) {
 
 // applyCIDRs makes nonmasq-cidrs hold exactly entries and returns how many
 // rows changed. The table's rows and entries are walked side by side in one
-// order, instead of through a map of 16 384 prefixes (issue #14).
+// order, instead of through a map of 16 384 prefixes.
 func (l *loader) applyCIDRs(wtxn statedb.WriteTxn, entries []Entry) int {
 	rows := statedb.Collect(l.cidrs.All(wtxn))
 	byPrefix := func(a, b *tables.NonMasqCIDR) int { return compareMasked(a.Prefix, b.Prefix) }
@@ -284,7 +284,7 @@ func (l *loader) applyCIDRs(wtxn statedb.WriteTxn, entries []Entry) int {
 	// The rows inserted by one load come from a few blocks, each twice the
 	// last and never more than the entries left: a new 16 384-prefix file
 	// was 16 384 small allocations, and the collections they caused slowed
-	// the whole path to the maps (issue #14). The map reconciler replaces
+	// the whole path to the maps. The map reconciler replaces
 	// every row with a copy when it records its status, so a block is
 	// garbage once its rows are reconciled (a row waiting for a retry
 	// keeps its block, at most the size of the load).

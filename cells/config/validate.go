@@ -51,7 +51,7 @@ func parseCIDR(s string, lim Limits) (netip.Prefix, error) {
 
 // compareMasked orders masked prefixes as netip.Prefix.Compare does
 // (family, address, length) without masking them again on every call,
-// which was a tenth of parsing 16 384 prefixes (issue #14).
+// which was a tenth of parsing 16 384 prefixes.
 func compareMasked(a, b netip.Prefix) int {
 	if c := a.Addr().Compare(b.Addr()); c != 0 {
 		return c

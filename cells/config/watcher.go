@@ -22,7 +22,7 @@ import (
 // Events of other entries of the directory (an editor's or the kubelet's
 // temporary file being created and written) are ignored: each one used to
 // cost a read of the config and woke the loader while the writer was still
-// busy (issue #14).
+// busy.
 type dirWatcher struct {
 	log     *slog.Logger
 	dir     string

@@ -9,13 +9,12 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
 // Config is the IPAM cell's command-line configuration.
 type Config struct {
-	// StateDir holds the endpoints state file.
-	StateDir string
 	// EgressRouteTable is the route table of an allocation that names none.
 	EgressRouteTable uint32
 	// IPAMConfigWait bounds how long an allocation waits for the first
@@ -25,13 +24,11 @@ type Config struct {
 
 // DefaultConfig is the configuration used when no flag is given.
 var DefaultConfig = Config{
-	StateDir:       "/var/lib/ipmasq",
 	IPAMConfigWait: 10 * time.Second,
 }
 
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
-	flags.String("state-dir", def.StateDir, "Directory of the agent's persistent state (endpoint allocations)")
 	flags.Uint32("egress-route-table", def.EgressRouteTable, "Route table of an allocation that names none (0: no per-endpoint ip rules)")
 	flags.Duration("ipam-config-wait", def.IPAMConfigWait, "How long an allocation waits for the first masquerade config load before failing with 503")
 }
@@ -56,7 +53,9 @@ type ipamParams struct {
 	DB        *statedb.DB
 	Health    cell.Health
 	Config    Config
-	CIDRs     statedb.Table[*tables.NonMasqCIDR]
+	// Agent holds --state-dir, where the endpoints are kept.
+	Agent settings.Config
+	CIDRs statedb.Table[*tables.NonMasqCIDR]
 	// PodCIDRs are the pools (podcidrs.Cell), followed live.
 	PodCIDRs statedb.Table[*tables.PodCIDR]
 	// Devices hold the node's own addresses, which are never handed out.
@@ -75,7 +74,7 @@ func newIPAM(p ipamParams) (*IPAM, error) {
 	}
 	i := &IPAM{
 		log: p.Log, db: p.DB, endpoints: endpoints, cidrs: p.CIDRs,
-		podCIDRs: p.PodCIDRs, devices: p.Devices, config: p.Config,
+		podCIDRs: p.PodCIDRs, devices: p.Devices, config: p.Config, stateDir: p.Agent.StateDir,
 		health:        p.Health.NewScope("state"),
 		compactHealth: p.Health.NewScope("compaction"),
 	}
@@ -85,9 +84,9 @@ func newIPAM(p ipamParams) (*IPAM, error) {
 
 // start opens the state directory and restores the endpoints.
 func (i *IPAM) start(cell.HookContext) error {
-	store, err := NewStore(i.config.StateDir)
+	store, err := NewStore(i.stateDir)
 	if err != nil {
-		return fmt.Errorf("--state-dir %s: %w", i.config.StateDir, err)
+		return fmt.Errorf("--state-dir %s: %w", i.stateDir, err)
 	}
 	i.store = store
 	if err := i.restore(); err != nil {

@@ -73,6 +73,7 @@ type IPAM struct {
 	pools     poolsCache
 	store     *Store
 	config    Config
+	stateDir  string
 	health    cell.Health
 
 	// mu serializes changes so that the state file and the table agree.

@@ -42,7 +42,7 @@ import (
 // behind it 0.3-0.6 ms slower: with a threshold of 256 records, a node
 // allocating and releasing in a loop compacted every 128 allocations, and
 // 1 to 7 of the 10 slowest of 1 000 allocations over the API (the p99)
-// waited for a compaction (issue #14). At 2 048 records a restart replays
+// waited for a compaction. At 2 048 records a restart replays
 // at most ~2 048 journal lines (~280 KB, a few ms) at any state size up to
 // 4 096 endpoints, and the same as before above it.
 const (
@@ -434,7 +434,7 @@ func (s *Store) NeedsCompaction() bool {
 // endpoints were written out every ~250 changes, and allocations waited
 // for the CPU each snapshot took and for the journal's cut: in 600 traced
 // allocations, 9–10 compactions, 17–32 % of the allocations and 14 of the
-// 18 slowest overlapped one (issue #14). The journal then holds at most
+// 18 slowest overlapped one. The journal then holds at most
 // about half the state's records, which a restart replays.
 func (s *Store) compactionThresholdsLocked() (records int, bytes int64) {
 	records, bytes = s.compactRecords, s.compactBytes

@@ -54,53 +54,18 @@ func (p *pool) holds(ip netip.Addr) bool {
 	return p.prefix.Contains(ip) && ip.Compare(p.first) >= 0 && ip.Compare(p.last) <= 0
 }
 
-// NewPools validates the pools: each must be masked, must not overlap
-// another, and must leave room for at least one (IPv4, /30) or two (IPv6,
-// /126) usable addresses. IPv4-mapped IPv6 prefixes are rejected:
-// write them as IPv4. Pools of a family are searched in the order given.
+// NewPools makes the pools of cidrs, which tables.ValidatePools must
+// accept. Pools of a family are searched in the order given.
 func NewPools(cidrs []netip.Prefix) (*Pools, error) {
+	if err := tables.ValidatePools(cidrs); err != nil {
+		return nil, err
+	}
 	p := &Pools{}
-	for i, c := range cidrs {
-		if err := checkPool(c); err != nil {
-			return nil, err
-		}
-		for _, prev := range cidrs[:i] {
-			if c.Overlaps(prev) {
-				return nil, fmt.Errorf("--pod-cidr %s overlaps --pod-cidr %s; pools must be disjoint", c, prev)
-			}
-		}
-		pl := newPool(c)
+	for _, c := range cidrs {
 		fam := p.family(tables.FamilyOf(c.Addr()))
-		fam.pools = append(fam.pools, pl)
+		fam.pools = append(fam.pools, newPool(c))
 	}
 	return p, nil
-}
-
-func checkPool(c netip.Prefix) error {
-	if !c.IsValid() {
-		return fmt.Errorf("--pod-cidr %s is not a valid prefix; expected e.g. 10.244.1.0/24 or fd00:10:244:1::/64", c)
-	}
-	addr := c.Addr()
-	if addr.Is4In6() {
-		hint := ""
-		if c.Bits() >= 96 {
-			hint = fmt.Sprintf("; write it as IPv4: %s", netip.PrefixFrom(addr.Unmap(), c.Bits()-96).Masked())
-		}
-		return fmt.Errorf("--pod-cidr %s is an IPv4-mapped IPv6 prefix%s", c, hint)
-	}
-	if addr.Zone() != "" {
-		return fmt.Errorf("--pod-cidr %s has a zone; pools cannot have one", c)
-	}
-	if m := c.Masked(); m != c {
-		return fmt.Errorf("--pod-cidr %s has host bits set; did you mean %s?", c, m)
-	}
-	if addr.Is4() && c.Bits() > 30 {
-		return fmt.Errorf("--pod-cidr %s is too small: an IPv4 pool must be /30 or larger (1 usable address)", c)
-	}
-	if addr.Is6() && c.Bits() > 126 {
-		return fmt.Errorf("--pod-cidr %s is too small: an IPv6 pool must be /126 or larger (2 usable addresses)", c)
-	}
-	return nil
 }
 
 // newPool computes the usable range of a checked prefix: all but the

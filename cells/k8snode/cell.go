@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/settings"
@@ -48,7 +47,6 @@ type params struct {
 	Health   cell.Health
 	Client   *kubeclient.Client
 	Agent    settings.Config
-	IPAM     ipam.Config
 	PodCIDRs statedb.RWTable[*tables.PodCIDR]
 	Done     podcidrs.KubernetesDone
 }
@@ -71,7 +69,7 @@ func register(p params) error {
 	}
 	w := &watcher{
 		log: p.Log, db: p.DB, tbl: p.PodCIDRs, done: p.Done, node: p.Client.NodeName,
-		agent: p.Agent, saved: newSavedCIDRs(p.IPAM.StateDir),
+		agent: p.Agent, saved: newSavedCIDRs(p.Agent.StateDir),
 	}
 	// Before anything asks the API server: the pools of the last run.
 	prefixes, err := w.saved.load(w.node)
@@ -162,7 +160,7 @@ func (w *watcher) podCIDRs(node *corev1.Node) ([]netip.Prefix, error) {
 			out = append(out, p)
 		}
 	}
-	if _, err := ipam.NewPools(out); err != nil {
+	if err := tables.ValidatePools(out); err != nil {
 		return nil, fmt.Errorf("Node %s: spec.podCIDRs %s: %w", w.node, strings.Join(cidrs, ","), err)
 	}
 	// In the Node's order: the IPAM fills a family's pools in it.

@@ -20,7 +20,6 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
-	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
@@ -111,7 +110,7 @@ func newTable(p params) (statedb.RWTable[*tables.PodCIDR], KubernetesDone, error
 	for i, r := range pools {
 		prefixes[i] = r.Prefix
 	}
-	if _, err := ipam.NewPools(prefixes); err != nil {
+	if err := tables.ValidatePools(prefixes); err != nil {
 		return nil, nil, err
 	}
 	cluster, err := Parse("--cluster-cidr", p.Config.ClusterCIDR, tables.PodCIDRFromClusterCIDR, agent)

@@ -7,6 +7,8 @@
 //	ipmasq-agent maps        # print the pinned maps
 //	ipmasq-agent status      # summary of the running agent (over its shell socket)
 //	ipmasq-agent shell       # the agent's shell: db/show, maps/dump, datapath/nat, ...
+//	ipmasq-agent uninstall   # remove ipmasq from the node (no agent running)
+//	ipmasq-agent --version   # the build's version
 //	ipmasq-agent --help      # every flag; each can also be set as IPMASQ_<FLAG>
 package main
 
@@ -25,6 +27,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ipmasq/ipmasq/agent"
+	"github.com/ipmasq/ipmasq/internal/buildinfo"
 	agentshell "github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
@@ -40,6 +43,7 @@ func main() {
 func newRootCommand() *cobra.Command {
 	h := agent.New()
 	var logLevel string
+	var showVersion bool
 	root := &cobra.Command{
 		Use:           "ipmasq-agent",
 		Short:         "Masquerade agent for Linux and Kubernetes nodes, in eBPF",
@@ -47,10 +51,15 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if showVersion {
+				_, err := fmt.Fprintln(cmd.OutOrStdout(), "ipmasq-agent", buildinfo.String())
+				return err
+			}
 			log, err := newLogger(logLevel)
 			if err != nil {
 				return err
 			}
+			log.Info("Starting ipmasq-agent", "version", buildinfo.Version(), "revision", buildinfo.Revision(), "goversion", buildinfo.GoVersion())
 			if err := rlimit.RemoveMemlock(); err != nil {
 				return fmt.Errorf("remove memlock limit: %w", err)
 			}
@@ -62,9 +71,10 @@ func newRootCommand() *cobra.Command {
 			return h.Run(log)
 		},
 	}
+	root.Flags().BoolVar(&showVersion, "version", false, "Print the version (git describe of the build) and exit")
 	root.Flags().StringVar(&logLevel, "log-level", envOr("IPMASQ_LOG_LEVEL", "info"), "Log level: debug, info, warn or error")
 	h.RegisterFlags(root.Flags())
-	root.AddCommand(h.Command(), newMapsCommand(), newShellCommand(), newStatusCommand())
+	root.AddCommand(h.Command(), newMapsCommand(), newShellCommand(), newStatusCommand(), newUninstallCommand())
 	return root
 }
 

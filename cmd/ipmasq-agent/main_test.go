@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ipmasq/ipmasq/internal/buildinfo"
 )
 
 // run executes the command line and returns the one line an operator would
@@ -98,5 +100,18 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		if !strings.Contains(out, flag) {
 			t.Errorf("--help does not document %s", flag)
 		}
+	}
+}
+
+// TestVersion: --version prints the build's version and starts nothing
+// (the variables below would make a start fail).
+func TestVersion(t *testing.T) {
+	t.Setenv("IPMASQ_BPF_ROOT", t.TempDir())
+	out, err := run(t, "--version")
+	if err != nil {
+		t.Fatalf("--version: %v", err)
+	}
+	if want := "ipmasq-agent " + buildinfo.String() + "\n"; out != want {
+		t.Fatalf("--version printed %q, want %q", out, want)
 	}
 }

@@ -22,22 +22,19 @@ import (
 // is a crash loop). The rest is room for what the Go runtime does not
 // count (binary pages, thread stacks).
 //
-// A fixed small limit (40 MiB, tried for issue #14) kept RSS low in the
-// benchmarks but made the runtime collect without pause once the live
-// data grew past it: 10 000 endpoints with 20 000 rules then converged in
-// 44 s instead of 13 s. The cgroup's limit is the operator's own budget.
+// A fixed small limit kept RSS low in the benchmarks but made the runtime
+// collect without pause once the live data grew past it (the figures are
+// in docs/benchmarks.md). The cgroup's limit is the operator's own budget.
 const memoryLimitShare = 0.9
 
 // gcPercent is the agent's GOGC when its environment sets none: the heap
 // may grow to five times the live data before a collection, instead of
 // twice. The agent's work comes in bursts: a 16 384-prefix config
-// allocates about as much as the agent's whole live data (~14 MiB), so
-// with GOGC=100 almost every such load started a collection half-way,
-// whose mark assists and background worker took the CPU from the path to
-// the maps (issue #14: file write -> pinned map 2.0-2.6x a naive
-// per-entry write with 100, 1.5x with 400). What this costs is the peak
-// during a burst (90 instead of 68 MiB for a 16 384-prefix load, 109
-// instead of 87 MiB while 10 000 endpoints start); it stays bounded by the
+// allocates about as much as the agent's whole live data, so with
+// GOGC=100 almost every such load started a collection half-way, whose
+// mark assists and background worker took the CPU from the path to the
+// maps. What this costs is a higher peak during a burst (figures in the
+// README and docs/benchmarks.md); it stays bounded by the
 // soft memory limit (setMemoryLimit), near which the runtime collects
 // sooner whatever GOGC says, and the memoryReleaser hands it back once the
 // burst is over, so the RSS of a quiet agent is the same.

@@ -11,7 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
 
-	"github.com/ipmasq/ipmasq/cells/api"
+	"github.com/ipmasq/ipmasq/ipamapi"
 )
 
 // netConf is the network configuration the runtime passes on stdin.
@@ -105,7 +105,7 @@ func parseConfig(stdin []byte) (*netConf, error) {
 		}
 	}
 	if conf.IPAM.SocketPath == "" {
-		conf.IPAM.SocketPath = api.DefaultSocket
+		conf.IPAM.SocketPath = ipamapi.DefaultSocket
 	}
 	return conf, nil
 }

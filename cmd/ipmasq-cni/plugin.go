@@ -15,7 +15,7 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/ipmasq/ipmasq/cells/api"
+	"github.com/ipmasq/ipmasq/ipamapi"
 )
 
 // timeout bounds one plugin command. An allocation may wait for the
@@ -31,7 +31,7 @@ var gateway6 = net.ParseIP("fe80::1")
 // attachment also its owner.
 type call struct {
 	conf   *netConf
-	client *api.Client
+	client *ipamapi.Client
 	ctx    context.Context
 	owner  string
 }
@@ -43,7 +43,7 @@ func begin(args *skel.CmdArgs, attachment bool) (*call, context.CancelFunc, erro
 	if err != nil {
 		return nil, nil, err
 	}
-	c := &call{conf: conf, client: api.NewClient(conf.IPAM.SocketPath)}
+	c := &call{conf: conf, client: ipamapi.NewClient(conf.IPAM.SocketPath)}
 	if attachment {
 		if err := checkArgs(args.ContainerID, args.IfName); err != nil {
 			return nil, nil, err
@@ -68,7 +68,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 
 	result := &types100.Result{CNIVersion: types100.ImplementedSpecVersion}
 	for i, fam := range conf.IPAM.families() {
-		a, err := c.Allocate(ctx, api.AllocationRequest{Owner: o, Family: fam, RouteTable: conf.IPAM.RouteTable})
+		a, err := c.Allocate(ctx, ipamapi.AllocationRequest{Owner: o, Family: fam, RouteTable: conf.IPAM.RouteTable})
 		if err != nil {
 			err = agentError(conf.IPAM.SocketPath, fmt.Sprintf("allocate an %s address for %s", fam, o), err)
 			if i == 0 {
@@ -225,7 +225,7 @@ func cmdStatus(args *skel.CmdArgs) error {
 }
 
 func isNotFound(err error) bool {
-	var e *api.Error
+	var e *ipamapi.Error
 	return errors.As(err, &e) && e.Status == http.StatusNotFound
 }
 
@@ -233,7 +233,7 @@ func isNotFound(err error) bool {
 // being done and where. An agent that is down or still waiting for its
 // config is "try again later" (11): the runtime retries.
 func agentError(socket, what string, err error) error {
-	var e *api.Error
+	var e *ipamapi.Error
 	if !errors.As(err, &e) {
 		// The client's error names the socket too: keep only its cause.
 		if cause := errors.Unwrap(err); cause != nil {

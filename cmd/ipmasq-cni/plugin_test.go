@@ -18,7 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/ipmasq/ipmasq/cells/api"
+	"github.com/ipmasq/ipmasq/ipamapi"
 )
 
 // fakeAgent serves the IPAM API on a unix socket from memory: addresses
@@ -27,8 +27,8 @@ type fakeAgent struct {
 	socket string
 
 	mu       sync.Mutex
-	allocs   []api.AllocationResponse
-	requests []api.AllocationRequest
+	allocs   []ipamapi.AllocationResponse
+	requests []ipamapi.AllocationRequest
 	next4    netip.Addr
 	next6    netip.Addr
 	noIPv6   bool // answer IPv6 requests like an agent without an IPv6 pool
@@ -60,7 +60,7 @@ func (f *fakeAgent) fail(w http.ResponseWriter) bool {
 	if f.status == 0 {
 		return false
 	}
-	writeJSON(w, f.status, api.ErrorResponse{Error: "fake failure"})
+	writeJSON(w, f.status, ipamapi.ErrorResponse{Error: "fake failure"})
 	return true
 }
 
@@ -70,14 +70,14 @@ func (f *fakeAgent) allocate(w http.ResponseWriter, r *http.Request) {
 	if f.fail(w) {
 		return
 	}
-	var req api.AllocationRequest
+	var req ipamapi.AllocationRequest
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, api.ErrorResponse{Error: err.Error()})
+		writeJSON(w, http.StatusBadRequest, ipamapi.ErrorResponse{Error: err.Error()})
 		return
 	}
 	f.requests = append(f.requests, req)
 	if req.Family == "ipv6" && f.noIPv6 {
-		writeJSON(w, http.StatusBadRequest, api.ErrorResponse{Error: "no pool: no ipv6 --pod-cidr"})
+		writeJSON(w, http.StatusBadRequest, ipamapi.ErrorResponse{Error: "no pool: no ipv6 --pod-cidr"})
 		return
 	}
 	for _, a := range f.allocs {
@@ -86,7 +86,7 @@ func (f *fakeAgent) allocate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	a := api.AllocationResponse{Owner: req.Owner, RouteTable: 11}
+	a := ipamapi.AllocationResponse{Owner: req.Owner, RouteTable: 11}
 	if req.RouteTable != nil {
 		a.RouteTable = *req.RouteTable
 	}
@@ -105,7 +105,7 @@ func (f *fakeAgent) list(w http.ResponseWriter, r *http.Request) {
 	if f.fail(w) {
 		return
 	}
-	writeJSON(w, http.StatusOK, api.ListResponse{Allocations: append([]api.AllocationResponse{}, f.allocs...)})
+	writeJSON(w, http.StatusOK, ipamapi.ListResponse{Allocations: append([]ipamapi.AllocationResponse{}, f.allocs...)})
 }
 
 func (f *fakeAgent) releaseOwner(w http.ResponseWriter, r *http.Request) {
@@ -116,16 +116,16 @@ func (f *fakeAgent) releaseOwner(w http.ResponseWriter, r *http.Request) {
 	}
 	owner := r.URL.Query().Get("owner")
 	n := len(f.allocs)
-	f.allocs = slicesDelete(f.allocs, func(a api.AllocationResponse) bool { return a.Owner == owner })
+	f.allocs = slicesDelete(f.allocs, func(a ipamapi.AllocationResponse) bool { return a.Owner == owner })
 	if len(f.allocs) == n {
-		writeJSON(w, http.StatusNotFound, api.ErrorResponse{Error: "not found: owner " + owner})
+		writeJSON(w, http.StatusNotFound, ipamapi.ErrorResponse{Error: "not found: owner " + owner})
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func slicesDelete(s []api.AllocationResponse, del func(api.AllocationResponse) bool) []api.AllocationResponse {
-	var out []api.AllocationResponse
+func slicesDelete(s []ipamapi.AllocationResponse, del func(ipamapi.AllocationResponse) bool) []ipamapi.AllocationResponse {
+	var out []ipamapi.AllocationResponse
 	for _, a := range s {
 		if !del(a) {
 			out = append(out, a)
@@ -147,7 +147,7 @@ func (f *fakeAgent) owners() []string {
 func (f *fakeAgent) add(owner string, ip string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.allocs = append(f.allocs, api.AllocationResponse{Owner: owner, IP: netip.MustParseAddr(ip)})
+	f.allocs = append(f.allocs, ipamapi.AllocationResponse{Owner: owner, IP: netip.MustParseAddr(ip)})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -438,7 +438,7 @@ func TestConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.IPAM.SocketPath != api.DefaultSocket || c.IPAM.RouteTable != nil || c.IPAM.IPv6 {
+	if c.IPAM.SocketPath != ipamapi.DefaultSocket || c.IPAM.RouteTable != nil || c.IPAM.IPv6 {
 		t.Fatalf("defaults: %+v", c.IPAM)
 	}
 	for _, bad := range []string{

@@ -35,8 +35,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
@@ -296,9 +296,9 @@ func (d *demo) waitMaps(ok func(string) bool) error {
 }
 
 func (d *demo) ipamAndRules() error {
-	client := api.NewClient(filepath.Join(d.dir, "api.sock"))
+	client := ipamapi.NewClient(filepath.Join(d.dir, "api.sock"))
 	rt := uint32(11)
-	a, err := client.Allocate(context.Background(), api.AllocationRequest{Owner: "demo-pod/eth0", Family: "ipv4", RouteTable: &rt})
+	a, err := client.Allocate(context.Background(), ipamapi.AllocationRequest{Owner: "demo-pod/eth0", Family: "ipv4", RouteTable: &rt})
 	if err != nil {
 		return err
 	}

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/ipamapi"
 )
 
 // allocateSamples is how many allocations BenchmarkAgentAllocate times,
@@ -25,7 +25,7 @@ const allocateSamples = 1000
 // the socket, p99, seed config" from outside the agent: the real
 // ipmasq-agent binary in its node namespace, with the seed config and 100
 // resident allocations, answers allocateSamples allocations made with
-// api.Client over its socket (each released again, untimed).
+// ipamapi.Client over its socket (each released again, untimed).
 //
 // Its same-run baseline is the durability floor: an allocation is
 // answered only after its journal line is fdatasynced, so interleaved with
@@ -47,15 +47,15 @@ func BenchmarkAgentAllocate(b *testing.B) {
 	loadBefore := loadAverage()
 
 	ctx := context.Background()
-	c := api.NewClient(filepath.Join(a.dir, "api.sock"))
+	c := ipamapi.NewClient(filepath.Join(a.dir, "api.sock"))
 	for i := range 100 {
-		if _, err := c.Allocate(ctx, api.AllocationRequest{Owner: fmt.Sprintf("resident-%d/eth0", i), Family: "ipv4"}); err != nil {
+		if _, err := c.Allocate(ctx, ipamapi.AllocationRequest{Owner: fmt.Sprintf("resident-%d/eth0", i), Family: "ipv4"}); err != nil {
 			b.Fatalf("resident allocation %d: %v", i, err)
 		}
 	}
 	// One allocation, to learn the length of the line the agent journals
 	// for it.
-	req := api.AllocationRequest{Owner: "bench/eth0", Family: "ipv4"}
+	req := ipamapi.AllocationRequest{Owner: "bench/eth0", Family: "ipv4"}
 	first, err := c.Allocate(ctx, req)
 	if err != nil {
 		b.Fatal(err)

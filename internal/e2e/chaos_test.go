@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/ipamapi"
 )
 
 // chaosSeed makes the kill points of TestRestartChaos reproducible: change
@@ -157,9 +157,9 @@ func TestRestartChaos(t *testing.T) {
 	// An endpoint with its own route table: its ip rules must survive
 	// the crashes and follow the config.
 	const table = 11
-	client := api.NewClient(filepath.Join(a.dir, "api.sock"))
+	client := ipamapi.NewClient(filepath.Join(a.dir, "api.sock"))
 	rt := uint32(table)
-	ep, err := client.Allocate(context.Background(), api.AllocationRequest{Owner: "chaos/eth0", Family: "ipv4", RouteTable: &rt})
+	ep, err := client.Allocate(context.Background(), ipamapi.AllocationRequest{Owner: "chaos/eth0", Family: "ipv4", RouteTable: &rt})
 	if err != nil {
 		t.Fatalf("allocate endpoint: %v", err)
 	}

@@ -21,9 +21,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -325,13 +325,13 @@ func nodeVeths(t *testing.T, node *topology.Netns) []string {
 	return out
 }
 
-func allocationsOf(t *testing.T, socket, owner string) []api.AllocationResponse {
+func allocationsOf(t *testing.T, socket, owner string) []ipamapi.AllocationResponse {
 	t.Helper()
-	all, err := api.NewClient(socket).List(context.Background())
+	all, err := ipamapi.NewClient(socket).List(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []api.AllocationResponse
+	var out []ipamapi.AllocationResponse
 	for _, a := range all {
 		if a.Owner == owner {
 			out = append(out, a)

@@ -18,10 +18,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/kubetest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/readers/nodeevents"
 )
 
@@ -151,11 +151,11 @@ func (a *k8sAgent) stop() {
 // agent starts (no socket yet, or its pools not known yet).
 func (a *k8sAgent) allocate(owner string) netip.Addr {
 	a.t.Helper()
-	c := api.NewClient(filepath.Join(a.dir, "api.sock"))
+	c := ipamapi.NewClient(filepath.Join(a.dir, "api.sock"))
 	var last error
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		r, err := c.Allocate(ctx, api.AllocationRequest{Owner: owner, Family: "ipv4"})
+		r, err := c.Allocate(ctx, ipamapi.AllocationRequest{Owner: owner, Family: "ipv4"})
 		cancel()
 		if err == nil {
 			return r.IP
@@ -172,7 +172,7 @@ func (a *k8sAgent) allocate(owner string) netip.Addr {
 // address from the old pool is released again.
 func (a *k8sAgent) allocateIn(owner string, want netip.Prefix) netip.Addr {
 	a.t.Helper()
-	c := api.NewClient(filepath.Join(a.dir, "api.sock"))
+	c := ipamapi.NewClient(filepath.Join(a.dir, "api.sock"))
 	var got netip.Addr
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
 		got = a.allocate(owner)

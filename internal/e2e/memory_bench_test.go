@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 )
 
@@ -59,11 +59,11 @@ func (a *agent) memory() (rssMiB, peakMiB, anonMiB, fileMiB float64) {
 // a CNI plugin does, and returns the latencies' median and 99th percentile.
 func (a *agent) allocateMany(prefix string, n int, table *uint32) (p50, p99 time.Duration) {
 	a.t.Helper()
-	c := api.NewClient(filepath.Join(a.dir, "api.sock"))
+	c := ipamapi.NewClient(filepath.Join(a.dir, "api.sock"))
 	lat := make([]time.Duration, 0, n)
 	for i := range n {
 		start := time.Now()
-		_, err := c.Allocate(context.Background(), api.AllocationRequest{Owner: fmt.Sprintf("%s-%d/eth0", prefix, i), Family: "ipv4", RouteTable: table})
+		_, err := c.Allocate(context.Background(), ipamapi.AllocationRequest{Owner: fmt.Sprintf("%s-%d/eth0", prefix, i), Family: "ipv4", RouteTable: table})
 		lat = append(lat, time.Since(start))
 		if err != nil {
 			a.t.Fatalf("allocation %d: %v", i, err)

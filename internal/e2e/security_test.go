@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/ipamapi"
 )
 
 const securityConfig = "nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]\nmasqLinkLocal: false\nmasqLinkLocalIPv6: false\n"
@@ -47,8 +47,8 @@ func waitAnswers(a *agent, path string) {
 func TestShellReadOnly(t *testing.T) {
 	topo, a, ext := setup(t, securityConfig, "--egress-route-table=11")
 	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 1)
-	client := api.NewClient(filepath.Join(a.dir, "api.sock"))
-	ep, err := client.Allocate(context.Background(), api.AllocationRequest{Owner: "pod-a", Family: "ipv4"})
+	client := ipamapi.NewClient(filepath.Join(a.dir, "api.sock"))
+	ep, err := client.Allocate(context.Background(), ipamapi.AllocationRequest{Owner: "pod-a", Family: "ipv4"})
 	if err != nil {
 		t.Fatalf("allocate: %v", err)
 	}
@@ -155,7 +155,7 @@ func TestShellReadOnly(t *testing.T) {
 		}
 		close(lines)
 	}()
-	if _, err := client.Allocate(context.Background(), api.AllocationRequest{Owner: "pod-watched", Family: "ipv4"}); err != nil {
+	if _, err := client.Allocate(context.Background(), ipamapi.AllocationRequest{Owner: "pod-watched", Family: "ipv4"}); err != nil {
 		t.Fatal(err)
 	}
 	timeout := time.After(10 * time.Second)
@@ -185,8 +185,8 @@ func TestCreatedPathModes(t *testing.T) {
 		"--api-socket="+filepath.Join(run, "api.sock"),
 		"--shell-sock-path="+filepath.Join(run, "shell.sock"))
 	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 1)
-	client := api.NewClient(filepath.Join(run, "api.sock"))
-	if _, err := client.Allocate(context.Background(), api.AllocationRequest{Owner: "pod-a", Family: "ipv4"}); err != nil {
+	client := ipamapi.NewClient(filepath.Join(run, "api.sock"))
+	if _, err := client.Allocate(context.Background(), ipamapi.AllocationRequest{Owner: "pod-a", Family: "ipv4"}); err != nil {
 		t.Fatalf("allocate: %v", err)
 	}
 	// A restart snapshots the state and reopens every pin.
@@ -194,7 +194,7 @@ func TestCreatedPathModes(t *testing.T) {
 	a.start()
 	waitAnswers(a, filepath.Join(run, "api.sock"))
 	waitAnswers(a, filepath.Join(run, "shell.sock"))
-	if _, err := client.Allocate(context.Background(), api.AllocationRequest{Owner: "pod-b", Family: "ipv6"}); err != nil {
+	if _, err := client.Allocate(context.Background(), ipamapi.AllocationRequest{Owner: "pod-b", Family: "ipv6"}); err != nil {
 		t.Fatalf("allocate after restart: %v", err)
 	}
 	if out, err := exec.Command(agentBin, "status", "--shell-sock-path="+filepath.Join(run, "shell.sock")).CombinedOutput(); err != nil {

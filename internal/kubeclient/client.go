@@ -50,7 +50,7 @@ type Client struct {
 	// agent runs without Kubernetes. It knows only the core group's types:
 	// the agent reads its Node and posts Events, and client-go's clientset
 	// (every API group's client and types) made the binary's pages the
-	// larger part of the agent's RSS (issue #14).
+	// larger part of the agent's RSS.
 	CoreV1 rest.Interface
 	// NodeName is the agent's own Node.
 	NodeName string

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,8 +37,13 @@ func Decode(t testing.TB, file string) []runtime.Object {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return decodeDocs(t, file, string(data))
+}
+
+func decodeDocs(t testing.TB, file, data string) []runtime.Object {
+	t.Helper()
 	var out []runtime.Object
-	for i, doc := range strings.Split(string(data), "\n---\n") {
+	for i, doc := range strings.Split(data, "\n---\n") {
 		if strings.TrimSpace(stripComments(doc)) == "" {
 			continue
 		}
@@ -76,6 +82,8 @@ func Create(c kubernetes.Interface, obj runtime.Object, dryRun bool) error {
 		_, err = c.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, opts)
 	case *appsv1.DaemonSet:
 		_, err = c.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, opts)
+	case *batchv1.Job:
+		_, err = c.BatchV1().Jobs(o.Namespace).Create(ctx, o, opts)
 	case *rbacv1.ClusterRole:
 		_, err = c.RbacV1().ClusterRoles().Create(ctx, o, opts)
 	case *rbacv1.ClusterRoleBinding:

@@ -76,7 +76,23 @@ func removeStale(path string) error {
 	}
 	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
 		c.Close()
-		return errors.New("is in use by another process (another agent running?)")
+		return ErrInUse
 	}
 	return os.Remove(path)
+}
+
+// ErrInUse is the error for a socket that a process still serves.
+var ErrInUse = errors.New("is in use by another process (another agent running?)")
+
+// RemoveStale removes the socket at path unless a process still serves it
+// (ErrInUse) or the path is not a socket; removed is false when there was
+// nothing to remove. For `ipmasq-agent uninstall`.
+func RemoveStale(path string) (removed bool, err error) {
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err := removeStale(path); err != nil {
+		return false, fmt.Errorf("%s %w", path, err)
+	}
+	return true, nil
 }

@@ -56,12 +56,14 @@ var Cell = cell.Module(
 
 // newRegistry is the cell's own registry: a host hive's registry (if any)
 // is not touched, and the exposition holds only ipmasq_*, go_* and
-// process_* metrics.
+// process_* metrics. ipmasq_build_info is there from the start, like the
+// Go and process metrics.
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		newBuildInfo(),
 	)
 	return reg
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/ipmasq/ipmasq/cells/config"
+	"github.com/ipmasq/ipmasq/internal/buildinfo"
 	"github.com/ipmasq/ipmasq/settings"
 )
 
@@ -146,6 +147,10 @@ func TestConfigMetricsAndHealth(t *testing.T) {
 	firstLoad := got["ipmasq_config_last_good_load_timestamp_seconds"]
 	if firstLoad < float64(start.Unix()) || firstLoad > float64(time.Now().Unix()+1) {
 		t.Fatalf("last good load %v, want between %v and now", firstLoad, start.Unix())
+	}
+	buildInfo := `ipmasq_build_info{goversion="` + buildinfo.GoVersion() + `",revision="` + buildinfo.Revision() + `",version="` + buildinfo.Version() + `"}`
+	if got[buildInfo] != 1 {
+		t.Errorf("%s = %v, want 1", buildInfo, got[buildInfo])
 	}
 	for _, name := range []string{"go_goroutines", "process_start_time_seconds"} {
 		if _, ok := got[name]; !ok {

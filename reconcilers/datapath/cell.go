@@ -19,7 +19,7 @@ import (
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// Cell runs the masquerade datapath. It needs the tables of cells/datapath,
+// Cell runs the masquerade datapath. It needs the tables of cells/datapathtables,
 // which it reconciles into tc attachments and the programs' maps; the
 // programs read the nonmasq tries that nonmasq-maps writes, through the same
 // pins (whichever starts first creates them).

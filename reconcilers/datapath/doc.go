@@ -1,6 +1,6 @@
 // Package datapath runs the eBPF masquerade datapath (package bpf): it
 // loads the programs with their pinned maps, sets the NAT port range, and
-// reconciles the tables that cells/datapath derives into the kernel:
+// reconciles the tables that cells/datapathtables derives into the kernel:
 // datapath-devices into tcx attachments and SNAT addresses,
 // masquerade-rule-sources into masq_rules_v4/v6, masquerade-sources into
 // masq_src_v4/v6 and node-addresses into node_addrs_v4/v6 (each through

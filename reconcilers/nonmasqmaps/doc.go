@@ -13,7 +13,7 @@
 // generic one: a config of 16 384 prefixes is one table transaction and
 // one batch write per map, and the generic reconciler's per-row clones,
 // growing batches and result map were a third of the time from the file
-// to the maps (issue #14). It keeps the generic one's contract: a Done or
+// to the maps. It keeps the generic one's contract: a Done or
 // Error status on every row, retries with backoff, WaitUntilReconciled,
 // reconciler.Metrics, health, and the Operations/BatchOperations taken
 // from the hive so that tests decorate them.

@@ -43,7 +43,7 @@ const (
 // their statuses are committed in one transaction as copies taken from one
 // block. The generic reconciler's clones, its growing batches and its map
 // of results were a third of the CPU and of the bytes allocated from a
-// 16 384-prefix config to the maps (issue #14).
+// 16 384-prefix config to the maps.
 type mapReconciler struct {
 	log      *slog.Logger
 	db       *statedb.DB
