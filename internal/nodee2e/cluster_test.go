@@ -19,10 +19,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/kubetest"
 	"github.com/ipmasq/ipmasq/internal/privtest"
 	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/ipamapi"
 )
 
 // The external host's addresses: masqTarget is outside every
@@ -82,19 +82,10 @@ func startCluster(t *testing.T) *cluster {
 	nodeNS := c.nodeNetns
 	c.node = startNode(t, nodeNS)
 	t.Cleanup(func() {
-		c.node.stop(c.admin)
 		if t.Failed() {
-			for _, p := range []string{"kubelet", "containerd"} {
-				t.Logf("%s errors:\n%s", p, c.node.LogErrors(p, 25))
-			}
-			logs, _ := filepath.Glob(c.node.Root("/var/log/pods/kube-system_ipmasq-agent-*/ipmasq-agent/*.log"))
-			for _, l := range logs {
-				t.Logf("%s:\n%s", l, tail(l, 30))
-			}
-			for _, p := range []string{"kube-scheduler", "kube-controller-manager"} {
-				t.Logf("%s log:\n%s", p, tail(filepath.Join(c.dir, p+".log"), 20))
-			}
+			c.logs()
 		}
+		c.node.stop(c.admin)
 	})
 	c.nodeNetwork()
 	c.installCNI()
@@ -106,23 +97,35 @@ func startCluster(t *testing.T) *cluster {
 	return c
 }
 
-// buildImages builds the pause, pod and agent images as docker archives.
+// logs shows the end of the node's and the control plane's logs, and the
+// agent's containers' (before the teardown deletes them).
+func (c *cluster) logs() {
+	t := c.t
+	for _, p := range []string{"kubelet", "containerd"} {
+		t.Logf("%s errors:\n%s", p, c.node.LogErrors(p, 25))
+	}
+	logs, _ := filepath.Glob(c.node.Root("/var/log/pods/kube-system_ipmasq-*/*/*.log"))
+	for _, l := range logs {
+		t.Logf("%s:\n%s", l, tail(l, 30))
+	}
+	for _, p := range []string{"kube-scheduler", "kube-controller-manager"} {
+		t.Logf("%s log:\n%s", p, tail(filepath.Join(c.dir, p+".log"), 20))
+	}
+}
+
+// buildImages builds the pause and pod images, and the agent's with
+// `make image` (as an operator does), as docker archives.
 func (c *cluster) buildImages() []string {
 	bin := filepath.Join(c.dir, "bin")
 	prog := goBuild(c.t, bin, "github.com/ipmasq/ipmasq/internal/nodee2e/podprog")
-	agent := goBuild(c.t, bin, "github.com/ipmasq/ipmasq/cmd/ipmasq-agent")
-	files := map[string]func(string){
-		"pause.tar": func(f string) { writeImage(c.t, f, pauseImage, prog, "podprog", "pause") },
-		"pod.tar":   func(f string) { writeImage(c.t, f, podImage, prog, "podprog") },
-		"agent.tar": func(f string) { writeImage(c.t, f, agentImageV1, agent, "ipmasq-agent") },
+	pause, pod, agent := filepath.Join(c.dir, "pause.tar"), filepath.Join(c.dir, "pod.tar"), filepath.Join(c.dir, "agent.tar")
+	writeImage(c.t, pause, pauseImage, prog, "podprog", "pause")
+	writeImage(c.t, pod, podImage, prog, "podprog")
+	make := exec.Command("make", "-C", "../..", "image", "IMAGE="+agentImageV1, "IMAGE_TAR="+agent, "BIN="+bin)
+	if out, err := make.CombinedOutput(); err != nil {
+		c.t.Fatalf("make image: %v\n%s", err, out)
 	}
-	var out []string
-	for name, write := range files {
-		f := filepath.Join(c.dir, name)
-		write(f)
-		out = append(out, f)
-	}
-	return out
+	return []string{pause, pod, agent}
 }
 
 // network: the node's and the external host's namespaces, the node
@@ -179,16 +182,16 @@ func (c *cluster) nodeNetwork() {
 // startControlPlane runs kube-scheduler and kube-controller-manager next to
 // the API server. The controller manager allocates the Node's pod CIDR
 // (--allocate-node-cidrs) and runs the controllers a DaemonSet and pods
-// need (nodelifecycle takes the not-ready taint the kubelet registers the
-// Node with off once it is Ready); no garbage collector, so teardown orphans the DaemonSet's pods and
-// deletes them itself.
+// need: nodelifecycle takes the not-ready taint the kubelet registers the
+// Node with off once it is Ready, the garbage collector deletes a deleted
+// DaemonSet's pods, job runs the uninstall Job.
 func (c *cluster) startControlPlane(bins kubetest.NodeBinaries) {
 	kubeconfig := filepath.Join(c.dir, "admin.kubeconfig")
 	c.api.WriteKubeconfig(kubeconfig, kubetest.AdminToken)
 	c.startControl("kube-scheduler", bins.Scheduler, "--kubeconfig="+kubeconfig, "--leader-elect=false", "--secure-port=0")
 	c.startControl("kube-controller-manager", bins.ControllerManager, "--kubeconfig="+kubeconfig,
 		"--leader-elect=false", "--secure-port=0",
-		"--controllers=daemonset,serviceaccount,root-ca-cert-publisher,nodeipam,nodelifecycle",
+		"--controllers=daemonset,serviceaccount,root-ca-cert-publisher,nodeipam,nodelifecycle,garbagecollector,job",
 		"--allocate-node-cidrs", "--cluster-cidr="+clusterCIDR, "--node-cidr-mask-size=24",
 		"--service-cluster-ip-range=10.96.0.0/16", "--root-ca-file="+c.api.CertFile)
 }
@@ -306,17 +309,24 @@ func (c *cluster) podCIDR() netip.Prefix {
 	return netip.Prefix{}
 }
 
-// deployAgent creates deploy/'s objects as shipped, but for the image.
+// deployAgent creates deploy/'s objects as `kubectl apply -k` does with
+// an operator's overlay that sets the image.
 func (c *cluster) deployAgent(image string) {
+	c.apply("../../deploy", image, nil)
+}
+
+// apply renders the kustomization in dir with image and creates its
+// objects; edit, if set, changes the rendered YAML first (the uninstall
+// Job's node name, as docs/deploy.md's sed does).
+func (c *cluster) apply(dir, image string, edit func([]byte) []byte) {
 	t := c.t
-	for _, f := range []string{"rbac.yaml", "configmap.yaml", "daemonset.yaml"} {
-		for _, obj := range kubetest.Decode(t, filepath.Join("../../deploy", f)) {
-			if ds, ok := obj.(*appsv1.DaemonSet); ok {
-				setImage(t, ds, image)
-			}
-			if err := kubetest.Create(c.admin, obj, false); err != nil {
-				t.Fatalf("deploy/%s: %v", f, err)
-			}
+	data := kubetest.Kustomize(t, dir, image)
+	if edit != nil {
+		data = edit(data)
+	}
+	for _, obj := range kubetest.DecodeYAML(t, "kustomize "+dir, data) {
+		if err := kubetest.Create(c.admin, obj, false); err != nil {
+			t.Fatalf("kustomize %s: %v", dir, err)
 		}
 	}
 }
@@ -441,16 +451,20 @@ func (c *cluster) deletePod(ns, name string) {
 // allocations are the agent's IPAM allocations, over its API socket on
 // the node.
 // allocation is one IPAM allocation of the agent.
-type allocation = api.AllocationResponse
+type allocation = ipamapi.AllocationResponse
 
 func (c *cluster) allocations() []allocation {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	list, err := api.NewClient(c.node.Root("/run/ipmasq/api.sock")).List(ctx)
+	list, err := c.tryAllocations()
 	if err != nil {
 		c.t.Fatalf("agent allocations: %v", err)
 	}
 	return list
+}
+
+func (c *cluster) tryAllocations() ([]allocation, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return ipamapi.NewClient(c.node.Root("/run/ipmasq/api.sock")).List(ctx)
 }
 
 // ipRule is one line of `ip -j rule`.

@@ -114,5 +114,6 @@ func TestRealNode(t *testing.T) {
 	t.Logf("items 1-3 done in %v", time.Since(begin).Round(time.Millisecond))
 
 	testDay2(t, c)
+	testUninstall(t, c, agentImageV2)
 	t.Logf("whole test %v", time.Since(begin).Round(time.Millisecond))
 }
