@@ -36,6 +36,8 @@ const (
 	routeTable   = "11"
 	agentImageV1 = "localhost/ipmasq-nodee2e/ipmasq-agent:1"
 	agentImageV2 = "localhost/ipmasq-nodee2e/ipmasq-agent:2"
+	// cniConfigPath is where the host step puts deploy/cni's file.
+	cniConfigPath = "/etc/cni/net.d/10-ipmasq.conflist"
 )
 
 // cluster is the API server, scheduler and controller manager, one node
@@ -256,7 +258,7 @@ func (c *cluster) installCNI() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.node.WriteFile("/etc/cni/net.d/10-ipmasq.conflist", data, 0o644)
+	c.node.WriteFile(cniConfigPath, data, 0o644)
 }
 
 // waitNodeReady waits for the Node to be Ready with a pod CIDR.

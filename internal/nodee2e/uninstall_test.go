@@ -61,6 +61,11 @@ func (c *cluster) ipmasqOnNode() []string {
 			}
 		}
 	}
+	for _, f := range []string{cniConfigPath, "/opt/cni/bin/ipmasq-cni"} {
+		if _, err := os.Lstat(c.node.Root(f)); err == nil {
+			found = append(found, "file "+f)
+		}
+	}
 	for _, d := range []string{"/var/lib/ipmasq", "/run/ipmasq"} {
 		entries, _ := os.ReadDir(c.node.Root(d))
 		for _, e := range entries {
@@ -71,8 +76,8 @@ func (c *cluster) ipmasqOnNode() []string {
 }
 
 // testUninstall removes ipmasq as docs/deploy.md says: the pods on its
-// network first (their CNI DEL needs the agent), kubectl delete -k
-// deploy/, then the uninstall Job on the node, and checks the node holds
+// network first (their CNI DEL needs the agent), the CNI config and
+// plugin, kubectl delete -k deploy/, then the uninstall Job on the node, and checks the node holds
 // nothing of ipmasq afterwards.
 func testUninstall(t *testing.T, c *cluster, image string) {
 	before := c.ipmasqOnNode()
@@ -87,6 +92,12 @@ func testUninstall(t *testing.T, c *cluster, image string) {
 	}
 	for _, p := range pods.Items {
 		c.deletePod("default", p.Name)
+	}
+	// The host step's files (docs/deploy.md, "The CNI plugin").
+	for _, f := range []string{cniConfigPath, "/opt/cni/bin/ipmasq-cni"} {
+		if err := os.Remove(c.node.Root(f)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	begin := time.Now()
 	c.deleteRendered("../../deploy", image)
