@@ -19,7 +19,7 @@ IMAGE_TAR  ?= $(BIN)/ipmasq-agent-image.tar
 # Image files get the commit's time, so a commit builds the same image.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: all build image test demo generate bench vet fmt clean
+.PHONY: all build image deps test demo generate bench vet fmt clean
 
 all: build
 
@@ -38,10 +38,15 @@ image:
 
 FUZZTIME  ?= 60000x
 
-## test: vet, every test (unit, script, privileged) once, uncached, then the
+## deps: install the Debian packages the tests need (as root, once; tools/deps.sh)
+deps:
+	@sh tools/deps.sh
+
+## test: the Debian packages the tests need (deps), vet, every test (unit,
+## script, privileged) once, uncached, then the
 ## config parser's fuzzer for a fixed number of inputs (a fixed-time run can end in
 ## "context deadline exceeded" when it stops during minimization)
-test: vet
+test: deps vet
 	$(GO) test -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./cells/config/
 

@@ -71,7 +71,10 @@ func (a *agentUnderTest) build() {
 		append([]cell.Cell{agent.Infrastructure, netnstest.Agent(a.ns, faults.Decorate(agent.Cell))}, a.extra...)...)
 	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
-	if err := flags.Parse(a.args); err != nil {
+	// The scripts cover both families; the agent's own default is IPv4
+	// only (the Kubernetes agent's), so IPv6 is turned on here and a
+	// script's "#!" line may turn it off again.
+	if err := flags.Parse(append([]string{"--enable-ipv6=true"}, a.args...)); err != nil {
 		a.t.Fatalf("agent flags %v: %v", a.args, err)
 	}
 	cmds, err := h.ScriptCommands(hivetest.Logger(a.t, hivetest.LogLevel(logLevel())))

@@ -18,9 +18,11 @@ import (
 	"github.com/ipmasq/ipmasq/cells/egressrules"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/k8snode"
+	"github.com/ipmasq/ipmasq/cells/netfilter"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/readers/metrics"
+	"github.com/ipmasq/ipmasq/readers/natview"
 	"github.com/ipmasq/ipmasq/readers/nodeevents"
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/readers/status"
@@ -46,13 +48,14 @@ var Infrastructure = cell.Group(
 	job.Cell,
 	cell.SimpleHealthCell,
 	cell.Provide(func(h *cell.SimpleHealth) hive.ScriptCmdOut {
-		return hive.NewScriptCmd("health", cell.SimpleHealthCmd(h))
+		return hive.NewScriptCmd("health", metrics.HealthCmd(h))
 	}),
 )
 
 // Cell is every ipmasq cell: settings, the Kubernetes connection, config
 // file, pod CIDRs (flags and Node), BPF maps, devices and the eBPF
-// datapath, IPAM and its API, the per-endpoint ip rules, and the readers
+// datapath, IPAM and its API, the per-endpoint ip rules, the netfilter
+// NAT rules that would decide first, and the readers
 // (metrics, status, the Node's Events). Their order does not matter: each
 // reads tables or pinned maps, never another cell's state filled at start.
 var Cell = cell.Group(
@@ -74,7 +77,11 @@ var Cell = cell.Group(
 	api.Cell,
 	egressrules.Cell,
 	iprules.Cell,
+	// Netfilter NAT rules that decide before the datapath (read-only).
+	netfilter.Cell,
 	status.Cell,
+	// datapath/nat: the NAT pairs, read from the pins.
+	natview.Cell,
 	// Config rejections as Events on the Node (with --k8s-node-name).
 	nodeevents.Cell,
 	// The live shell, read-only: the db/* queries and the cells' own

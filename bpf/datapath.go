@@ -53,6 +53,7 @@ const (
 	MapFragV4      = masqMapFragV4
 	MapFragV6      = masqMapFragV6
 	MapCounters    = masqMapCounters
+	MapDevCounters = masqMapDevCounters
 )
 
 // NonMasqSpec is the layout of the trie nonmasq_v4 or nonmasq_v6 as lib/maps.h
@@ -104,9 +105,9 @@ type Datapath struct {
 // LoadOptions configure [Load].
 type LoadOptions struct {
 	// PinDir is the directory (on a BPF filesystem) where every map except
-	// the nonmasq tries is pinned by name and reused
-	// across restarts; a pinned map with an incompatible layout is
-	// replaced. Empty: nothing is pinned (tests).
+	// the nonmasq tries is pinned by name and reused across restarts; a
+	// pinned map with an incompatible layout is replaced. Empty: nothing
+	// is pinned (tests).
 	PinDir string
 	// NonMasqV4 and NonMasqV6 are the nonmasq tries (pinned by their own
 	// reconciler), used whatever their max_entries. Nil: an empty private

@@ -145,22 +145,53 @@ func (e *testEnv) ingress(frame []byte) []byte {
 	return out
 }
 
+// counters returns the global counters, followed by the per-device drops
+// of each DropReason summed over devices, families and directions.
 func (e *testEnv) counters() []uint64 {
 	e.tb.Helper()
 	c, err := ReadCounters(e.dp.Maps.Counters)
 	if err != nil {
 		e.tb.Fatal(err)
 	}
-	return c
+	devs, err := ReadDevCounters(e.dp.Maps.DevCounters)
+	if err != nil {
+		e.tb.Fatal(err)
+	}
+	drops := make([]uint64, NumDropReasons)
+	for _, d := range devs {
+		for r, n := range d.Drops {
+			drops[r] += n
+		}
+	}
+	return append(c, drops...)
 }
 
-// checkCounters compares the counters named in want with their change since before.
+// dropReasonOf is the per-device drop reason of the global counters that
+// always mean a dropped packet.
+var dropReasonOf = map[Counter]DropReason{
+	CounterDropUntranslatable: DropUntranslatable,
+	CounterNATFull:            DropNATFull,
+	CounterNoPort:             DropNoPort,
+	CounterFragUnknown:        DropFragmentUnknown,
+	CounterDropNoSNATAddr:     DropNoSNATAddress,
+	CounterICMPErrorUnknown:   DropICMPErrorUnmatched,
+	CounterPairTaken:          DropPairTaken,
+}
+
+// checkCounters compares the counters named in want with their change
+// since before; a drop counter's packets must also show as drops of its
+// reason in the per-device counters.
 func (e *testEnv) checkCounters(before []uint64, want map[Counter]uint64) {
 	e.tb.Helper()
 	now := e.counters()
 	for c := Counter(0); c < NumCounters; c++ {
 		if got := now[c] - before[c]; got != want[c] {
 			e.tb.Errorf("counter %s went up by %d, want %d", c, got, want[c])
+		}
+	}
+	for c, r := range dropReasonOf {
+		if got := now[int(NumCounters)+int(r)] - before[int(NumCounters)+int(r)]; got != want[c] {
+			e.tb.Errorf("per-device drops for reason %s went up by %d, want %d (counter %s)", r, got, want[c], c)
 		}
 	}
 }

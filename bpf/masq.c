@@ -33,6 +33,9 @@
  * and TC_ACT_SHOT only when a packet of a flow that must be masqueraded
  * cannot be: the pod address is never sent out.
  *
+ * Every run is counted per device, family and direction by its outcome
+ * (lib/counters.h: packet_begin, packet_done).
+ *
  * Each program comes in two variants: ipmasq_egress/ipmasq_ingress for
  * Ethernet devices (the network header at ETH_HLEN) and *_l3 for devices
  * without a link-layer header (tun, WireGuard, ipip, ...: the network
@@ -52,7 +55,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 SEC("tc")
 int ipmasq_egress(struct __sk_buff *skb)
 {
-	return egress(skb, ETH_HLEN);
+	packet_begin();
+	return packet_done(skb, DIR_EGRESS, egress(skb, ETH_HLEN));
 }
 
 /* Devices without a link-layer header (tun, WireGuard, ipip, sit, ip6tnl,
@@ -62,17 +66,20 @@ int ipmasq_egress(struct __sk_buff *skb)
 SEC("tc")
 int ipmasq_egress_l3(struct __sk_buff *skb)
 {
-	return egress(skb, 0);
+	packet_begin();
+	return packet_done(skb, DIR_EGRESS, egress(skb, 0));
 }
 
 SEC("tc")
 int ipmasq_ingress(struct __sk_buff *skb)
 {
-	return ingress(skb, ETH_HLEN);
+	packet_begin();
+	return packet_done(skb, DIR_INGRESS, ingress(skb, ETH_HLEN));
 }
 
 SEC("tc")
 int ipmasq_ingress_l3(struct __sk_buff *skb)
 {
-	return ingress(skb, 0);
+	packet_begin();
+	return packet_done(skb, DIR_INGRESS, ingress(skb, 0));
 }

@@ -13,6 +13,15 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type masqAction uint32
+
+const (
+	masqActionACTION_PASSED     masqAction = 0
+	masqActionACTION_TRANSLATED masqAction = 1
+	masqActionACTION_DROPPED    masqAction = 2
+	masqActionACTION_MAX        masqAction = 3
+)
+
 type masqCounter uint32
 
 const (
@@ -46,6 +55,43 @@ const (
 	masqCounterCOUNTER_NAT_PORT_KEPT       masqCounter = 27
 	masqCounterCOUNTER_HOST_FLOW_REMAPPED  masqCounter = 28
 	masqCounterCOUNTER_MAX                 masqCounter = 29
+)
+
+type masqCounterFamily uint32
+
+const (
+	masqCounterFamilyFAMILY_IPV4  masqCounterFamily = 0
+	masqCounterFamilyFAMILY_IPV6  masqCounterFamily = 1
+	masqCounterFamilyFAMILY_OTHER masqCounterFamily = 2
+)
+
+type masqDevCounterKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Family  uint8
+	Dir     uint8
+	Pad     [2]uint8
+}
+
+type masqDevCounterVal struct {
+	_       structs.HostLayout
+	Packets [3]uint64
+	Drops   [9]uint64
+}
+
+type masqDropReason uint32
+
+const (
+	masqDropReasonDROP_OTHER              masqDropReason = 0
+	masqDropReasonDROP_UNTRANSLATABLE     masqDropReason = 1
+	masqDropReasonDROP_NAT_FULL           masqDropReason = 2
+	masqDropReasonDROP_NO_PORT            masqDropReason = 3
+	masqDropReasonDROP_FRAG_UNKNOWN       masqDropReason = 4
+	masqDropReasonDROP_NO_SNAT_ADDR       masqDropReason = 5
+	masqDropReasonDROP_ICMP_ERR_UNMATCHED masqDropReason = 6
+	masqDropReasonDROP_PAIR_TAKEN         masqDropReason = 7
+	masqDropReasonDROP_ERROR              masqDropReason = 8
+	masqDropReasonDROP_REASON_MAX         masqDropReason = 9
 )
 
 type masqEgressDev struct {
@@ -215,36 +261,49 @@ type masqNatV6Val struct {
 	CreatedNs  uint64
 }
 
+type masqPktOutcome struct {
+	_          structs.HostLayout
+	Translated uint8
+	Reason     uint8
+	Pad        [6]uint8
+	Zero       masqDevCounterVal
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	masqMapConfig            = "config"
-	masqMapCounters          = "counters"
-	masqMapEgressDevs        = "egress_devs"
-	masqMapFibScratch        = "fib_scratch"
-	masqMapFragV4            = "frag_v4"
-	masqMapFragV6            = "frag_v6"
-	masqMapMasqRulesV4       = "masq_rules_v4"
-	masqMapMasqRulesV6       = "masq_rules_v6"
-	masqMapMasqSrcV4         = "masq_src_v4"
-	masqMapMasqSrcV6         = "masq_src_v6"
-	masqMapNatV4             = "nat_v4"
-	masqMapNatV6             = "nat_v6"
-	masqMapNodeAddrsV4       = "node_addrs_v4"
-	masqMapNodeAddrsV6       = "node_addrs_v6"
-	masqMapNonmasqV4         = "nonmasq_v4"
-	masqMapNonmasqV6         = "nonmasq_v6"
-	masqProgIpmasqEgress     = "ipmasq_egress"
-	masqProgIpmasqEgressL3   = "ipmasq_egress_l3"
-	masqProgIpmasqIngress    = "ipmasq_ingress"
-	masqProgIpmasqIngressL3  = "ipmasq_ingress_l3"
-	masqVarCounterMax        = "counter_max"
-	masqVarCsumIpv6Flag      = "csum_ipv6_flag"
-	masqVarMasqCfgFlagsKnown = "masq_cfg_flags_known"
-	masqVarNatDirLast        = "nat_dir_last"
-	masqVarNatFlagsStored    = "nat_flags_stored"
-	masqVarNatStateMax       = "nat_state_max"
+	masqMapConfig             = "config"
+	masqMapCounters           = "counters"
+	masqMapDevCounters        = "dev_counters"
+	masqMapEgressDevs         = "egress_devs"
+	masqMapFibScratch         = "fib_scratch"
+	masqMapFragV4             = "frag_v4"
+	masqMapFragV6             = "frag_v6"
+	masqMapMasqRulesV4        = "masq_rules_v4"
+	masqMapMasqRulesV6        = "masq_rules_v6"
+	masqMapMasqSrcV4          = "masq_src_v4"
+	masqMapMasqSrcV6          = "masq_src_v6"
+	masqMapNatV4              = "nat_v4"
+	masqMapNatV6              = "nat_v6"
+	masqMapNodeAddrsV4        = "node_addrs_v4"
+	masqMapNodeAddrsV6        = "node_addrs_v6"
+	masqMapNonmasqV4          = "nonmasq_v4"
+	masqMapNonmasqV6          = "nonmasq_v6"
+	masqMapPktOutcome         = "pkt_outcome"
+	masqProgIpmasqEgress      = "ipmasq_egress"
+	masqProgIpmasqEgressL3    = "ipmasq_egress_l3"
+	masqProgIpmasqIngress     = "ipmasq_ingress"
+	masqProgIpmasqIngressL3   = "ipmasq_ingress_l3"
+	masqVarActionMax          = "action_max"
+	masqVarCounterFamilyOther = "counter_family_other"
+	masqVarCounterMax         = "counter_max"
+	masqVarCsumIpv6Flag       = "csum_ipv6_flag"
+	masqVarDropReasonMax      = "drop_reason_max"
+	masqVarMasqCfgFlagsKnown  = "masq_cfg_flags_known"
+	masqVarNatDirLast         = "nat_dir_last"
+	masqVarNatFlagsStored     = "nat_flags_stored"
+	masqVarNatStateMax        = "nat_state_max"
 )
 
 // loadMasq returns the embedded CollectionSpec for masq.
@@ -301,6 +360,7 @@ type masqProgramSpecs struct {
 type masqMapSpecs struct {
 	Config      *ebpf.MapSpec `ebpf:"config"`
 	Counters    *ebpf.MapSpec `ebpf:"counters"`
+	DevCounters *ebpf.MapSpec `ebpf:"dev_counters"`
 	EgressDevs  *ebpf.MapSpec `ebpf:"egress_devs"`
 	FibScratch  *ebpf.MapSpec `ebpf:"fib_scratch"`
 	FragV4      *ebpf.MapSpec `ebpf:"frag_v4"`
@@ -315,18 +375,22 @@ type masqMapSpecs struct {
 	NodeAddrsV6 *ebpf.MapSpec `ebpf:"node_addrs_v6"`
 	NonmasqV4   *ebpf.MapSpec `ebpf:"nonmasq_v4"`
 	NonmasqV6   *ebpf.MapSpec `ebpf:"nonmasq_v6"`
+	PktOutcome  *ebpf.MapSpec `ebpf:"pkt_outcome"`
 }
 
 // masqVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqVariableSpecs struct {
-	CounterMax        *ebpf.VariableSpec `ebpf:"counter_max"`
-	CsumIpv6Flag      *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
-	MasqCfgFlagsKnown *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
-	NatDirLast        *ebpf.VariableSpec `ebpf:"nat_dir_last"`
-	NatFlagsStored    *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
-	NatStateMax       *ebpf.VariableSpec `ebpf:"nat_state_max"`
+	ActionMax          *ebpf.VariableSpec `ebpf:"action_max"`
+	CounterFamilyOther *ebpf.VariableSpec `ebpf:"counter_family_other"`
+	CounterMax         *ebpf.VariableSpec `ebpf:"counter_max"`
+	CsumIpv6Flag       *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
+	DropReasonMax      *ebpf.VariableSpec `ebpf:"drop_reason_max"`
+	MasqCfgFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
+	NatDirLast         *ebpf.VariableSpec `ebpf:"nat_dir_last"`
+	NatFlagsStored     *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
+	NatStateMax        *ebpf.VariableSpec `ebpf:"nat_state_max"`
 }
 
 // masqObjects contains all objects after they have been loaded into the kernel.
@@ -351,6 +415,7 @@ func (o *masqObjects) Close() error {
 type masqMaps struct {
 	Config      *ebpf.Map `ebpf:"config"`
 	Counters    *ebpf.Map `ebpf:"counters"`
+	DevCounters *ebpf.Map `ebpf:"dev_counters"`
 	EgressDevs  *ebpf.Map `ebpf:"egress_devs"`
 	FibScratch  *ebpf.Map `ebpf:"fib_scratch"`
 	FragV4      *ebpf.Map `ebpf:"frag_v4"`
@@ -365,12 +430,14 @@ type masqMaps struct {
 	NodeAddrsV6 *ebpf.Map `ebpf:"node_addrs_v6"`
 	NonmasqV4   *ebpf.Map `ebpf:"nonmasq_v4"`
 	NonmasqV6   *ebpf.Map `ebpf:"nonmasq_v6"`
+	PktOutcome  *ebpf.Map `ebpf:"pkt_outcome"`
 }
 
 func (m *masqMaps) Close() error {
 	return _MasqClose(
 		m.Config,
 		m.Counters,
+		m.DevCounters,
 		m.EgressDevs,
 		m.FibScratch,
 		m.FragV4,
@@ -385,6 +452,7 @@ func (m *masqMaps) Close() error {
 		m.NodeAddrsV6,
 		m.NonmasqV4,
 		m.NonmasqV6,
+		m.PktOutcome,
 	)
 }
 
@@ -392,12 +460,15 @@ func (m *masqMaps) Close() error {
 //
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqVariables struct {
-	CounterMax        *ebpf.Variable `ebpf:"counter_max"`
-	CsumIpv6Flag      *ebpf.Variable `ebpf:"csum_ipv6_flag"`
-	MasqCfgFlagsKnown *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
-	NatDirLast        *ebpf.Variable `ebpf:"nat_dir_last"`
-	NatFlagsStored    *ebpf.Variable `ebpf:"nat_flags_stored"`
-	NatStateMax       *ebpf.Variable `ebpf:"nat_state_max"`
+	ActionMax          *ebpf.Variable `ebpf:"action_max"`
+	CounterFamilyOther *ebpf.Variable `ebpf:"counter_family_other"`
+	CounterMax         *ebpf.Variable `ebpf:"counter_max"`
+	CsumIpv6Flag       *ebpf.Variable `ebpf:"csum_ipv6_flag"`
+	DropReasonMax      *ebpf.Variable `ebpf:"drop_reason_max"`
+	MasqCfgFlagsKnown  *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
+	NatDirLast         *ebpf.Variable `ebpf:"nat_dir_last"`
+	NatFlagsStored     *ebpf.Variable `ebpf:"nat_flags_stored"`
+	NatStateMax        *ebpf.Variable `ebpf:"nat_state_max"`
 }
 
 // masqPrograms contains all programs after they have been loaded into the kernel.

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
-
-	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
 // ErrNotPinned is returned by Pinned's readers when the map they read is not
@@ -68,14 +66,13 @@ func (p Pinned) NATOccupancy() (v4, v6, capacity int, err error) {
 	return v4, v6, int(m4.MaxEntries()), nil
 }
 
-// CountEntries counts a map's entries (batch reads where the kernel has
-// them).
+// CountEntries counts a map's entries, reading it in batches where the
+// kernel has them (one buffer of natReadChunk entries, whatever the map's
+// size), entry by entry otherwise.
 func CountEntries[K, V comparable](m *ebpf.Map) (int, error) {
-	bm, err := bpfmap.NewMap[K, V](m)
-	if err != nil {
-		return 0, err
-	}
-	return bm.Stats().Entries, nil
+	n := 0
+	err := readBatches(m, m.String(), func(K, V) bool { n++; return true })
+	return n, err
 }
 
 // NonMasqEntries returns the entries of the non-masquerade maps, per
@@ -106,6 +103,77 @@ func (p Pinned) NonMasqEntries() (map[string]int, error) {
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%s, %s in %s: %w", MapNonMasqV4, MapNonMasqV6, p.Dir, ErrNotPinned)
+	}
+	return out, nil
+}
+
+// NATPairs calls visit for every NAT pair, inbound record and node flow
+// hold of both families (IPv4 first), until visit returns false. See
+// ReadNATPairsV4.
+func (p Pinned) NATPairs(visit func(*NATPair) bool) error {
+	stopped := false
+	for _, f := range []struct {
+		name string
+		read func(*ebpf.Map, func(*NATPair) bool) error
+	}{{MapNATV4, ReadNATPairsV4}, {MapNATV6, ReadNATPairsV6}} {
+		m, err := p.open(f.name)
+		if err != nil {
+			return err
+		}
+		err = f.read(m, func(np *NATPair) bool {
+			stopped = !visit(np)
+			return !stopped
+		})
+		m.Close()
+		if err != nil || stopped {
+			return err
+		}
+	}
+	return nil
+}
+
+// Lifetimes returns the NAT lifetimes the programs apply (the agent's
+// --nat-timeout-* flags, as written to the config map).
+func (p Pinned) Lifetimes() (Lifetimes, error) {
+	m, err := p.open(MapConfig)
+	if err != nil {
+		return Lifetimes{}, err
+	}
+	defer m.Close()
+	return LifetimesOf(m)
+}
+
+// NATMapFill is the occupancy of one NAT map.
+type NATMapFill struct {
+	// Family is "ipv4" (nat_v4) or "ipv6" (nat_v6).
+	Family string `json:"family"`
+	// Entries counts both entries of each pair, inbound records and node
+	// flow holds; Capacity is the map's max_entries (--nat-max-entries).
+	Entries  int `json:"entries"`
+	Capacity int `json:"capacity"`
+}
+
+// NATFill returns the occupancy of nat_v4 and nat_v6, in that order.
+func (p Pinned) NATFill() ([]NATMapFill, error) {
+	var out []NATMapFill
+	for _, f := range []struct {
+		family, name string
+		count        func(*ebpf.Map) (int, error)
+	}{
+		{"ipv4", MapNATV4, CountEntries[NATKeyV4, NATValV4]},
+		{"ipv6", MapNATV6, CountEntries[NATKeyV6, NATValV6]},
+	} {
+		m, err := p.open(f.name)
+		if err != nil {
+			return nil, err
+		}
+		n, err := f.count(m)
+		capacity := int(m.MaxEntries())
+		m.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.name, err)
+		}
+		out = append(out, NATMapFill{Family: f.family, Entries: n, Capacity: capacity})
 	}
 	return out, nil
 }

@@ -27,8 +27,9 @@ var stackDepthLine = regexp.MustCompile(`(?m)^stack depth ([0-9+]+)$`)
 // it: the sum of each subprogram's stack depth, rounded up to 16 bytes (the
 // rule for JIT-compiled programs; the interpreter rounds to 32).
 type stackChain struct {
-	bytes int
-	path  []string // entry first, "name(depth)"
+	bytes  int
+	path   []string // entry first, "name(depth)"
+	frames []string // every subprogram of the program, "name(depth)", deepest first
 }
 
 // TestStackHeadroom measures each program's deepest call chain from the
@@ -75,6 +76,7 @@ func TestStackHeadroom(t *testing.T) {
 		}
 		t.Logf("%-17s %3d of %d bytes, %3d free: %s", name, chain.bytes, verifierStackLimit,
 			verifierStackLimit-chain.bytes, strings.Join(chain.path, " -> "))
+		t.Logf("%-17s subprograms: %s", "", strings.Join(chain.frames, " "))
 	}
 }
 
@@ -172,5 +174,17 @@ func deepestStackChain(prog *ebpf.Program) (stackChain, error) {
 		memo[i] = c
 		return c, nil
 	}
-	return deepest(0, map[int]bool{})
+	chain, err := deepest(0, map[int]bool{})
+	if err != nil {
+		return stackChain{}, err
+	}
+	order := make([]int, len(subs))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return depths[order[a]] > depths[order[b]] })
+	for _, i := range order {
+		chain.frames = append(chain.frames, fmt.Sprintf("%s(%d)", subs[i].name, (depths[i]+15)&^15))
+	}
+	return chain, nil
 }

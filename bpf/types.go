@@ -9,8 +9,8 @@ import (
 	"github.com/cilium/ebpf/asm"
 )
 
-// Map value and key types, as laid out in lib/types.h. Addresses and ports are in
-// network byte order: use [Addr4], [Port] and [HostPort] to convert.
+// Map value and key types, as laid out in lib/types.h. Addresses and ports
+// are in network byte order: use [Addr4], [Port] and [HostPort] to convert.
 type (
 	// EgressDev is a value of egress_devs (key: ifindex).
 	EgressDev = masqEgressDev

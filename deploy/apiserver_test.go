@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -20,10 +21,11 @@ import (
 
 // TestManifestsAgainstAPIServer runs against one real kube-apiserver:
 // every object the kustomizations render (`kubectl apply -k deploy/`, and
-// deploy/uninstall/) passes a server-side dry run (validation and
-// admission, nothing stored); then, with rbac.yaml and the ServiceAccount
-// applied, the agent's token can do exactly what the agent does (follow
-// its Node, post Events on it) and nothing else.
+// deploy/uninstall/) and the example ConfigMap (deploy/config/) pass a
+// server-side dry run (validation and admission, nothing stored); then,
+// with rbac.yaml and the ServiceAccount applied, the agent's token can do
+// exactly what the agent does (follow its Node, post Events on it) and
+// nothing else.
 func TestManifestsAgainstAPIServer(t *testing.T) {
 	privtest.Require(t)
 	s := kubetest.Start(t)
@@ -36,6 +38,17 @@ func TestManifestsAgainstAPIServer(t *testing.T) {
 				t.Errorf("server-side dry run: kustomize %s: %v", dir, err)
 			}
 			objs = append(objs, obj)
+		}
+	}
+	examples, err := filepath.Glob("config/*.yaml")
+	if err != nil || len(examples) == 0 {
+		t.Fatalf("no example ConfigMap in deploy/config/: %v", err)
+	}
+	for _, f := range examples {
+		for _, obj := range kubetest.Decode(t, f) {
+			if err := kubetest.Create(admin, obj, true); err != nil {
+				t.Errorf("server-side dry run: %s: %v", f, err)
+			}
 		}
 	}
 	if t.Failed() {

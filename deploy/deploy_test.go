@@ -43,12 +43,24 @@ func (m manifest) String() string {
 	return fmt.Sprintf("%s (document %d, %s %s)", m.file, m.doc, str(m.obj, "kind"), str(m.obj, "metadata", "name"))
 }
 
+// manifestFiles are the manifests: deploy/*.yaml (what "kubectl apply -f
+// deploy/" applies) and the example ConfigMap in deploy/config/, kept apart
+// so that applying deploy/ never overwrites a ConfigMap the cluster has.
+func manifestFiles() ([]string, error) {
+	top, err := filepath.Glob("*.yaml")
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := filepath.Glob("config/*.yaml")
+	return append(top, cfg...), err
+}
+
 // docSeparator splits a multi-document YAML file.
 var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*$`)
 
 func loadManifests(t *testing.T) []manifest {
 	t.Helper()
-	files, err := filepath.Glob("*.yaml")
+	files, err := manifestFiles()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -527,5 +539,18 @@ func TestReferencesResolve(t *testing.T) {
 	}
 	if !bound {
 		t.Errorf("no ClusterRoleBinding in deploy/*.yaml binds a ClusterRole to ServiceAccount %s/%s", ns, sa)
+	}
+}
+
+// TestApplyLeavesExistingConfigMapAlone: "kubectl apply -f deploy/" patches
+// every object it names, so a ConfigMap among deploy/*.yaml would overwrite
+// the config an operator already has (the Kubernetes agent's ConfigMap has
+// the same name and key). The example lives in deploy/config/, created with
+// "kubectl create", which refuses to overwrite.
+func TestApplyLeavesExistingConfigMapAlone(t *testing.T) {
+	for _, m := range loadManifests(t) {
+		if str(m.obj, "kind") == "ConfigMap" && filepath.Dir(m.file) == "." {
+			t.Errorf("%s: a ConfigMap among deploy/*.yaml: kubectl apply -f deploy/ would replace an existing one's data", m)
+		}
 	}
 }

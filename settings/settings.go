@@ -31,11 +31,14 @@ type Config struct {
 	StateDir string `mapstructure:"state-dir"`
 }
 
-// Default is the configuration used when no flag is given.
+// Default is the configuration used when no flag is given. IPv6 is off
+// unless --enable-ipv6 is given, as in the Kubernetes ip-masq-agent: its
+// DaemonSet, run with ipmasq's image, then leaves IPv6 traffic untouched and
+// rejects an IPv6 prefix in the file exactly as it did.
 var Default = Config{
 	BPFRoot:         "/sys/fs/bpf",
 	EnableIPv4:      true,
-	EnableIPv6:      true,
+	EnableIPv6:      false,
 	MaxNonMasqCIDRs: 16384,
 	StateDir:        "/var/lib/ipmasq",
 }
@@ -44,7 +47,7 @@ var Default = Config{
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("bpf-root", def.BPFRoot, "Mount point of the BPF filesystem; maps are pinned under <bpf-root>/"+PinDirName)
 	flags.Bool("enable-ipv4", def.EnableIPv4, "Masquerade IPv4 traffic")
-	flags.Bool("enable-ipv6", def.EnableIPv6, "Masquerade IPv6 traffic")
+	flags.Bool("enable-ipv6", def.EnableIPv6, "Masquerade IPv6 traffic (off by default, as in the Kubernetes ip-masq-agent)")
 	flags.Uint32("max-nonmasq-cidrs", def.MaxNonMasqCIDRs, "Capacity of each non-masquerade map, per address family")
 	flags.String("state-dir", def.StateDir, "Directory of the agent's persistent state (endpoint allocations, the Node's last pod CIDRs)")
 }

@@ -1,11 +1,15 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* The per-CPU packet counters (read by the agent as bpf.Counters). */
+/* The per-CPU packet counters: the detailed global ones (bpf.Counter) and
+ * the per-device outcome of every packet (bpf.DevCounters). */
 
 #ifndef IPMASQ_LIB_COUNTERS_H
 #define IPMASQ_LIB_COUNTERS_H
 
 #include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
 
 /* Counters, indexed into the per-CPU array "counters". */
 enum counter {
@@ -41,7 +45,7 @@ enum counter {
 	COUNTER_MAX,
 };
 
-/* Exported so that bpf2go emits the enum for Go (-type counter). */
+/* Exported so that bpf2go emits the enum for Go (bpf.Counter). */
 const volatile enum counter counter_max = COUNTER_MAX;
 
 struct {
@@ -51,6 +55,135 @@ struct {
 	__uint(max_entries, COUNTER_MAX);
 } counters SEC(".maps");
 
+/*
+ * Per device, family and direction, every packet a program saw ends in one
+ * action (the sum of the actions is every packet), and every dropped packet
+ * has one reason. The programs' code says what happened through count();
+ * the entry programs bracket each run with packet_begin() and packet_done(),
+ * which adds the packet to its device's counters from its verdict and what
+ * count() noted on the way (a per-CPU scratch: a program run is never
+ * interrupted by another on the same CPU).
+ */
+enum action {
+	ACTION_PASSED,		/* left as it was (not ours to translate, or no change needed) */
+	ACTION_TRANSLATED,	/* source (egress) or destination (ingress) rewritten */
+	ACTION_DROPPED,		/* TC_ACT_SHOT */
+	ACTION_MAX,
+};
+
+/* Why a packet was dropped: the last drop counter noted before the verdict. */
+enum drop_reason {
+	DROP_OTHER,
+	DROP_UNTRANSLATABLE,	/* COUNTER_DROP_UNTRANSLATABLE */
+	DROP_NAT_FULL,		/* COUNTER_NAT_FULL */
+	DROP_NO_PORT,		/* COUNTER_NO_PORT */
+	DROP_FRAG_UNKNOWN,	/* COUNTER_FRAG_UNKNOWN */
+	DROP_NO_SNAT_ADDR,	/* COUNTER_DROP_NO_SNAT_ADDR */
+	DROP_ICMP_ERR_UNMATCHED, /* COUNTER_ICMP_ERR_UNMATCHED */
+	DROP_PAIR_TAKEN,	/* COUNTER_PAIR_TAKEN */
+	DROP_ERROR,		/* COUNTER_ERROR: malformed packet or helper failure */
+	DROP_REASON_MAX,
+};
+
+/* dev_counter_key.family */
+enum counter_family {
+	FAMILY_IPV4,
+	FAMILY_IPV6,
+	FAMILY_OTHER,		/* ARP and anything else the programs let pass */
+};
+
+struct dev_counter_key {
+	__u32 ifindex;
+	__u8 family;		/* enum counter_family */
+	__u8 dir;		/* 0 egress, 1 ingress */
+	__u8 pad[2];
+};
+
+struct dev_counter_val {
+	__u64 packets[ACTION_MAX];
+	__u64 drops[DROP_REASON_MAX];
+};
+
+/* Pinned like the NAT maps, so the counters survive agent restarts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__type(key, struct dev_counter_key);
+	__type(value, struct dev_counter_val);
+	__uint(max_entries, 4096);
+} dev_counters SEC(".maps");
+
+/* What count() noted about the packet in flight. */
+struct pkt_outcome {
+	__u8 translated;
+	__u8 reason;		/* enum drop_reason */
+	__u8 pad[6];
+	struct dev_counter_val zero; /* never written: a new device's first value */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct pkt_outcome);
+	__uint(max_entries, 1);
+} pkt_outcome SEC(".maps");
+
+/* Exported so that bpf2go emits the enums for Go. */
+const volatile enum action action_max = ACTION_MAX;
+const volatile enum drop_reason drop_reason_max = DROP_REASON_MAX;
+const volatile enum counter_family counter_family_other = FAMILY_OTHER;
+
+static __always_inline struct pkt_outcome *outcome(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&pkt_outcome, &zero);
+}
+
+static __always_inline void note(enum counter c)
+{
+	struct pkt_outcome *o = outcome();
+	__u8 reason = DROP_OTHER;
+
+	if (!o)
+		return;
+	switch (c) {
+	case COUNTER_MASQUERADED:
+	case COUNTER_REVERSE:
+	case COUNTER_ICMP_ERR_REVERSE:
+	case COUNTER_ICMP_ERR_EGRESS:
+	case COUNTER_FRAGMENTS:
+		o->translated = 1;
+		return;
+	case COUNTER_DROP_UNTRANSLATABLE:
+		reason = DROP_UNTRANSLATABLE;
+		break;
+	case COUNTER_NAT_FULL:
+		reason = DROP_NAT_FULL;
+		break;
+	case COUNTER_NO_PORT:
+		reason = DROP_NO_PORT;
+		break;
+	case COUNTER_FRAG_UNKNOWN:
+		reason = DROP_FRAG_UNKNOWN;
+		break;
+	case COUNTER_DROP_NO_SNAT_ADDR:
+		reason = DROP_NO_SNAT_ADDR;
+		break;
+	case COUNTER_ICMP_ERR_UNMATCHED:
+		reason = DROP_ICMP_ERR_UNMATCHED;
+		break;
+	case COUNTER_PAIR_TAKEN:
+		reason = DROP_PAIR_TAKEN;
+		break;
+	case COUNTER_ERROR:
+		reason = DROP_ERROR;
+		break;
+	default:
+		return;
+	}
+	o->reason = reason;
+}
+
 static __always_inline void count(enum counter c)
 {
 	__u32 key = c;
@@ -58,6 +191,52 @@ static __always_inline void count(enum counter c)
 
 	if (v)
 		*v += 1;
+	note(c);
+}
+
+/* packet_begin clears what count() notes, at the start of a program run. */
+static __always_inline void packet_begin(void)
+{
+	struct pkt_outcome *o = outcome();
+
+	if (o) {
+		o->translated = 0;
+		o->reason = DROP_OTHER;
+	}
+}
+
+/* packet_done adds the packet to its device's counters and returns verdict. */
+static __always_inline int packet_done(struct __sk_buff *skb, __u8 dir, int verdict)
+{
+	struct dev_counter_key k = { .ifindex = skb->ifindex, .family = FAMILY_OTHER, .dir = dir };
+	struct pkt_outcome *o = outcome();
+	struct dev_counter_val *d;
+
+	if (!o)
+		return verdict;
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		k.family = FAMILY_IPV4;
+	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		k.family = FAMILY_IPV6;
+	d = bpf_map_lookup_elem(&dev_counters, &k);
+	if (!d) {
+		/* A full map (4096 device/family/direction keys) loses the
+		 * count, never the packet. */
+		bpf_map_update_elem(&dev_counters, &k, &o->zero, BPF_NOEXIST);
+		d = bpf_map_lookup_elem(&dev_counters, &k);
+		if (!d)
+			return verdict;
+	}
+	if (verdict == TC_ACT_SHOT) {
+		d->packets[ACTION_DROPPED] += 1;
+		if (o->reason < DROP_REASON_MAX)
+			d->drops[o->reason] += 1;
+	} else if (o->translated) {
+		d->packets[ACTION_TRANSLATED] += 1;
+	} else {
+		d->packets[ACTION_PASSED] += 1;
+	}
+	return verdict;
 }
 
 #endif /* IPMASQ_LIB_COUNTERS_H */

@@ -2,10 +2,11 @@
 /*
  * Family templates: code written once for IPv4 and IPv6.
  *
- * A template (a lib/ file named *_fam.h) is included twice, after "#define FAMILY 4" and
- * after "#define FAMILY 6". It includes this file first, which defines the
- * macros below for that family, and again at its end after "#undef FAMILY",
- * which removes them. Hence no include guard.
+ * A template (a lib/ file named *_fam.h) is included twice by its header,
+ * after "#define FAMILY 4" and after "#define FAMILY 6", once the header
+ * has included what the template uses. The template includes this file
+ * first, which defines the macros below for that family, and again at its
+ * end after "#undef FAMILY", which removes them. Hence no include guard.
  *
  *   FAM(name)            name_v4 / name_v6: the family's functions and maps
  *   FAM_T(a, b)          struct a_v4_b / struct a_v6_b: its keys and values

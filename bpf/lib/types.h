@@ -67,7 +67,7 @@ enum nat_state {
 	NAT_STATE_MAX,
 };
 
-/* Exported so that bpf2go emits the enum for Go (-type nat_state). */
+/* Exported so that bpf2go emits the enum for Go (bpf.NATState). */
 const volatile enum nat_state nat_state_max = NAT_STATE_MAX;
 
 /* Host byte order. timeout_ns: idle lifetime per enum nat_state, written by

@@ -76,6 +76,7 @@ func (n *node) start(args ...string) {
 		"--ip-masq-agent-config-path=" + n.config,
 		"--state-dir=" + filepath.Join(n.dir, "state"),
 		"--api-socket=" + n.socket,
+		"--enable-ipv6", // off by default; the tests allocate both families
 	}, args...)
 	for _, p := range n.pools {
 		all = append(all, "--pod-cidr="+p)

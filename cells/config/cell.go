@@ -21,12 +21,18 @@ const DefaultPath = "/etc/config/ip-masq-agent"
 type Config struct {
 	// IPMasqAgentConfigPath is the config file; its directory is watched.
 	IPMasqAgentConfigPath string `mapstructure:"ip-masq-agent-config-path"`
+	// NoMasqAllReservedRanges is the Kubernetes agent's flag of the same
+	// name: a file without nonMasqueradeCIDRs (or no file) gets every
+	// RFC-reserved IPv4 range as defaults instead of RFC 1918's three.
+	NoMasqAllReservedRanges bool `mapstructure:"nomasq-all-reserved-ranges"`
 }
 
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("ip-masq-agent-config-path", def.IPMasqAgentConfigPath,
 		"ip-masq-agent config file (YAML or JSON); its directory is watched for changes")
+	flags.Bool("nomasq-all-reserved-ranges", def.NoMasqAllReservedRanges,
+		"Without nonMasqueradeCIDRs in the file, leave every RFC-reserved IPv4 range unmasqueraded (100.64.0.0/10, 192.0.0.0/24, ..., 240.0.0.0/4), not only RFC 1918's, as the Kubernetes ip-masq-agent's flag does")
 }
 
 // Cell provides the nonmasq-cidrs, masquerade-rules and ipmasq-config
@@ -84,6 +90,7 @@ func newLoaderFromParams(p loaderParams) (*loader, error) {
 		EnableIPv4:        p.Agent.EnableIPv4,
 		EnableIPv6:        p.Agent.EnableIPv6,
 		MaxCIDRsPerFamily: int(p.Agent.MaxNonMasqCIDRs),
+		AllReservedRanges: p.Config.NoMasqAllReservedRanges,
 	}, p.Health.NewScope("config-file"))
 	l.load()
 	return l, nil

@@ -146,6 +146,7 @@ func Example_embedding() {
 		}),
 	)
 	hive.AddConfigOverride(h, func(c *config.Config) { c.IPMasqAgentConfigPath = path })
+	hive.AddConfigOverride(h, func(c *settings.Config) { c.EnableIPv6 = true }) // --enable-ipv6
 	log := slog.New(slog.DiscardHandler)
 	if err := h.Start(log, context.Background()); err != nil {
 		fmt.Println(err)

@@ -23,8 +23,9 @@ func entryRank(e Entry) int {
 }
 
 // Entries computes the desired nonmasq-cidrs rows for f (f == nil means no
-// file: defaults). It applies the reserved defaults (OriginDefault) when
-// NonMasqueradeCIDRsSet is false; adds 169.254.0.0/16 unless MasqLinkLocal
+// file: defaults). It applies the defaults (OriginDefault:
+// DefaultNonMasqueradeCIDRs, or ReservedNonMasqueradeCIDRs with
+// lim.AllReservedRanges) when NonMasqueradeCIDRsSet is false; adds 169.254.0.0/16 unless MasqLinkLocal
 // and fe80::/10 unless MasqLinkLocalIPv6 (OriginLinkLocal; a prefix the
 // user listed explicitly keeps OriginConfig); and adds masqueradeCIDRs as
 // ActionMasquerade/OriginConfig, which override a default or link-local
@@ -34,7 +35,7 @@ func (f *File) Entries(lim Limits) []Entry {
 	if f == nil {
 		f = &File{}
 	}
-	out := make([]Entry, 0, len(f.NonMasqueradeCIDRs)+len(f.MasqueradeCIDRs)+len(DefaultNonMasqueradeCIDRs)+2)
+	out := make([]Entry, 0, len(f.NonMasqueradeCIDRs)+len(f.MasqueradeCIDRs)+len(ReservedNonMasqueradeCIDRs)+2)
 	add := func(p netip.Prefix, a tables.Action, o tables.Origin) {
 		if !p.IsValid() || !familyEnabled(p.Addr(), lim) {
 			return
@@ -46,7 +47,11 @@ func (f *File) Entries(lim Limits) []Entry {
 			add(p, tables.ActionNoMasquerade, tables.OriginConfig)
 		}
 	} else {
-		for _, p := range DefaultNonMasqueradeCIDRs {
+		defaults := DefaultNonMasqueradeCIDRs
+		if lim.AllReservedRanges {
+			defaults = ReservedNonMasqueradeCIDRs
+		}
+		for _, p := range defaults {
 			add(p, tables.ActionNoMasquerade, tables.OriginDefault)
 		}
 	}

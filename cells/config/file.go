@@ -3,12 +3,15 @@ package config
 import (
 	"bytes"
 	"net/netip"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// Limits are the agent settings that bound what a config file may contain.
+// Limits are the agent settings that bound what a config file may contain
+// and choose the defaults it gets.
 type Limits struct {
 	// EnableIPv4 and EnableIPv6 say which families the agent handles; a
 	// prefix or address of a disabled family is rejected.
@@ -17,6 +20,10 @@ type Limits struct {
 	// family after the reserved defaults and link-local are added. 0 or less
 	// means unbounded.
 	MaxCIDRsPerFamily int
+	// AllReservedRanges (--nomasq-all-reserved-ranges) makes the defaults of
+	// a file without nonMasqueradeCIDRs ReservedNonMasqueradeCIDRs instead
+	// of DefaultNonMasqueradeCIDRs, as the Kubernetes agent's flag does.
+	AllReservedRanges bool
 }
 
 // File is the parsed, validated content of an ip-masq-agent config file.
@@ -54,9 +61,21 @@ type Entry struct {
 	Origin tables.Origin
 }
 
-// DefaultNonMasqueradeCIDRs are the reserved ranges used when
-// nonMasqueradeCIDRs is absent. Callers must not modify it.
+// DefaultNonMasqueradeCIDRs are the RFC 1918 private ranges, used when
+// nonMasqueradeCIDRs is absent: the Kubernetes ip-masq-agent's defaults, so
+// that everything else (100.64.0.0/10 included) is masqueraded as it is
+// there. Callers must not modify it.
 var DefaultNonMasqueradeCIDRs = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+}
+
+// ReservedNonMasqueradeCIDRs are every IPv4 range an RFC reserves, used
+// instead of DefaultNonMasqueradeCIDRs with --nomasq-all-reserved-ranges
+// (only when nonMasqueradeCIDRs is absent, as in the Kubernetes agent).
+// Callers must not modify it.
+var ReservedNonMasqueradeCIDRs = []netip.Prefix{
 	netip.MustParsePrefix("10.0.0.0/8"),
 	netip.MustParsePrefix("172.16.0.0/12"),
 	netip.MustParsePrefix("192.168.0.0/16"),
@@ -82,9 +101,29 @@ const (
 	maxIfNameLen = 15 // IFNAMSIZ - 1
 	maxRuleName  = 63
 	wantCIDR     = "(want e.g. 10.0.0.0/8 or fd00::/8)"
-	topLevelKeys = "nonMasqueradeCIDRs, masqueradeCIDRs, masqLinkLocal, masqLinkLocalIPv6, resyncInterval, cidrLimit, masqueradeRules"
-	ruleKeys     = "name, sources, outInterfaces, toAddress"
 )
+
+// The format's keys are rawFile's and rawRule's json tags, listed nowhere
+// else: a new key is a field below (then its validation and its row), and
+// error messages and key suggestions follow.
+var (
+	topLevelKeys = strings.Join(jsonKeys[rawFile](), ", ")
+	ruleKeys     = strings.Join(jsonKeys[rawRule](), ", ")
+	// knownKeys are every key of the format, top level and in a rule, for
+	// suggesting the closest one to a misspelt key.
+	knownKeys = append(jsonKeys[rawFile](), jsonKeys[rawRule]()...)
+)
+
+// jsonKeys lists T's json tags in field order.
+func jsonKeys[T any]() []string {
+	t := reflect.TypeFor[T]()
+	keys := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		keys = append(keys, name)
+	}
+	return keys
+}
 
 // rawFile is the file as decoded, before validation.
 type rawFile struct {

@@ -226,7 +226,10 @@ func TestParseErrors(t *testing.T) {
 			Limits{EnableIPv4: true, EnableIPv6: true, MaxCIDRsPerFamily: 2},
 			"3 IPv6 prefixes (nonMasqueradeCIDRs, masqueradeCIDRs and link-local) exceed the map capacity of 2 (--max-nonmasq-cidrs)", false},
 		{"capacity with defaults", "masqueradeCIDRs: [10.1.0.0/16, 10.0.0.0/8]\n",
-			Limits{EnableIPv4: true, MaxCIDRsPerFamily: 12},
+			Limits{EnableIPv4: true, MaxCIDRsPerFamily: 4},
+			"5 IPv4 prefixes (reserved defaults, masqueradeCIDRs and link-local) exceed the map capacity of 4 (--max-nonmasq-cidrs)", false},
+		{"capacity with all reserved ranges", "masqueradeCIDRs: [10.1.0.0/16, 10.0.0.0/8]\n",
+			Limits{EnableIPv4: true, MaxCIDRsPerFamily: 12, AllReservedRanges: true},
 			"13 IPv4 prefixes (reserved defaults, masqueradeCIDRs and link-local) exceed the map capacity of 12 (--max-nonmasq-cidrs)", false},
 
 		// masqueradeRules
@@ -335,7 +338,11 @@ func entries(specs ...string) []Entry {
 	return out
 }
 
-var defaultEntries = []string{
+// defaultEntries are the Kubernetes agent's defaults: RFC 1918 and link-local.
+var defaultEntries = []string{"10.0.0.0/8 n d", "169.254.0.0/16 n l", "172.16.0.0/12 n d", "192.168.0.0/16 n d"}
+
+// reservedEntries are the defaults with --nomasq-all-reserved-ranges.
+var reservedEntries = []string{
 	"10.0.0.0/8 n d", "100.64.0.0/10 n d", "169.254.0.0/16 n l", "172.16.0.0/12 n d",
 	"192.0.0.0/24 n d", "192.0.2.0/24 n d", "192.88.99.0/24 n d", "192.168.0.0/16 n d",
 	"198.18.0.0/15 n d", "198.51.100.0/24 n d", "203.0.113.0/24 n d", "240.0.0.0/4 n d",
@@ -351,6 +358,13 @@ func TestEntries(t *testing.T) {
 		{"no file IPv4", nil, limV4, entries(defaultEntries...)},
 		{"no file dual stack", nil, limBoth, entries(append(slices.Clone(defaultEntries), "fe80::/10 n l")...)},
 		{"no file IPv6 only", nil, limV6, entries("fe80::/10 n l")},
+		{"no file, all reserved ranges", nil, Limits{EnableIPv4: true, AllReservedRanges: true}, entries(reservedEntries...)},
+		{"no nonMasqueradeCIDRs key, all reserved ranges", ptr("masqLinkLocalIPv6: true\n"), Limits{EnableIPv4: true, EnableIPv6: true, AllReservedRanges: true},
+			entries(reservedEntries...)},
+		// As in the Kubernetes agent, the flag changes only the defaults:
+		// a listed (even empty) nonMasqueradeCIDRs replaces them.
+		{"empty list, all reserved ranges: link-local only", ptr("nonMasqueradeCIDRs: []\n"), Limits{EnableIPv4: true, AllReservedRanges: true},
+			entries("169.254.0.0/16 n l")},
 		{"no family", nil, Limits{}, []Entry{}},
 		{"empty file is the same as no file", ptr(""), limBoth, entries(append(slices.Clone(defaultEntries), "fe80::/10 n l")...)},
 		{"masqLinkLocal", ptr("masqLinkLocal: true\nmasqLinkLocalIPv6: true\n"), limBoth,
@@ -546,5 +560,20 @@ nonMasqueradeCIDRs: [*h,*h,*h,*h,*h,*h,*h,*h,*h]
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("took %v", d)
+	}
+}
+
+// TestKeysComeFromRawFile: the keys error messages list and suggest are
+// rawFile's and rawRule's tags, in the order operators read them in the
+// README.
+func TestKeysComeFromRawFile(t *testing.T) {
+	if want := "nonMasqueradeCIDRs, masqueradeCIDRs, masqLinkLocal, masqLinkLocalIPv6, resyncInterval, cidrLimit, masqueradeRules"; topLevelKeys != want {
+		t.Errorf("topLevelKeys = %q, want %q", topLevelKeys, want)
+	}
+	if want := "name, sources, outInterfaces, toAddress"; ruleKeys != want {
+		t.Errorf("ruleKeys = %q, want %q", ruleKeys, want)
+	}
+	if got := closestKey("outInterface"); got != "outInterfaces" {
+		t.Errorf("closestKey(outInterface) = %q", got)
 	}
 }

@@ -249,9 +249,8 @@ func startHostileHive(t *testing.T, path string, noIPv6 bool) *hostileHive {
 		}),
 	)
 	hive.AddConfigOverride(h, func(c *Config) { c.IPMasqAgentConfigPath = path })
-	if noIPv6 {
-		hive.AddConfigOverride(h, func(c *settings.Config) { c.EnableIPv6 = false })
-	}
+	// Both families unless the case says otherwise (IPv6 is off by default).
+	hive.AddConfigOverride(h, func(c *settings.Config) { c.EnableIPv6 = !noIPv6 })
 	log := hivetest.Logger(t)
 	if err := h.Start(log, context.Background()); err != nil {
 		t.Fatal(err)

@@ -228,6 +228,12 @@ func (l *loader) apply(file *File, entries []Entry, start time.Time) {
 	changed := l.applyRules(wtxn, file) + l.applyCIDRs(wtxn, entries)
 
 	st := l.currentStatus(wtxn)
+	// A periodic resync (or a touch of the file) that changes nothing is
+	// logged at debug: at steady state the agent's INFO log stays quiet.
+	// The first load, a change, a recovery from a rejected file and a
+	// change of source (file → defaults) are logged at INFO.
+	unchanged := changed == 0 && st.Generation > 0 && st.LastError == ""
+	prevSource := st.Source
 	st.LastError = ""
 	st.LastGoodLoad = time.Now()
 	st.Source = tables.SourceDefaults
@@ -263,7 +269,11 @@ func (l *loader) apply(file *File, entries []Entry, start time.Time) {
 	}
 	wtxn.Commit()
 
-	l.log.Info("Config applied", "path", l.path, "source", st.Source, "generation", st.Generation,
+	level := slog.LevelInfo
+	if unchanged && prevSource == st.Source {
+		level = slog.LevelDebug
+	}
+	l.log.Log(context.Background(), level, "Config applied", "path", l.path, "source", st.Source, "generation", st.Generation,
 		"changedPrefixes", changed, "noMasqIPv4", st.NoMasqV4, "noMasqIPv6", st.NoMasqV6,
 		"masqueradeCIDRs", st.MasqExceptions, "duration", time.Since(start))
 	l.health.OK(fmt.Sprintf("config generation %d from %s (%s): %d IPv4 / %d IPv6 no-masquerade prefixes",

@@ -1,13 +1,17 @@
 package config
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
@@ -167,5 +171,59 @@ func BenchmarkApplyCIDRs(b *testing.B) {
 				wtxn.Commit()
 			}
 		})
+	}
+}
+
+// TestResyncThatChangesNothingIsQuiet: the first load, a change and a
+// recovery from a rejected file are logged at INFO; the periodic re-read of
+// an unchanged file (every resyncInterval) logs nothing at INFO.
+func TestResyncThatChangesNothingIsQuiet(t *testing.T) {
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	db := statedb.New()
+	cidrs, err := tables.NewNonMasqCIDRTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, err := tables.NewConfigStatusTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := tables.NewMasqueradeRuleTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ip-masq-agent")
+	_, health := cell.NewSimpleHealth()
+	l := newLoader(log, db, cidrs, status, rules, path,
+		Limits{EnableIPv4: true, EnableIPv6: true, MaxCIDRsPerFamily: 16384}, health.NewScope("config"))
+	applied := func() int { return strings.Count(logs.String(), `msg="Config applied"`) }
+	resync := func() { l.lastInput = ""; l.load() }
+
+	hostileWrite(t, path, []byte(`{"nonMasqueradeCIDRs": ["10.0.0.0/8"]}`))
+	l.load()
+	if applied() != 1 {
+		t.Fatalf("first load: want one INFO line, got:\n%s", logs.String())
+	}
+	resync()
+	resync()
+	if applied() != 1 {
+		t.Fatalf("resyncs of an unchanged file logged at INFO:\n%s", logs.String())
+	}
+	hostileWrite(t, path, []byte(`{"nonMasqueradeCIDRs": ["10.0.0.0/8", "172.16.0.0/12"]}`))
+	l.load()
+	if applied() != 2 {
+		t.Fatalf("a change: want a second INFO line, got:\n%s", logs.String())
+	}
+	hostileWrite(t, path, []byte(`{"nonMasqueradeCIDRs": ["bogus"]}`))
+	l.load()
+	hostileWrite(t, path, []byte(`{"nonMasqueradeCIDRs": ["10.0.0.0/8", "172.16.0.0/12"]}`))
+	l.load()
+	if applied() != 3 {
+		t.Fatalf("recovery from a rejected file: want a third INFO line, got:\n%s", logs.String())
+	}
+	resync()
+	if applied() != 3 {
+		t.Fatalf("resync after recovery logged at INFO:\n%s", logs.String())
 	}
 }

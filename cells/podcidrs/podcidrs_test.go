@@ -79,6 +79,8 @@ func TestPrefixesDistinctAcrossSources(t *testing.T) {
 
 // newTestTable is newTable without Kubernetes, with both families enabled.
 func newTestTable(db *statedb.DB, cfg Config) (statedb.RWTable[*tables.PodCIDR], error) {
-	tbl, _, err := newTable(params{DB: db, Config: cfg, Agent: settings.Default, Client: &kubeclient.Client{}})
+	agent := settings.Default
+	agent.EnableIPv6 = true // off by default
+	tbl, _, err := newTable(params{DB: db, Config: cfg, Agent: agent, Client: &kubeclient.Client{}})
 	return tbl, err
 }

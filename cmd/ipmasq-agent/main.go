@@ -5,6 +5,7 @@
 //	ipmasq-agent --ip-masq-agent-config-path=/etc/config/ip-masq-agent
 //	ipmasq-agent hive        # print the cell graph
 //	ipmasq-agent maps        # print the pinned maps
+//	ipmasq-agent nat         # list the NAT pairs (like conntrack -L; --summary like conntrack -S)
 //	ipmasq-agent status      # summary of the running agent (over its shell socket)
 //	ipmasq-agent shell       # the agent's shell: db/show, maps/dump, datapath/nat, ...
 //	ipmasq-agent uninstall   # remove ipmasq from the node (no agent running)
@@ -27,22 +28,28 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ipmasq/ipmasq/agent"
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/internal/buildinfo"
+	"github.com/ipmasq/ipmasq/readers/natview"
 	agentshell "github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
 )
 
 func main() {
-	if err := newRootCommand().Execute(); err != nil {
+	root := newRootCommand()
+	root.SetArgs(goStyleArgs(root.Flags(), os.Args[1:]))
+	if err := root.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "ipmasq-agent: %s\n", oneLine(err))
 		os.Exit(1)
 	}
 }
 
 func newRootCommand() *cobra.Command {
-	h := agent.New()
-	var logLevel string
+	var pre preflight
+	h := agent.New(pre.captureSettings())
+	var upstream upstreamFlags
+	var logLevel, logFormat string
 	var showVersion bool
 	root := &cobra.Command{
 		Use:           "ipmasq-agent",
@@ -55,10 +62,16 @@ func newRootCommand() *cobra.Command {
 				_, err := fmt.Fprintln(cmd.OutOrStdout(), "ipmasq-agent", buildinfo.String())
 				return err
 			}
-			log, err := newLogger(logLevel)
+			log, err := newLogger(os.Stderr, logLevel, logFormat)
 			if err != nil {
 				return err
 			}
+			warnings, err := upstream.apply(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			// Nothing is logged before the flags are known good.
+			log = pre.holdLog(log)
 			log.Info("Starting ipmasq-agent", "version", buildinfo.Version(), "revision", buildinfo.Revision(), "goversion", buildinfo.GoVersion())
 			if err := rlimit.RemoveMemlock(); err != nil {
 				return fmt.Errorf("remove memlock limit: %w", err)
@@ -68,13 +81,19 @@ func newRootCommand() *cobra.Command {
 			ctx, stop := context.WithCancel(context.Background())
 			defer stop()
 			go newMemoryReleaser(log).run(ctx, releaseCheckInterval)
+			if err := pre.check(h, log); err != nil {
+				return err
+			}
+			pre.release(warnings)
 			return h.Run(log)
 		},
 	}
 	root.Flags().BoolVar(&showVersion, "version", false, "Print the version (git describe of the build) and exit")
 	root.Flags().StringVar(&logLevel, "log-level", envOr("IPMASQ_LOG_LEVEL", "info"), "Log level: debug, info, warn or error")
+	root.Flags().StringVar(&logFormat, "log-format", envOr("IPMASQ_LOG_FORMAT", "text"), "Log format: text (key=value) or json (one object a line)")
 	h.RegisterFlags(root.Flags())
-	root.AddCommand(h.Command(), newMapsCommand(), newShellCommand(), newStatusCommand(), newUninstallCommand())
+	upstream.register(root.Flags())
+	root.AddCommand(h.Command(), newMapsCommand(), newNATCommand(), newShellCommand(), newStatusCommand(), newUninstallCommand())
 	return root
 }
 
@@ -146,12 +165,43 @@ func newMapsCommand() *cobra.Command {
 	return cmd
 }
 
-func newLogger(level string) (*slog.Logger, error) {
+// newLogger is the agent's logger on w: key=value text by default, or one
+// JSON object a line for log collectors that parse fields.
+// newNATCommand lists the NAT pairs from the pinned maps, with or without
+// a running agent, as conntrack -L lists connections.
+func newNATCommand() *cobra.Command {
+	bpfRoot := settings.Default.BPFRoot
+	var o natview.Options
+	cmd := &cobra.Command{
+		Use:   "nat",
+		Short: "List the NAT pairs like conntrack -L (filters, -o json, --summary like conntrack -S, --count like conntrack -C)",
+		Long: "List the datapath's NAT pairs from the pinned maps: kind, family, protocol, state, age, time to expiry,\n" +
+			"original tuple and the source it is translated to. The NAT entries hold no packet or byte counters.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg := settings.Default
+			cfg.BPFRoot = bpfRoot
+			return natview.Write(cmd.OutOrStdout(), bpf.Pinned{Dir: cfg.PinDir()}, o)
+		},
+	}
+	cmd.Flags().StringVar(&bpfRoot, "bpf-root", envOr("IPMASQ_BPF_ROOT", bpfRoot), "Mount point of the BPF filesystem the agent uses")
+	o.AddFlags(cmd.Flags())
+	return cmd
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level=%q: want debug, info, warn or error", level)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format=%q: want text or json", format)
 }
 
 func envOr(name, def string) string {

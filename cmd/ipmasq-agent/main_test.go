@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,6 +47,7 @@ func TestStartErrorsAreOneClearLine(t *testing.T) {
 		{[]string{"--bpf-root=" + dir}, "--bpf-root " + dir + " is not a BPF filesystem"},
 		{[]string{"--bpf-root=" + dir + "/missing"}, "is unusable"},
 		{[]string{"--log-level=loud"}, `--log-level="loud"`},
+		{[]string{"--log-format=xml"}, `--log-format="xml": want text or json`},
 	} {
 		line, err := run(t, tc.args...)
 		if err == nil {
@@ -113,5 +115,32 @@ func TestVersion(t *testing.T) {
 	}
 	if want := "ipmasq-agent " + buildinfo.String() + "\n"; out != want {
 		t.Fatalf("--version printed %q, want %q", out, want)
+	}
+}
+
+// TestLogFormat: --log-format=json writes one JSON object a line with the
+// level, message and fields; text (the default) writes key=value.
+func TestLogFormat(t *testing.T) {
+	var b bytes.Buffer
+	log, err := newLogger(&b, "info", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Debug("hidden")
+	log.Info("Config applied", "generation", 3)
+	var rec map[string]any
+	if err := json.Unmarshal(b.Bytes(), &rec); err != nil {
+		t.Fatalf("json log line %q: %v", b.String(), err)
+	}
+	if rec["level"] != "INFO" || rec["msg"] != "Config applied" || rec["generation"] != float64(3) {
+		t.Fatalf("json log line: %v", rec)
+	}
+	b.Reset()
+	if log, err = newLogger(&b, "info", "text"); err != nil {
+		t.Fatal(err)
+	}
+	log.Info("Config applied", "generation", 3)
+	if !strings.Contains(b.String(), `level=INFO msg="Config applied" generation=3`) {
+		t.Fatalf("text log line: %q", b.String())
 	}
 }

@@ -226,12 +226,12 @@ func (d *demo) startAgent() error {
 		"--state-dir="+filepath.Join(d.dir, "state"),
 		"--api-socket="+filepath.Join(d.dir, "api.sock"),
 		"--shell-sock-path="+filepath.Join(d.dir, "shell.sock"),
-		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6)
+		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6, "--enable-ipv6")
 	d.agent.Stdout, d.agent.Stderr = logFile, logFile
 	if err := d.topo.Node.Start(d.agent); err != nil {
 		return fmt.Errorf("start %s: %w", d.agentBin, err)
 	}
-	fmt.Printf("   $ ipmasq-agent --pod-cidr=%s --pod-cidr=%s ...   (in the node namespace)\n", topology.PodCIDR4, topology.PodCIDR6)
+	fmt.Printf("   $ ipmasq-agent --pod-cidr=%s --pod-cidr=%s --enable-ipv6 ...   (in the node namespace)\n", topology.PodCIDR4, topology.PodCIDR6)
 	eth0, err := d.topo.Node.NL.LinkByName("eth0")
 	if err != nil {
 		return err

@@ -102,9 +102,8 @@ func (a *agent) writeConfig(content string) {
 	}
 }
 
-// start runs the agent and waits until its programs are attached to the
-// node's uplink.
-func (a *agent) start() {
+// startProcess runs the agent in the node namespace, waiting for nothing.
+func (a *agent) startProcess() {
 	a.t.Helper()
 	logFile, err := os.OpenFile(a.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -118,12 +117,22 @@ func (a *agent) start() {
 		"--api-socket="+filepath.Join(a.dir, "api.sock"),
 		"--shell-sock-path="+filepath.Join(a.dir, "shell.sock"),
 		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6,
+		// Both families: IPv6 is off by default (the Kubernetes agent's
+		// default); a test's own args may still turn it off.
+		"--enable-ipv6=true",
 		"--log-level=debug")
 	a.cmd.Args = append(a.cmd.Args, a.args...)
 	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
 	if err := a.node.Start(a.cmd); err != nil {
 		a.t.Fatalf("start agent: %v", err)
 	}
+}
+
+// start runs the agent and waits until its programs are attached to the
+// node's uplink.
+func (a *agent) start() {
+	a.t.Helper()
+	a.startProcess()
 	eth0, err := a.node.NL.LinkByName("eth0")
 	if err != nil {
 		a.t.Fatal(err)

@@ -1,11 +1,6 @@
 package e2e
 
 import (
-	"bufio"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -171,7 +166,7 @@ func TestStatusAndShell(t *testing.T) {
 		}
 	}
 	out, err = exec.Command(agentBin, "shell", sock, "datapath/nat").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "tcp egress 10.244.1.2:") {
+	if err != nil || !strings.Contains(string(out), "masquerade ipv4 tcp tcp-") || !strings.Contains(string(out), " 10.244.1.2:") {
 		t.Fatalf("shell datapath/nat: %v\n%s", err, out)
 	}
 	out, err = exec.Command(agentBin, "status", "--shell-sock-path=/nonexistent/shell.sock").CombinedOutput()
@@ -183,31 +178,8 @@ func TestStatusAndShell(t *testing.T) {
 // TestMetrics: /metrics follows masqueraded traffic and config changes, and
 // /healthz turns 503 on a rejected config.
 func TestMetrics(t *testing.T) {
-	topo, a, ext := setup(t, masqueradeAll, "--prometheus-serve-addr=127.0.0.1:9464")
-	get := func(path string) (int, string) {
-		var code int
-		var body []byte
-		// The connection must be made on the thread inside the node
-		// namespace (http.Get would dial from another goroutine).
-		var conn net.Conn
-		err := topo.Node.Do(func() (err error) {
-			conn, err = net.Dial("tcp", "127.0.0.1:9464")
-			return err
-		})
-		if err == nil {
-			defer conn.Close()
-			fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: agent\r\n\r\n", path)
-			var resp *http.Response
-			if resp, err = http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
-				code = resp.StatusCode
-				body, err = io.ReadAll(resp.Body)
-			}
-		}
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		return code, string(body)
-	}
+	topo, a, ext := setup(t, masqueradeAll, "--prometheus-serve-addr="+metricsAddr)
+	get := func(path string) (int, string) { return scrape(t, topo.Node, path) }
 	_, before := get("/metrics")
 	if !strings.Contains(before, `ipmasq_config_valid 1`) || !strings.Contains(before, `ipmasq_nat_entries{family="ipv4"} 0`) {
 		t.Fatalf("metrics before traffic:\n%s", grepLines(before, "ipmasq_config_valid|ipmasq_nat_entries"))

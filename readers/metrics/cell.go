@@ -85,7 +85,9 @@ type sources struct {
 	IPRules      statedb.Table[*tables.IPRule]               `optional:"true"`
 	CIDRs        statedb.Table[*tables.NonMasqCIDR]          `optional:"true"`
 	Devices      statedb.Table[*tables.DatapathDevice]       `optional:"true"`
+	Links        statedb.Table[*tables.EgressDevice]         `optional:"true"`
 	RuleSources  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
+	Netfilter    statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
 }
 
 func registerCollectors(s sources) error {
@@ -106,7 +108,7 @@ func registerCollectors(s sources) error {
 		cs = append(cs, &mapsCollector{maps: pinned, capacity: s.Agent.MaxNonMasqCIDRs})
 	}
 	if s.Devices != nil && s.Agent.BPFRoot != "" {
-		cs = append(cs, &datapathCollector{src: pinned})
+		cs = append(cs, &datapathCollector{src: pinned, deviceName: deviceNames(s.DB, s.Links)})
 	}
 	for _, c := range cs {
 		if err := s.Registry.Register(c); err != nil {
@@ -114,4 +116,19 @@ func registerCollectors(s sources) error {
 		}
 	}
 	return nil
+}
+
+// deviceNames names interface indexes from the egress-devices table (every
+// device of the node), read at scrape time.
+func deviceNames(db *statedb.DB, links statedb.Table[*tables.EgressDevice]) func(int) (string, bool) {
+	if links == nil {
+		return nil
+	}
+	return func(ifindex int) (string, bool) {
+		d, _, ok := links.Get(db.ReadTxn(), tables.EgressDeviceByIndex.Query(ifindex))
+		if !ok {
+			return "", false
+		}
+		return d.Name, true
+	}
 }

@@ -39,6 +39,7 @@ func newConfigHive(t *testing.T, path, addr string) (*hive.Hive, *Server) {
 		cell.Invoke(func(s *Server) { srv = s }),
 	)
 	hive.AddConfigOverride(h, func(c *config.Config) { c.IPMasqAgentConfigPath = path })
+	hive.AddConfigOverride(h, func(c *settings.Config) { c.EnableIPv6 = true }) // --enable-ipv6
 	hive.AddConfigOverride(h, func(c *Config) { c.PrometheusServeAddr = addr })
 	log := hivetest.Logger(t)
 	if err := h.Start(log, context.Background()); err != nil {

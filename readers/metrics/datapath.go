@@ -3,47 +3,95 @@ package metrics
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/tables"
 )
 
-// DatapathSource is what the datapath metrics read; bpf.Pinned is one. Both
-// methods return an error wrapping bpf.ErrNotPinned before the datapath's
+// DatapathSource is what the datapath metrics read; bpf.Pinned is one. Every
+// method returns an error wrapping bpf.ErrNotPinned before the datapath's
 // maps exist.
 type DatapathSource interface {
-	// Counters returns the datapath counters summed over CPUs, indexed by
-	// bpf.Counter.
+	// Counters returns the global datapath counters summed over CPUs,
+	// indexed by bpf.Counter.
 	Counters() ([]uint64, error)
-	// NATOccupancy returns the entries of the IPv4 and IPv6 NAT maps and
-	// the capacity of each.
-	NATOccupancy() (v4, v6, capacity int, err error)
+	// DevCounters returns the per-device, family and direction outcome
+	// counters summed over CPUs.
+	DevCounters() ([]bpf.DevCounters, error)
+	// NATFill returns the entries and capacity of each NAT map.
+	NATFill() ([]bpf.NATMapFill, error)
+	// NATPairs visits every NAT pair, inbound record and node flow hold.
+	NATPairs(visit func(*bpf.NATPair) bool) error
 }
 
 var _ DatapathSource = bpf.Pinned{}
 
-const datapathPacketsHelp = "Packets seen by the masquerade programs, by what happened to them " +
-	"(label counter: the bpf counter names; nat-new counts the packets that created a NAT pair, i.e. new flows)."
+const datapathPacketsHelp = "Deprecated (removed in the next release): use ipmasq_packets_total and ipmasq_drops_total. " +
+	"Packets seen by the masquerade programs by bpf counter (label counter); the values overlap " +
+	"(nat-new is part of masqueraded), so a sum means nothing."
 
 var (
 	datapathPacketsDesc = prometheus.NewDesc("ipmasq_datapath_packets_total", datapathPacketsHelp, []string{"counter"}, nil)
-	natEntriesDesc      = prometheus.NewDesc("ipmasq_nat_entries",
-		"Entries of the NAT map (two per masqueraded flow).", []string{"family"}, nil)
+	packetsDesc         = prometheus.NewDesc("ipmasq_packets_total",
+		"Packets the masquerade programs saw, per device, family (ipv4, ipv6, other: ARP and the rest, which pass), "+
+			"direction (egress, ingress) and action: translated (source rewritten on egress, destination on ingress), "+
+			"passed (left as it was), dropped. Every packet has exactly one action: the sum is every packet seen.",
+		[]string{"family", "device", "direction", "action"}, nil)
+	dropsDesc = prometheus.NewDesc("ipmasq_drops_total",
+		"Packets the masquerade programs dropped, per device, family and reason: untranslatable, nat-table-full, "+
+			"no-free-port, fragment-unknown, no-snat-address, icmp-error-unmatched, pair-taken, error (malformed), other. "+
+			"Their sum over reasons equals ipmasq_packets_total{action=\"dropped\"} summed over directions.",
+		[]string{"family", "device", "reason"}, nil)
+	portSearchFailuresDesc = prometheus.NewDesc("ipmasq_nat_port_search_failures_total",
+		"New flows refused because no NAT port was free toward their destination (the port search of the "+
+			"--nat-port-range found none), per family; each one is also a drop with reason no-free-port.",
+		[]string{"family"}, nil)
+	natEntriesDesc = prometheus.NewDesc("ipmasq_nat_entries",
+		"Entries of the NAT map of each family: two per masqueraded flow, one per inbound flow record or node flow hold.",
+		[]string{"family"}, nil)
 	natCapacityDesc = prometheus.NewDesc("ipmasq_nat_capacity",
-		"Capacity of each NAT map (--nat-max-entries).", nil, nil)
+		"Capacity (entries) of the NAT map of each family (--nat-max-entries); compare with ipmasq_nat_entries.",
+		[]string{"family"}, nil)
+	natPairsDesc = prometheus.NewDesc("ipmasq_nat_pairs",
+		"NAT pairs by family, kind (masquerade: translated flows; inbound: flows a remote opened to a masquerade source; "+
+			"host: node flows holding a NAT port) and connection state, as ipmasq-agent nat --summary counts them. "+
+			"Read at most every 15 s.",
+		[]string{"family", "kind", "state"}, nil)
 )
+
+// natPairsMaxAge is how long a count of the pairs is reused: counting
+// reads the whole NAT map, which a scrape every few seconds should not
+// repeat.
+const natPairsMaxAge = 15 * time.Second
 
 // datapathCollector reads the counters and NAT maps at scrape time.
 type datapathCollector struct {
 	src DatapathSource
+	// deviceName names an interface index; ok=false for a device the agent
+	// does not know (any more).
+	deviceName func(ifindex int) (string, bool)
+
+	mu         sync.Mutex
+	pairs      map[pairKey]int
+	pairsAt    time.Time
+	pairsError error
+}
+
+type pairKey struct {
+	family string
+	kind   bpf.NATKind
+	state  bpf.NATState
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- datapathPacketsDesc
-	ch <- natEntriesDesc
-	ch <- natCapacityDesc
+	for _, d := range []*prometheus.Desc{datapathPacketsDesc, packetsDesc, dropsDesc, portSearchFailuresDesc,
+		natEntriesDesc, natCapacityDesc, natPairsDesc} {
+		ch <- d
+	}
 }
 
 func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
@@ -57,15 +105,110 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(datapathPacketsDesc, prometheus.CounterValue, float64(v), bpf.Counter(i).String())
 		}
 	}
+	c.collectDevices(ch)
+	c.collectNAT(ch)
+}
 
-	v4, v6, capacity, err := c.src.NATOccupancy()
+func (c *datapathCollector) device(ifindex uint32) string {
+	if c.deviceName != nil {
+		if name, ok := c.deviceName(int(ifindex)); ok {
+			return name
+		}
+	}
+	// A device that is gone (or not known yet): its counters stay in the
+	// map under its index.
+	return "ifindex-" + strconv.FormatUint(uint64(ifindex), 10)
+}
+
+func (c *datapathCollector) collectDevices(ch chan<- prometheus.Metric) {
+	devs, err := c.src.DevCounters()
 	switch {
 	case errors.Is(err, bpf.ErrNotPinned):
+		return
+	case err != nil:
+		ch <- prometheus.NewInvalidMetric(packetsDesc, fmt.Errorf("read per-device counters: %w", err))
+		return
+	}
+	type dropKey struct {
+		family, device string
+		reason         bpf.DropReason
+	}
+	drops := map[dropKey]uint64{}
+	portFailures := map[string]uint64{}
+	for _, d := range devs {
+		name := c.device(d.Ifindex)
+		for a, n := range d.Packets {
+			ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(n),
+				d.Family, name, d.Direction, bpf.Action(a).String())
+		}
+		// Drops are summed over directions: the label set stays small,
+		// and the reason says where it happened.
+		for r, n := range d.Drops {
+			drops[dropKey{d.Family, name, bpf.DropReason(r)}] += n
+		}
+		if d.Family != "other" {
+			portFailures[d.Family] += d.Drops[bpf.DropNoPort]
+		}
+	}
+	for k, n := range drops {
+		ch <- prometheus.MustNewConstMetric(dropsDesc, prometheus.CounterValue, float64(n), k.family, k.device, k.reason.String())
+	}
+	for _, family := range []string{"ipv4", "ipv6"} {
+		ch <- prometheus.MustNewConstMetric(portSearchFailuresDesc, prometheus.CounterValue, float64(portFailures[family]), family)
+	}
+}
+
+func (c *datapathCollector) collectNAT(ch chan<- prometheus.Metric) {
+	fill, err := c.src.NATFill()
+	switch {
+	case errors.Is(err, bpf.ErrNotPinned):
+		return
 	case err != nil:
 		ch <- prometheus.NewInvalidMetric(natEntriesDesc, fmt.Errorf("read NAT occupancy: %w", err))
-	default:
-		ch <- prometheus.MustNewConstMetric(natEntriesDesc, prometheus.GaugeValue, float64(v4), tables.IPv4.String())
-		ch <- prometheus.MustNewConstMetric(natEntriesDesc, prometheus.GaugeValue, float64(v6), tables.IPv6.String())
-		ch <- prometheus.MustNewConstMetric(natCapacityDesc, prometheus.GaugeValue, float64(capacity))
+		return
 	}
+	for _, m := range fill {
+		ch <- prometheus.MustNewConstMetric(natEntriesDesc, prometheus.GaugeValue, float64(m.Entries), m.Family)
+		ch <- prometheus.MustNewConstMetric(natCapacityDesc, prometheus.GaugeValue, float64(m.Capacity), m.Family)
+	}
+
+	pairs, err := c.natPairs()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(natPairsDesc, fmt.Errorf("count NAT pairs: %w", err))
+		return
+	}
+	// Every family, kind and state, zero included: an alert on a state
+	// needs the series to exist before the first such pair.
+	for _, family := range []string{"ipv4", "ipv6"} {
+		for kind := bpf.KindMasquerade; kind <= bpf.KindHost; kind++ {
+			for _, state := range bpf.NATStates() {
+				ch <- prometheus.MustNewConstMetric(natPairsDesc, prometheus.GaugeValue,
+					float64(pairs[pairKey{family, kind, state}]), family, kind.String(), state.String())
+			}
+		}
+	}
+}
+
+// natPairs counts the pairs by family, kind and state, reusing a count
+// younger than natPairsMaxAge.
+func (c *datapathCollector) natPairs() (map[pairKey]int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pairs != nil && time.Since(c.pairsAt) < natPairsMaxAge {
+		return c.pairs, nil
+	}
+	counts := map[pairKey]int{}
+	err := c.src.NATPairs(func(p *bpf.NATPair) bool {
+		family := "ipv4"
+		if p.IPv6 {
+			family = "ipv6"
+		}
+		counts[pairKey{family, p.Kind, p.State}]++
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.pairs, c.pairsAt = counts, time.Now()
+	return counts, nil
 }

@@ -2,7 +2,7 @@ package metrics
 
 import (
 	"errors"
-	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,63 +12,139 @@ import (
 	"github.com/ipmasq/ipmasq/bpf"
 )
 
-// fakeDatapath stands for bpf.Pinned.
+// fakeDatapath stands for bpf.Pinned (the real pins are read by the
+// end-to-end tests, internal/e2e TestMetrics).
 type fakeDatapath struct {
 	counters         []uint64
-	v4, v6, capacity int
+	devs             []bpf.DevCounters
+	fill             []bpf.NATMapFill
+	pairs            []bpf.NATPair
+	pairReads        int
 	countErr, natErr error
 }
 
-func (f *fakeDatapath) Counters() ([]uint64, error) { return f.counters, f.countErr }
-func (f *fakeDatapath) NATOccupancy() (int, int, int, error) {
-	return f.v4, f.v6, f.capacity, f.natErr
+func (f *fakeDatapath) Counters() ([]uint64, error)             { return f.counters, f.countErr }
+func (f *fakeDatapath) DevCounters() ([]bpf.DevCounters, error) { return f.devs, f.countErr }
+func (f *fakeDatapath) NATFill() ([]bpf.NATMapFill, error)      { return f.fill, f.natErr }
+func (f *fakeDatapath) NATPairs(visit func(*bpf.NATPair) bool) error {
+	f.pairReads++
+	for i := range f.pairs {
+		if !visit(&f.pairs[i]) {
+			break
+		}
+	}
+	return f.natErr
 }
 
 func TestDatapathCollector(t *testing.T) {
-	src := &fakeDatapath{counters: make([]uint64, bpf.NumCounters), v4: 10, v6: 4, capacity: 131072}
+	src := &fakeDatapath{counters: make([]uint64, bpf.NumCounters),
+		fill: []bpf.NATMapFill{{Family: "ipv4", Entries: 10, Capacity: 131072}, {Family: "ipv6", Entries: 4, Capacity: 131072}}}
 	src.counters[bpf.CounterMasqueraded] = 1000
 	src.counters[bpf.CounterNATNew] = 7
 	src.counters[bpf.CounterNATFull] = 2
-	c := &datapathCollector{src: src}
+	eth0 := bpf.DevCounters{Ifindex: 2, Family: "ipv4", Direction: "egress"}
+	eth0.Packets = [bpf.NumActions]uint64{bpf.ActionPassed: 5, bpf.ActionTranslated: 1000, bpf.ActionDropped: 3}
+	eth0.Drops[bpf.DropNATFull] = 2
+	eth0.Drops[bpf.DropNoPort] = 1
+	eth0In := bpf.DevCounters{Ifindex: 2, Family: "ipv4", Direction: "ingress"}
+	eth0In.Packets = [bpf.NumActions]uint64{bpf.ActionTranslated: 900, bpf.ActionDropped: 1}
+	eth0In.Drops[bpf.DropError] = 1
+	gone := bpf.DevCounters{Ifindex: 9, Family: "ipv6", Direction: "egress"}
+	gone.Packets[bpf.ActionPassed] = 4
+	src.devs = []bpf.DevCounters{eth0, eth0In, gone}
+	src.pairs = []bpf.NATPair{
+		{Kind: bpf.KindMasquerade, State: bpf.StateTCPEstablished},
+		{Kind: bpf.KindMasquerade, State: bpf.StateTCPEstablished},
+		{Kind: bpf.KindMasquerade, IPv6: true, State: bpf.StateUDP},
+		{Kind: bpf.KindInbound, State: bpf.StateTCPSyn},
+	}
+	c := &datapathCollector{src: src, deviceName: func(i int) (string, bool) { return "eth0", i == 2 }}
 
-	var want strings.Builder
-	want.WriteString("# HELP ipmasq_datapath_packets_total " + datapathPacketsHelp + "\n# TYPE ipmasq_datapath_packets_total counter\n")
-	for i, v := range src.counters {
-		fmt.Fprintf(&want, "ipmasq_datapath_packets_total{counter=%q} %d\n", bpf.Counter(i).String(), v)
-	}
-	want.WriteString(`# HELP ipmasq_nat_capacity Capacity of each NAT map (--nat-max-entries).
-# TYPE ipmasq_nat_capacity gauge
-ipmasq_nat_capacity 131072
-# HELP ipmasq_nat_entries Entries of the NAT map (two per masqueraded flow).
-# TYPE ipmasq_nat_entries gauge
-ipmasq_nat_entries{family="ipv4"} 10
-ipmasq_nat_entries{family="ipv6"} 4
-`)
-	if err := testutil.CollectAndCompare(c, strings.NewReader(want.String())); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(want.String(), `{counter="masqueraded"} 1000`) || !strings.Contains(want.String(), `{counter="drop-nat-table-full"} 2`) {
-		t.Fatalf("counter names changed:\n%s", want.String())
-	}
-
-	// The counters are read at every scrape.
-	src.counters[bpf.CounterMasqueraded] = 1500
-	if err := testutil.CollectAndCompare(c, strings.NewReader(`
-# HELP ipmasq_nat_entries Entries of the NAT map (two per masqueraded flow).
-# TYPE ipmasq_nat_entries gauge
-ipmasq_nat_entries{family="ipv4"} 10
-ipmasq_nat_entries{family="ipv6"} 4
-`), "ipmasq_nat_entries"); err != nil {
-		t.Fatal(err)
-	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
-	if got := gatheredValue(t, reg, "ipmasq_datapath_packets_total", "counter", "masqueraded"); got != 1500 {
-		t.Fatalf("masqueraded after more traffic: %v, want 1500", got)
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"ipmasq_packets_total", map[string]string{"family": "ipv4", "device": "eth0", "direction": "egress", "action": "translated"}, 1000},
+		{"ipmasq_packets_total", map[string]string{"family": "ipv4", "device": "eth0", "direction": "egress", "action": "dropped"}, 3},
+		{"ipmasq_packets_total", map[string]string{"family": "ipv4", "device": "eth0", "direction": "ingress", "action": "translated"}, 900},
+		{"ipmasq_packets_total", map[string]string{"family": "ipv6", "device": "ifindex-9", "direction": "egress", "action": "passed"}, 4},
+		{"ipmasq_drops_total", map[string]string{"family": "ipv4", "device": "eth0", "reason": "nat-table-full"}, 2},
+		{"ipmasq_drops_total", map[string]string{"family": "ipv4", "device": "eth0", "reason": "no-free-port"}, 1},
+		{"ipmasq_drops_total", map[string]string{"family": "ipv4", "device": "eth0", "reason": "error"}, 1}, // ingress
+		{"ipmasq_drops_total", map[string]string{"family": "ipv4", "device": "eth0", "reason": "untranslatable"}, 0},
+		{"ipmasq_nat_port_search_failures_total", map[string]string{"family": "ipv4"}, 1},
+		{"ipmasq_nat_port_search_failures_total", map[string]string{"family": "ipv6"}, 0},
+		{"ipmasq_nat_entries", map[string]string{"family": "ipv4"}, 10},
+		{"ipmasq_nat_capacity", map[string]string{"family": "ipv6"}, 131072},
+		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "masquerade", "state": "tcp-established"}, 2},
+		{"ipmasq_nat_pairs", map[string]string{"family": "ipv6", "kind": "masquerade", "state": "udp"}, 1},
+		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "inbound", "state": "tcp-syn"}, 1},
+		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "host", "state": "udp"}, 0},
+		{"ipmasq_datapath_packets_total", map[string]string{"counter": "masqueraded"}, 1000},
+		{"ipmasq_datapath_packets_total", map[string]string{"counter": "drop-nat-table-full"}, 2},
+	} {
+		if got := gatheredSeries(t, reg, tc.name, tc.labels); got != tc.want {
+			t.Errorf("%s%v = %v, want %v", tc.name, tc.labels, got, tc.want)
+		}
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
 		t.Fatalf("lint: %v %v", problems, err)
 	}
+
+	// The counters are read at every scrape; the pairs at most every 15 s.
+	src.devs[0].Packets[bpf.ActionTranslated] = 1500
+	src.pairs = src.pairs[:1]
+	if got := gatheredSeries(t, reg, "ipmasq_packets_total", map[string]string{"device": "eth0", "direction": "egress", "action": "translated"}); got != 1500 {
+		t.Fatalf("translated after more traffic: %v, want 1500", got)
+	}
+	if got := gatheredSeries(t, reg, "ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "masquerade", "state": "tcp-established"}); got != 2 {
+		t.Fatalf("pairs within 15 s: %v, want the cached 2", got)
+	}
+	if src.pairReads != 1 {
+		t.Fatalf("the pairs were read %d times in three scrapes within 15 s, want once", src.pairReads)
+	}
+	c.pairsAt = c.pairsAt.Add(-natPairsMaxAge)
+	if got := gatheredSeries(t, reg, "ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "masquerade", "state": "tcp-established"}); got != 1 {
+		t.Fatalf("pairs after 15 s: %v, want 1", got)
+	}
+}
+
+// gatheredSeries returns the value of the series of name with these labels
+// (and any others).
+func gatheredSeries(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no series %s%v", name, labels)
+	return 0
 }
 
 // TestDatapathCollectorNotLoaded: before the datapath runs there is
@@ -98,35 +174,11 @@ func TestDatapathCollectorError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "read NAT occupancy: map iteration: operation not permitted") {
 		t.Fatalf("Gather error: %v", err)
 	}
-	if len(families) != 1 || families[0].GetName() != "ipmasq_datapath_packets_total" {
-		t.Fatalf("gathered %v, want the counters only", families)
-	}
-}
-
-// gatheredValue returns the value of the series of name whose label is value.
-func gatheredValue(t *testing.T, g prometheus.Gatherer, name, label, value string) float64 {
-	t.Helper()
-	families, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	var names []string
 	for _, mf := range families {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					switch {
-					case m.Counter != nil:
-						return m.GetCounter().GetValue()
-					case m.Gauge != nil:
-						return m.GetGauge().GetValue()
-					}
-				}
-			}
-		}
+		names = append(names, mf.GetName())
 	}
-	t.Fatalf("no series %s{%s=%q}", name, label, value)
-	return 0
+	if !slices.Equal(names, []string{"ipmasq_datapath_packets_total", "ipmasq_nat_port_search_failures_total"}) {
+		t.Fatalf("gathered %v, want the counters only", names)
+	}
 }

@@ -4,7 +4,7 @@
 //	ipmasq-agent --prometheus-serve-addr=:9963
 //	curl http://127.0.0.1:9963/metrics          # ipmasq_*, go_* and process_* metrics
 //	curl http://127.0.0.1:9963/healthz          # 200 "ok", or 503 and the degraded health scopes
-//	curl http://127.0.0.1:9963/healthz?verbose  # ... and every scope
+//	curl http://127.0.0.1:9963/healthz?verbose  # ... and every scope that has a status
 //
 // Like the status page it only reads: the tables and the nonmasq-maps and
 // datapath handles at scrape time (an idle agent does no work for its
@@ -18,7 +18,9 @@
 // Every source is optional: a hive that embeds only some ipmasq cells gets
 // the metrics of those cells.
 //
-// The metrics, a contract with dashboards and alerts (add, never rename):
+// The metrics, a contract with dashboards and alerts (deploy/grafana,
+// deploy/prometheus): add; rename only with a release of overlap and a
+// line in docs/observability.md's rename table.
 //
 //	ipmasq_config_loads_total                        counter  loads that changed the applied config
 //	ipmasq_config_load_failures_total                counter  rejected files
@@ -30,9 +32,13 @@
 //	ipmasq_config_masquerade_rules                   gauge    masqueradeRules
 //	ipmasq_nonmasq_map_entries{family}               gauge
 //	ipmasq_nonmasq_map_capacity{family}              gauge
+//	ipmasq_packets_total{family,device,direction,action}  counter  action: translated, passed, dropped; sums to every packet
+//	ipmasq_drops_total{family,device,reason}         counter  bpf.DropReason names: nat-table-full, no-free-port, ...
+//	ipmasq_nat_port_search_failures_total{family}    counter
 //	ipmasq_nat_entries{family}                       gauge
-//	ipmasq_nat_capacity                              gauge    per map
-//	ipmasq_datapath_packets_total{counter}           counter  bpf counter names: masqueraded, nat-new, ...
+//	ipmasq_nat_capacity{family}                      gauge    per map (--nat-max-entries)
+//	ipmasq_nat_pairs{family,kind,state}              gauge    read at most every 15 s
+//	ipmasq_datapath_packets_total{counter}           counter  deprecated, removed in the next release: bpf counter names
 //	ipmasq_endpoints                                 gauge
 //	ipmasq_ip_rules                                  gauge
 //	ipmasq_datapath_devices                          gauge

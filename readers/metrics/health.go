@@ -107,8 +107,8 @@ func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if _, verbose := r.URL.Query()["verbose"]; verbose {
-		b.WriteString("\nall scopes:\n")
-		for _, sc := range scopes {
+		b.WriteString("\nall scopes with a status:\n")
+		for _, sc := range ReportedScopes(scopes) {
 			writeScope(&b, sc)
 		}
 	}
@@ -127,4 +127,47 @@ func writeScope(b *strings.Builder, sc ScopeHealth) {
 		fmt.Fprintf(b, ": %s", sc.Error)
 	}
 	b.WriteString("\n")
+}
+
+// HealthCmd is the agent's "health" command. Without an argument it prints
+// the scopes that have reported a status, sorted, one line each
+// ("config.config-file: OK: config generation 3 ..."): the scopes a module
+// created but never reported on are left out, so the answer is what an
+// operator can act on. With a pattern it is hive's command unchanged: it
+// waits until a line "<scope>: level=<level> message=<message>
+// error=<error>" matches, the format script tests grep for.
+func HealthCmd(h *cell.SimpleHealth) script.Cmd {
+	grep := cell.SimpleHealthCmd(h)
+	return script.Command(
+		script.CmdUsage{
+			Summary: "Show the health scopes that have a status, or wait until one matches a pattern",
+			Args:    "(pattern)",
+			Detail: []string{
+				"Without a pattern: every scope with a status, sorted, as '<scope>: <level>: <message>[: <error>]'.",
+				"With a pattern: wait until a line '<scope>: level=<level> message=<message> error=<error>' matches it.",
+			},
+		},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) > 0 {
+				return grep.Run(s, args...)
+			}
+			scopes, err := ReadHealth(s.Context(), h)
+			if err != nil {
+				return nil, err
+			}
+			var b strings.Builder
+			for _, sc := range ReportedScopes(scopes) {
+				writeScope(&b, sc)
+			}
+			return func(*script.State) (string, string, error) { return b.String(), "", nil }, nil
+		},
+	)
+}
+
+// ReportedScopes drops the scopes that have never reported a status (a
+// module's parent scope, a job that has not run yet).
+func ReportedScopes(scopes []ScopeHealth) []ScopeHealth {
+	return slices.DeleteFunc(slices.Clone(scopes), func(sc ScopeHealth) bool {
+		return sc.Level == "" || sc.Level == cell.StatusUnknown
+	})
 }

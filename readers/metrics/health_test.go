@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/script"
 )
 
 // TestReadHealth pins the "health" command format ReadHealth parses: a
@@ -79,8 +80,10 @@ func TestHealthz(t *testing.T) {
 	if want := "degraded: 1 of 3 health scopes\nconfig.config-file: Degraded: config file rejected, last good config kept: nonMasqueradeCIDRs[0]: bad\n"; body != want {
 		t.Fatalf("degraded body:\n%s\nwant:\n%s", body, want)
 	}
-	if _, body := get("/healthz?verbose"); !strings.Contains(body, "all scopes:\n") || !strings.Contains(body, "ipam: OK: ready\n") {
+	if _, body := get("/healthz?verbose"); !strings.Contains(body, "all scopes with a status:\n") || !strings.Contains(body, "ipam: OK: ready\n") {
 		t.Fatalf("verbose body lacks every scope:\n%s", body)
+	} else if strings.Contains(body, "config: ") {
+		t.Fatalf("verbose body lists the scope config, which has no status:\n%s", body)
 	}
 	file.OK("generation 2")
 	if code, _ := get("/healthz"); code != http.StatusOK {
@@ -90,5 +93,39 @@ func TestHealthz(t *testing.T) {
 	s.health = nil
 	if code, _ := get("/healthz"); code != http.StatusNotImplemented {
 		t.Fatalf("no SimpleHealth: %d, want 501", code)
+	}
+}
+
+// TestHealthCmd: without a pattern the command prints only the scopes that
+// reported a status, sorted, without empty "level= message= error=" lines;
+// with a pattern it still matches hive's line format (script tests grep it).
+func TestHealthCmd(t *testing.T) {
+	_, root := cell.NewSimpleHealth()
+	root.NewScope("config").NewScope("config-file").Degraded("config file rejected", errors.New("bad CIDR"))
+	root.NewScope("ipam").OK("3 endpoints")
+	root.NewScope("devices")
+
+	run := func(args ...string) (string, error) {
+		s, err := script.NewState(context.Background(), "/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wait, err := HealthCmd(root).Run(s, args...)
+		if err != nil || wait == nil {
+			return "", err
+		}
+		out, _, err := wait(s)
+		return out, err
+	}
+	got, err := run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "config.config-file: Degraded: config file rejected: bad CIDR\nipam: OK: 3 endpoints\n"
+	if got != want {
+		t.Fatalf("health:\n%s\nwant:\n%s", got, want)
+	}
+	if _, err := run("ipam: level=OK message=3 endpoints"); err != nil {
+		t.Fatalf("health with a pattern: %v", err)
 	}
 }

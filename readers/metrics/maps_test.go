@@ -40,7 +40,7 @@ func TestMapMetrics(t *testing.T) {
 		Cell,
 		cell.Invoke(func(s *Server) { srv = s }),
 	)
-	hive.AddConfigOverride(h, func(c *settings.Config) { c.BPFRoot = bpffs; c.MaxNonMasqCIDRs = 128 })
+	hive.AddConfigOverride(h, func(c *settings.Config) { c.BPFRoot = bpffs; c.MaxNonMasqCIDRs = 128; c.EnableIPv6 = true })
 	hive.AddConfigOverride(h, func(c *config.Config) { c.IPMasqAgentConfigPath = path })
 	hive.AddConfigOverride(h, func(c *Config) { c.PrometheusServeAddr = "127.0.0.1:0" })
 	log := hivetest.Logger(t)

@@ -34,6 +34,9 @@ func newRowCollector(s sources) *rowCollector {
 	if s.RuleSources != nil {
 		add("ipmasq_masquerade_rule_sources", "masqueradeRules sources resolved on matching devices (table masquerade-rule-sources).", s.RuleSources.NumObjects)
 	}
+	if s.Netfilter != nil {
+		add("ipmasq_netfilter_nat_rules", "Netfilter NAT rules that decide before ipmasq: IP-MASQ-AGENT chains, MASQUERADE/SNAT rules matching pod sources, iptables-legacy nat tables (table netfilter-nat-rules; docs/migrate.md).", s.Netfilter.NumObjects)
+	}
 	if len(c.counts) == 0 {
 		return nil
 	}

@@ -1,15 +1,23 @@
-// Package nodeevents makes the config file's state visible in Kubernetes:
-// it reads the ipmasq-config table and posts an Event on the agent's Node
-// when a file is rejected (reason IPMasqConfigRejected, the error naming
-// file, key and value), once per distinct error, and when a good file
-// follows a rejected one (IPMasqConfigAccepted). It is a reader: it writes
-// no table, and without --k8s-node-name it does nothing.
+// Package nodeevents posts Events on the agent's Node for what an operator
+// must act on. The config file's state: it reads the ipmasq-config table
+// and posts an Event when a file is rejected (reason IPMasqConfigRejected,
+// the error naming file, key and value), once per distinct error, and when
+// a good file follows a rejected one (IPMasqConfigAccepted). Conditions
+// (conditions.go): a device the programs could not be attached to
+// (IPMasqDeviceNotAttached, from table datapath-devices), new flows refused
+// because the NAT table is full or no NAT port is free (IPMasqNATTableFull,
+// IPMasqNATPortsExhausted, from the pinned per-device counters), and any
+// source another cell adds through SourceOut; each is posted when it
+// appears, when its message changes (at most every MinRepeat), and when it
+// clears. It is a reader: it writes no table, and without --k8s-node-name
+// it does nothing.
 package nodeevents
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -19,7 +27,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -39,13 +49,20 @@ const eventNamespace = metav1.NamespaceDefault
 // maxMessage is the API server's limit on an Event's message.
 const maxMessage = 1024
 
-// Cell posts the config Events. It needs kubeclient.Cell and the config cell.
+// Cell posts the config and condition Events. It needs kubeclient.Cell and
+// the config cell; the datapath's tables and pins are optional.
 var Cell = cell.Module(
 	"node-events",
-	"Config rejections as Events on the Node",
+	"Config rejections and datapath trouble as Events on the Node",
 
 	cell.Invoke(register),
 )
+
+// refusalPoll is how often the datapath's refusal counters are read.
+const refusalPoll = 10 * time.Second
+
+// refusalClear is how long without a refused flow clears the condition.
+const refusalClear = 5 * time.Minute
 
 type params struct {
 	cell.In
@@ -56,15 +73,34 @@ type params struct {
 	Health cell.Health
 	Client *kubeclient.Client
 	Status statedb.Table[*tables.ConfigStatus]
+
+	Agent   settings.Config                       `optional:"true"`
+	Devices statedb.Table[*tables.DatapathDevice] `optional:"true"`
+	Sources []ConditionSource                     `group:"node-conditions"`
 }
 
 func register(p params) {
 	if !p.Client.Enabled() {
 		return
 	}
-	r := &reporter{log: p.Log, db: p.DB, status: p.Status, client: p.Client}
+	post := &poster{log: p.Log, client: p.Client}
+	r := &reporter{poster: post, db: p.DB, status: p.Status}
 	g := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
 	g.Add(job.OneShot("post-config-events", r.run))
+
+	sources := slices.DeleteFunc(slices.Clone(p.Sources), func(s ConditionSource) bool { return s == nil })
+	if p.Devices != nil {
+		sources = append(sources, FromTable(p.Devices, AttachCondition))
+	}
+	if p.Agent.BPFRoot != "" {
+		pinned := bpf.Pinned{Dir: p.Agent.PinDir()}
+		sources = append(sources, &refusalSource{read: pinned.DevCounters, capacity: pinned.NATFill,
+			interval: refusalPoll, clearAfter: refusalClear, now: time.Now})
+	}
+	if len(sources) > 0 {
+		c := &conditionReporter{poster: post, db: p.DB, sources: sources}
+		g.Add(job.OneShot("post-condition-events", c.run))
+	}
 }
 
 // Event is what the reporter posts: a reason, a type and a message.
@@ -104,10 +140,9 @@ func (d *decider) posted(e *Event) {
 }
 
 type reporter struct {
-	log    *slog.Logger
+	poster *poster
 	db     *statedb.DB
 	status statedb.Table[*tables.ConfigStatus]
-	client *kubeclient.Client
 	d      decider
 }
 
@@ -124,8 +159,8 @@ func (r *reporter) run(ctx context.Context, health cell.Health) error {
 			if e == nil {
 				continue
 			}
-			if err := r.post(ctx, e); err != nil {
-				health.Degraded("post Event "+e.Reason+" on Node "+r.client.NodeName, err)
+			if err := r.poster.post(ctx, e); err != nil {
+				health.Degraded("post Event "+e.Reason+" on Node "+r.poster.client.NodeName, err)
 				retryC = time.After(retry)
 				continue
 			}
@@ -141,7 +176,13 @@ func (r *reporter) run(ctx context.Context, health cell.Health) error {
 	}
 }
 
-func (r *reporter) post(ctx context.Context, e *Event) error {
+// poster creates Events on the agent's Node.
+type poster struct {
+	log    *slog.Logger
+	client *kubeclient.Client
+}
+
+func (r *poster) post(ctx context.Context, e *Event) error {
 	node := r.client.NodeName
 	msg := e.Message
 	if len(msg) > maxMessage {

@@ -40,6 +40,7 @@ type sources struct {
 	Devices   statedb.Table[*tables.EgressDevice]         `optional:"true"`
 	Attached  statedb.Table[*tables.DatapathDevice]       `optional:"true"`
 	RuleSrcs  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
+	Netfilter statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
 }
 
 func commands(s sources) hive.ScriptCmdsOut {
@@ -95,6 +96,14 @@ func (s sources) summary() string {
 			att = append(att, fmt.Sprintf("%s [%s]", d.Name, tables.StatusString(d.Status)))
 		}
 		fmt.Fprintf(&b, "Datapath:   attached to %s\n", orNone(strings.Join(att, ", ")))
+	}
+	if s.Netfilter != nil {
+		if rows := tables.NetfilterNATRules(s.Netfilter.All(txn)); len(rows) == 0 {
+			fmt.Fprintf(&b, "Netfilter:  no NAT rule decides before ipmasq\n")
+		} else {
+			fmt.Fprintf(&b, "Netfilter:  %d NAT rule(s) decide before ipmasq, remove them (docs/migrate.md): %s\n",
+				len(rows), tables.DescribeNetfilterNATRules(rows))
+		}
 	}
 	if s.RuleSrcs != nil {
 		fmt.Fprintf(&b, "Rules:      %d masquerade rule source(s) on devices; %s\n",

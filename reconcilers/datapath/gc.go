@@ -86,7 +86,7 @@ type natEntry[K comparable] struct {
 }
 
 func describeV4(k bpf.NATKeyV4, v bpf.NATValV4) natEntry[bpf.NATKeyV4] {
-	e := natEntry[bpf.NATKeyV4]{peer: pairV4(k, v), proto: k.Proto, dir: k.Dir, flags: v.Flags, lastSeen: v.LastSeenNs}
+	e := natEntry[bpf.NATKeyV4]{peer: bpf.PeerV4(k, v), proto: k.Proto, dir: k.Dir, flags: v.Flags, lastSeen: v.LastSeenNs}
 	switch k.Dir {
 	case bpf.DirInbound:
 		e.peer = k // no other direction, and no SNAT address
@@ -99,7 +99,7 @@ func describeV4(k bpf.NATKeyV4, v bpf.NATValV4) natEntry[bpf.NATKeyV4] {
 }
 
 func describeV6(k bpf.NATKeyV6, v bpf.NATValV6) natEntry[bpf.NATKeyV6] {
-	e := natEntry[bpf.NATKeyV6]{peer: pairV6(k, v), proto: k.Proto, dir: k.Dir, flags: v.Flags, lastSeen: v.LastSeenNs}
+	e := natEntry[bpf.NATKeyV6]{peer: bpf.PeerV6(k, v), proto: k.Proto, dir: k.Dir, flags: v.Flags, lastSeen: v.LastSeenNs}
 	switch k.Dir {
 	case bpf.DirInbound:
 		e.peer = k // no other direction, and no SNAT address
@@ -251,22 +251,4 @@ func lookupEntry[K comparable, V comparable](m *ebpf.Map, k K, describe func(K, 
 // expiredAt says whether a pair last seen at last has outlived its state.
 func expiredAt(l bpf.Lifetimes, now, last uint64, proto, flags uint8) bool {
 	return now > last && time.Duration(now-last) > l.Of(bpf.StateOf(proto, flags))
-}
-
-// pairV4 is the key of the other direction of a pair. Egress: pod → remote
-// translated to SNAT:port, so the reply key is remote → SNAT:port. Ingress:
-// remote → SNAT:port back to pod:port, so the egress key is pod → remote.
-func pairV4(k bpf.NATKeyV4, v bpf.NATValV4) bpf.NATKeyV4 {
-	if k.Dir == bpf.DirEgress {
-		return bpf.NATKeyV4{Src: k.Dst, Dst: v.Addr, Sport: k.Dport, Dport: v.Port, Proto: k.Proto, Dir: bpf.DirIngress}
-	}
-	return bpf.NATKeyV4{Src: v.Addr, Dst: k.Src, Sport: v.Port, Dport: k.Sport, Proto: k.Proto, Dir: bpf.DirEgress}
-}
-
-// pairV6 is pairV4 for IPv6.
-func pairV6(k bpf.NATKeyV6, v bpf.NATValV6) bpf.NATKeyV6 {
-	if k.Dir == bpf.DirEgress {
-		return bpf.NATKeyV6{Src: k.Dst, Dst: v.Addr, Sport: k.Dport, Dport: v.Port, Proto: k.Proto, Dir: bpf.DirIngress}
-	}
-	return bpf.NATKeyV6{Src: v.Addr, Dst: k.Src, Sport: v.Port, Dport: k.Sport, Proto: k.Proto, Dir: bpf.DirEgress}
 }

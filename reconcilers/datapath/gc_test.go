@@ -159,18 +159,6 @@ func TestPortRanges(t *testing.T) {
 	}
 }
 
-func TestNATLineNamesEveryProtocol(t *testing.T) {
-	a := func(s string) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr(s), 0) }
-	for proto, want := range map[uint8]string{
-		protoSCTP: "sctp egress 10.0.0.1:0 -> 8.8.8.8:0: source becomes 1.2.3.4:0\n",
-		47:        "proto-47 egress 10.0.0.1:0 -> 8.8.8.8:0: source becomes 1.2.3.4:0\n",
-	} {
-		if got := natLine(proto, bpf.DirEgress, a("10.0.0.1"), a("8.8.8.8"), a("1.2.3.4")); got != want {
-			t.Errorf("natLine(%d) = %q, want %q", proto, got, want)
-		}
-	}
-}
-
 func TestLifetimeFlags(t *testing.T) {
 	l, err := DefaultConfig.Lifetimes()
 	if err != nil || l != bpf.DefaultLifetimes {

@@ -1,0 +1,149 @@
+package bpf
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// Action is what a program did with a packet (enum action in
+// lib/counters.h). Every packet a program sees ends in exactly one action,
+// so the actions of a device sum to every packet its programs saw.
+type Action uint32
+
+// Actions.
+const (
+	ActionPassed     = Action(masqActionACTION_PASSED)
+	ActionTranslated = Action(masqActionACTION_TRANSLATED)
+	ActionDropped    = Action(masqActionACTION_DROPPED)
+	// NumActions is the number of actions.
+	NumActions = Action(masqActionACTION_MAX)
+)
+
+var actionNames = [NumActions]string{ActionPassed: "passed", ActionTranslated: "translated", ActionDropped: "dropped"}
+
+func (a Action) String() string {
+	if a < NumActions {
+		return actionNames[a]
+	}
+	return fmt.Sprintf("action-%d", uint32(a))
+}
+
+// DropReason is why a packet was dropped (enum drop_reason).
+type DropReason uint32
+
+// Drop reasons; each names the global Counter that counts it too.
+const (
+	DropOther              = DropReason(masqDropReasonDROP_OTHER)
+	DropUntranslatable     = DropReason(masqDropReasonDROP_UNTRANSLATABLE)
+	DropNATFull            = DropReason(masqDropReasonDROP_NAT_FULL)
+	DropNoPort             = DropReason(masqDropReasonDROP_NO_PORT)
+	DropFragmentUnknown    = DropReason(masqDropReasonDROP_FRAG_UNKNOWN)
+	DropNoSNATAddress      = DropReason(masqDropReasonDROP_NO_SNAT_ADDR)
+	DropICMPErrorUnmatched = DropReason(masqDropReasonDROP_ICMP_ERR_UNMATCHED)
+	DropPairTaken          = DropReason(masqDropReasonDROP_PAIR_TAKEN)
+	DropError              = DropReason(masqDropReasonDROP_ERROR)
+	// NumDropReasons is the number of reasons.
+	NumDropReasons = DropReason(masqDropReasonDROP_REASON_MAX)
+)
+
+var dropReasonNames = [NumDropReasons]string{
+	DropOther:              "other",
+	DropUntranslatable:     "untranslatable",
+	DropNATFull:            "nat-table-full",
+	DropNoPort:             "no-free-port",
+	DropFragmentUnknown:    "fragment-unknown",
+	DropNoSNATAddress:      "no-snat-address",
+	DropICMPErrorUnmatched: "icmp-error-unmatched",
+	DropPairTaken:          "pair-taken",
+	DropError:              "error",
+}
+
+func (r DropReason) String() string {
+	if r < NumDropReasons {
+		return dropReasonNames[r]
+	}
+	return fmt.Sprintf("reason-%d", uint32(r))
+}
+
+// Description says when a packet is dropped for this reason.
+func (r DropReason) Description() string {
+	switch r {
+	case DropUntranslatable:
+		return CounterDropUntranslatable.Description()
+	case DropNATFull:
+		return CounterNATFull.Description()
+	case DropNoPort:
+		return CounterNoPort.Description()
+	case DropFragmentUnknown:
+		return CounterFragUnknown.Description()
+	case DropNoSNATAddress:
+		return CounterDropNoSNATAddr.Description()
+	case DropICMPErrorUnmatched:
+		return CounterICMPErrorUnknown.Description()
+	case DropPairTaken:
+		return CounterPairTaken.Description()
+	case DropError:
+		return "dropped: a malformed packet (truncated header) from a masquerade source, or a helper failure while rewriting it"
+	}
+	return "dropped for a reason the programs did not note (none today)"
+}
+
+// DevCounters are one device's counters for one family and direction,
+// summed over CPUs.
+type DevCounters struct {
+	Ifindex uint32
+	// Family is "ipv4", "ipv6" or "other" (ARP and the rest, which pass).
+	Family string
+	// Direction is "egress" or "ingress".
+	Direction string
+	Packets   [NumActions]uint64
+	Drops     [NumDropReasons]uint64
+}
+
+var counterFamilies = map[uint8]string{
+	uint8(masqCounterFamilyFAMILY_IPV4): "ipv4", uint8(masqCounterFamilyFAMILY_IPV6): "ipv6",
+	uint8(masqCounterFamilyFAMILY_OTHER): "other",
+}
+
+// ReadDevCounters reads dev_counters (Datapath.Maps.DevCounters or the pin).
+func ReadDevCounters(m *ebpf.Map) ([]DevCounters, error) {
+	var (
+		out    []DevCounters
+		k      masqDevCounterKey
+		perCPU []masqDevCounterVal
+	)
+	it := m.Iterate()
+	for it.Next(&k, &perCPU) {
+		d := DevCounters{Ifindex: k.Ifindex, Family: counterFamilies[k.Family], Direction: "egress"}
+		if d.Family == "" {
+			d.Family = fmt.Sprintf("family-%d", k.Family)
+		}
+		if k.Dir == DirIngress {
+			d.Direction = "ingress"
+		}
+		for _, v := range perCPU {
+			for a := range d.Packets {
+				d.Packets[a] += v.Packets[a]
+			}
+			for r := range d.Drops {
+				d.Drops[r] += v.Drops[r]
+			}
+		}
+		out = append(out, d)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapDevCounters, err)
+	}
+	return out, nil
+}
+
+// DevCounters returns the per-device counters from the pin.
+func (p Pinned) DevCounters() ([]DevCounters, error) {
+	m, err := p.open(MapDevCounters)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	return ReadDevCounters(m)
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
+)
+
+// parseUpstream parses args into a flag set holding the datapath's flags
+// and the upstream ones, and applies the upstream ones.
+func parseUpstream(t *testing.T, args ...string) (*pflag.FlagSet, []string, error) {
+	t.Helper()
+	var u upstreamFlags
+	flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	datapath.DefaultConfig.Flags(flags)
+	u.register(flags)
+	if err := flags.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	warnings, err := u.apply(flags)
+	return flags, warnings, err
+}
+
+func TestToPortsSetsTheNATPortRange(t *testing.T) {
+	for in, want := range map[string]string{"32768-65535": "32768-65535", "40000": "40000-40000", " 1024-2048 ": "1024-2048"} {
+		flags, warnings, err := parseUpstream(t, "--to-ports="+in)
+		if err != nil || len(warnings) != 0 {
+			t.Fatalf("--to-ports=%s: %v %v", in, warnings, err)
+		}
+		if got := flags.Lookup("nat-port-range").Value.String(); got != want {
+			t.Errorf("--to-ports=%s: --nat-port-range=%s, want %s", in, got, want)
+		}
+		if got := flags.Lookup("nat-keep-source-port").Value.String(); got != "false" {
+			t.Errorf("--to-ports=%s: --nat-keep-source-port=%s, want false (every port from the range)", in, got)
+		}
+	}
+	flags, _, err := parseUpstream(t)
+	if err != nil || flags.Lookup("nat-port-range").Value.String() != datapath.DefaultConfig.NATPortRange ||
+		flags.Lookup("nat-keep-source-port").Value.String() != "true" {
+		t.Errorf("without --to-ports the NAT flags changed: %v", err)
+	}
+}
+
+func TestToPortsRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--to-ports=1024-29999,32768-65535"}, "more than one port range is not supported"},
+		{[]string{"--to-ports=0-10"}, `--to-ports="0-10": want one range`},
+		{[]string{"--to-ports=10-5"}, `--to-ports="10-5": want one range`},
+		{[]string{"--to-ports=1-2-3"}, `--to-ports="1-2-3": want one range`},
+		{[]string{"--to-ports=5000", "--nat-port-range=1-2"}, "--to-ports and --nat-port-range are both given"},
+		{[]string{"--to-ports=5000", "--nat-keep-source-port=true"}, "--to-ports and --nat-keep-source-port are both given"},
+	} {
+		flags, _, err := parseUpstream(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
+		}
+		if got := flags.Lookup("nat-port-range").Value.String(); !flags.Changed("nat-port-range") && got != datapath.DefaultConfig.NATPortRange {
+			t.Errorf("%v: a refused --to-ports changed --nat-port-range to %s", tc.args, got)
+		}
+	}
+}
+
+// TestUpstreamArgsWarnOncePerFlag: the flags an upstream DaemonSet passes
+// (GKE's, for one: --masq-chain, --nomasq-all-reserved-ranges is ipmasq's
+// own, klog's --v and --logtostderr) are accepted, one warning each, and
+// the ones not given warn nothing.
+func TestUpstreamArgsWarnOncePerFlag(t *testing.T) {
+	_, warnings, err := parseUpstream(t, "--masq-chain=IP-MASQ", "--random-fully=false", "--v=2", "--logtostderr", "--log_dir=/var/log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"--masq-chain=IP-MASQ ", "--random-fully=false ", "--v=2 ", "--logtostderr=true ", "--log_dir=/var/log "}
+	if len(warnings) != len(want) {
+		t.Fatalf("warnings %q, want one for each of %q", warnings, want)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(warnings[i], w) || !strings.Contains(warnings[i], "has no effect") {
+			t.Errorf("warning %d = %q, want it to start with %q and say it has no effect", i, warnings[i], w)
+		}
+	}
+}
+
+// TestGoStyleArgs: upstream's single-dash spellings reach the same flags.
+func TestGoStyleArgs(t *testing.T) {
+	root := newRootCommand()
+	got := goStyleArgs(root.Flags(), []string{"-v=2", "-masq-chain=IP-MASQ", "-nomasq-all-reserved-ranges", "-logtostderr",
+		"--log-level=debug", "-h", "-x", "status", "--", "-v=3"})
+	want := []string{"--v=2", "--masq-chain=IP-MASQ", "--nomasq-all-reserved-ranges", "--logtostderr",
+		"--log-level=debug", "-h", "-x", "status", "--", "-v=3"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("got  %q\nwant %q", got, want)
+	}
+}
