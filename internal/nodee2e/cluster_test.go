@@ -311,9 +311,11 @@ func (c *cluster) podCIDR() netip.Prefix {
 	return netip.Prefix{}
 }
 
-// deployAgent creates deploy/'s objects as `kubectl apply -k` does with
-// an operator's overlay that sets the image.
+// deployAgent installs as docs/deploy.md says: `kubectl create -f
+// deploy/config/configmap.yaml`, then `kubectl apply -k deploy/` with an
+// operator's overlay that sets the image.
 func (c *cluster) deployAgent(image string) {
+	kubetest.ApplyFiles(c.t, c.admin, "../../deploy/config/configmap.yaml")
 	c.apply("../../deploy", image, nil)
 }
 

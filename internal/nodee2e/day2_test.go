@@ -72,7 +72,7 @@ func (s *stream) check(after string) {
 	s.last = n
 }
 
-// editConfigMap adds cidr to nonMasqueradeCIDRs of deploy/'s ConfigMap, as
+// editConfigMap adds cidr to nonMasqueradeCIDRs of deploy/config's ConfigMap, as
 // `kubectl edit` would; the kubelet updates the mounted file.
 func (c *cluster) editConfigMap(cidr string) {
 	t := c.t
