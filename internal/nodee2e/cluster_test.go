@@ -31,13 +31,20 @@ import (
 const (
 	masqTarget   = "203.0.113.10"
 	plainTarget  = "10.50.0.10"
-	dialPort     = "8000"
-	streamPort   = "8001"
+	dialPort     = 8000 // podprog dial connects here, to both targets
+	streamPort   = 8001 // podprog stream connects here, to masqTarget
 	routeTable   = "11"
 	agentImageV1 = "localhost/ipmasq-nodee2e/ipmasq-agent:1"
 	agentImageV2 = "localhost/ipmasq-nodee2e/ipmasq-agent:2"
 	// cniConfigPath is where the host step puts deploy/cni's file.
 	cniConfigPath = "/etc/cni/net.d/10-ipmasq.conflist"
+)
+
+// The external host's services as pods name them.
+var (
+	masqDial   = netip.AddrPortFrom(netip.MustParseAddr(masqTarget), dialPort).String()
+	plainDial  = netip.AddrPortFrom(netip.MustParseAddr(plainTarget), dialPort).String()
+	masqStream = netip.AddrPortFrom(netip.MustParseAddr(masqTarget), streamPort).String()
 )
 
 // cluster is the API server, scheduler and controller manager, one node
@@ -167,9 +174,8 @@ func (c *cluster) network() {
 			t.Fatal(err)
 		}
 	}
-	c.seen.serveDial(t, c.ext, masqTarget+":"+dialPort)
-	c.seen.serveDial(t, c.ext, plainTarget+":"+dialPort)
-	c.seen.serveStream(t, c.ext, masqTarget+":"+streamPort)
+	c.seen.serveDial(t, c.ext, dialPort)
+	c.seen.serveStream(t, c.ext, streamPort)
 }
 
 // nodeNetwork adds the routing a routed (ENI-like) node has: the

@@ -22,7 +22,7 @@ type stream struct {
 // startStream runs a pod that streams to the external host and waits for
 // its connection.
 func (c *cluster) startStream(pod string) *stream {
-	c.runPod(pod, "stream", masqTarget+":"+streamPort)
+	c.runPod(pod, "stream", masqStream)
 	s := &stream{c: c, pod: pod}
 	c.eventually(20*time.Second, pod+"'s stream", func() error {
 		if len(c.seen.streamsOf(pod)) == 0 {

@@ -44,36 +44,33 @@ func newExternal() *external {
 	return &external{seen: map[string]map[string]map[netip.Addr]int{}, streams: map[string][]*streamConn{}}
 }
 
-// serveDial records the pod name line of every connection to addr.
-func (e *external) serveDial(t *testing.T, ns *topology.Netns, addr string) {
+// serveDial records the pod name line of every connection to port, by
+// the address it was made to.
+func (e *external) serveDial(t *testing.T, ns *topology.Netns, port uint16) {
 	t.Helper()
-	ln := listen(t, ns, addr)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				line, err := bufio.NewReader(c).ReadString('\n')
-				if err != nil {
-					return
-				}
-				from := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr()
-				e.mu.Lock()
-				defer e.mu.Unlock()
-				pod := strings.TrimSpace(line)
-				if e.seen[pod] == nil {
-					e.seen[pod] = map[string]map[netip.Addr]int{}
-				}
-				if e.seen[pod][addr] == nil {
-					e.seen[pod][addr] = map[netip.Addr]int{}
-				}
-				e.seen[pod][addr][from]++
-			}()
+	serve(t, ns, port, func(c net.Conn) {
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return
 		}
-	}()
+		to := c.LocalAddr().(*net.TCPAddr).AddrPort()
+		addr := netip.AddrPortFrom(to.Addr().Unmap(), to.Port()).String()
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		pod := strings.TrimSpace(line)
+		if e.seen[pod] == nil {
+			e.seen[pod] = map[string]map[netip.Addr]int{}
+		}
+		if e.seen[pod][addr] == nil {
+			e.seen[pod][addr] = map[netip.Addr]int{}
+		}
+		e.seen[pod][addr][remote(c)]++
+	})
+}
+
+// remote is a connection's source address (IPv4 unmapped).
+func remote(c net.Conn) netip.Addr {
+	return c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 }
 
 // sources are the addresses pod's connections to addr came from.
@@ -87,30 +84,20 @@ func (e *external) sources(pod, addr string) map[netip.Addr]int {
 	return out
 }
 
-// serveStream echoes every stream connection to addr and checks its
+// serveStream echoes every stream connection to port and checks its
 // counters arrive in order.
-func (e *external) serveStream(t *testing.T, ns *topology.Netns, addr string) {
+func (e *external) serveStream(t *testing.T, ns *topology.Netns, port uint16) {
 	t.Helper()
-	ln := listen(t, ns, addr)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go e.stream(c)
-		}
-	}()
+	serve(t, ns, port, e.stream)
 }
 
 func (e *external) stream(c net.Conn) {
-	defer c.Close()
 	r := bufio.NewReader(c)
 	line, err := r.ReadString('\n')
 	if err != nil {
 		return
 	}
-	s := &streamConn{From: c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr()}
+	s := &streamConn{From: remote(c)}
 	e.mu.Lock()
 	pod := strings.TrimSpace(line)
 	e.streams[pod] = append(e.streams[pod], s)
@@ -144,15 +131,13 @@ func (e *external) streamsOf(pod string) []*streamConn {
 	return append([]*streamConn(nil), e.streams[pod]...)
 }
 
-func listen(t *testing.T, ns *topology.Netns, addr string) net.Listener {
+// serve runs handle for every connection to port on ns until the test
+// ends.
+func serve(t *testing.T, ns *topology.Netns, port uint16, handle func(net.Conn)) {
 	t.Helper()
-	var ln net.Listener
-	if err := ns.Do(func() (err error) {
-		ln, err = net.Listen("tcp", addr)
-		return err
-	}); err != nil {
+	ln, err := topology.ServeTCP(ns, port, handle)
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	return ln
 }

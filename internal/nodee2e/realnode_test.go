@@ -27,7 +27,7 @@ func TestRealNode(t *testing.T) {
 	step = time.Now()
 	cidr := c.podCIDR()
 	gateway := cidr.Addr().Next()
-	dial := []string{"dial", masqTarget + ":" + dialPort, plainTarget + ":" + dialPort}
+	dial := []string{"dial", masqDial, plainDial}
 	ips := map[string]netip.Addr{}
 	for i := range 3 {
 		name := fmt.Sprintf("client-%d", i)
@@ -75,18 +75,18 @@ func TestRealNode(t *testing.T) {
 	node := netip.MustParseAddr(nodeIP)
 	for name, ip := range ips {
 		c.eventually(20*time.Second, name+"'s connections at the external host", func() error {
-			m, p := c.seen.sources(name, masqTarget+":"+dialPort), c.seen.sources(name, plainTarget+":"+dialPort)
+			m, p := c.seen.sources(name, masqDial), c.seen.sources(name, plainDial)
 			if len(m) == 0 || len(p) == 0 {
 				return fmt.Errorf("masqueraded from %v, plain from %v", m, p)
 			}
 			return nil
 		})
-		for from, n := range c.seen.sources(name, masqTarget+":"+dialPort) {
+		for from, n := range c.seen.sources(name, masqDial) {
 			if from != node {
 				t.Errorf("pod %s (%s): %d connections to %s arrived from %s, want the node's %s", name, ip, n, masqTarget, from, node)
 			}
 		}
-		for from, n := range c.seen.sources(name, plainTarget+":"+dialPort) {
+		for from, n := range c.seen.sources(name, plainDial) {
 			if from != ip {
 				t.Errorf("pod %s (%s): %d connections to %s arrived from %s, want the pod's own address", name, ip, n, plainTarget, from)
 			}
