@@ -143,6 +143,9 @@ func (c *cluster) rollTo(image string) {
 		if got := pod.Spec.Containers[0].Image; got != image {
 			return fmt.Errorf("pod %s runs %s", pod.Name, got)
 		}
+		// Restarts would say the new agent started while the old one
+		// still held the node (its state lock, its port).
+		t.Logf("new agent pod %s: %d restarts", pod.Name, pod.Status.ContainerStatuses[0].RestartCount)
 		return nil
 	})
 }

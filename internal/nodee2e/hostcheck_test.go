@@ -16,13 +16,17 @@ import (
 // and agent would use, and the top level of every cgroup hierarchy.
 type hostState map[string]string
 
-// hostSysctls are the sysctls the kubelet rewrites (setupKernelTunables)
-// and the forwarding switches ptp turns on.
-var hostSysctls = []string{
+// kubeletSysctls are the host-wide sysctls the kubelet rewrites
+// (setupKernelTunables); the node shadows them with files of its own.
+var kubeletSysctls = []string{
 	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
 	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
-	"net/ipv4/ip_forward", "net/ipv4/conf/all/forwarding", "net/ipv6/conf/all/forwarding",
 }
+
+// hostSysctls are checked: the kubelet's, and the forwarding switches ptp
+// turns on (per network namespace: the node's, never the host's).
+var hostSysctls = append(append([]string(nil), kubeletSysctls...),
+	"net/ipv4/ip_forward", "net/ipv4/conf/all/forwarding", "net/ipv6/conf/all/forwarding")
 
 // hostDirs are listed (names, one level); a missing one is recorded as such.
 var hostDirs = []string{

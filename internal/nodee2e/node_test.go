@@ -42,7 +42,6 @@ const (
 type node struct {
 	t      *testing.T
 	dir    string
-	netns  *topology.Netns
 	anchor *exec.Cmd // sleeps in the namespaces and holds the mount namespace
 	procs  map[string]*exec.Cmd
 }
@@ -50,7 +49,7 @@ type node struct {
 // startNode creates the node's namespaces; nothing runs in them yet.
 func startNode(t *testing.T, netns *topology.Netns) *node {
 	t.Helper()
-	n := &node{t: t, dir: t.TempDir(), netns: netns, procs: map[string]*exec.Cmd{}}
+	n := &node{t: t, dir: t.TempDir(), procs: map[string]*exec.Cmd{}}
 	n.anchor = exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "infinity")
 	n.anchor.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := netns.Start(n.anchor); err != nil {
@@ -85,7 +84,7 @@ func startNode(t *testing.T, netns *topology.Netns) *node {
 		{"-t", "overlay", "node-opt", "-o", "lowerdir=/opt,upperdir=" + n.dir + "/opt-upper,workdir=" + n.dir + "/opt-work", "/opt"},
 		{"-t", "bpf", "bpf", "/sys/fs/bpf"},
 	}
-	for _, name := range hostSysctls[:6] {
+	for _, name := range kubeletSysctls {
 		v, err := os.ReadFile("/proc/sys/" + name)
 		if err != nil {
 			t.Fatal(err)
@@ -312,8 +311,8 @@ func (n *node) stop(c kubernetes.Interface) {
 	n.t.Logf("teardown: pods deleted in %v", time.Since(begin).Round(time.Millisecond))
 	n.Stop("kubelet")
 	n.Stop("containerd")
-	killMountNamespace(n.t, n.Pid())
-	killCgroups(n.t, "kubepods")
+	killMountNamespace(n.Pid())
+	killCgroups("kubepods")
 }
 
 // podsLeft names the pods the API server still has.
@@ -331,7 +330,7 @@ func podsLeft(c kubernetes.Interface) []string {
 
 // killMountNamespace kills every process in anchor's mount namespace but
 // the anchor (the shims; containers have mount namespaces of their own).
-func killMountNamespace(t *testing.T, anchor int) {
+func killMountNamespace(anchor int) {
 	mnt, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", anchor))
 	if err != nil {
 		return
@@ -347,7 +346,7 @@ func killMountNamespace(t *testing.T, anchor int) {
 
 // killCgroups kills what is left in the cgroup top of every hierarchy and
 // removes its tree, deepest first.
-func killCgroups(t *testing.T, top string) {
+func killCgroups(top string) {
 	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*/" + top)
 	for _, root := range hierarchies {
 		var dirs []string
