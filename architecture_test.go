@@ -66,11 +66,13 @@ var testTooling = []string{
 	module + "/internal/kubetest",
 	module + "/internal/promtooltest",
 	module + "/internal/toolbuild",
+	module + "/internal/nodee2e",
+	module + "/internal/nodee2e/podprog",
 }
 
 // testOnly are the module's packages that are test tooling or test suites:
 // they are exempt from the rules, and the layering does not place them.
-var testOnly = []string{"", "deploy", "internal/faults", "internal/iprulestest", "internal/netnstest", "internal/privtest", "internal/e2e", "internal/perf", "internal/kubetest", "internal/promtooltest", "internal/toolbuild"}
+var testOnly = []string{"", "deploy", "internal/faults", "internal/iprulestest", "internal/netnstest", "internal/privtest", "internal/e2e", "internal/perf", "internal/kubetest", "internal/promtooltest", "internal/toolbuild", "internal/nodee2e", "internal/nodee2e/podprog"}
 
 // knownViolations are imports that break the rules, each with the change
 // that will remove it; the test fails for a listed import that no longer

@@ -57,18 +57,19 @@ func Kustomize(t testing.TB, dir, image string) []byte {
 	return out
 }
 
-// imageFields are the images: entry's fields for a reference.
+// imageFields are the images: entry's fields for a reference, quoted: a
+// tag such as 1 or 1.2 would be a YAML number, which kustomize refuses.
 func imageFields(image string) string {
 	if repo, digest, ok := strings.Cut(image, "@"); ok {
-		return fmt.Sprintf("    newName: %s\n    digest: %s\n", repo, digest)
+		return fmt.Sprintf("    newName: %q\n    digest: %q\n", repo, digest)
 	}
 	// The tag follows the last colon after the last slash (a registry may
 	// have a port).
 	slash := strings.LastIndexByte(image, '/')
 	if i := strings.LastIndexByte(image, ':'); i > slash {
-		return fmt.Sprintf("    newName: %s\n    newTag: %s\n", image[:i], image[i+1:])
+		return fmt.Sprintf("    newName: %q\n    newTag: %q\n", image[:i], image[i+1:])
 	}
-	return fmt.Sprintf("    newName: %s\n", image)
+	return fmt.Sprintf("    newName: %q\n", image)
 }
 
 // DecodeYAML reads the objects of YAML documents (e.g. Kustomize's

@@ -14,9 +14,10 @@ import (
 )
 
 // Binary returns <cache>/ipmasq/<name>-<version>/<name>, building pkg in
-// the module tools/<tool> the first time. Concurrent test binaries wait
-// for one build under a file lock instead of building it twice.
-func Binary(tool, name, version, pkg string) (string, error) {
+// the module tools/<tool> the first time, with go build's flags (e.g.
+// -ldflags). Concurrent test binaries wait for one build under a file lock
+// instead of building it twice.
+func Binary(tool, name, version, pkg string, flags ...string) (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		return "", fmt.Errorf("find a cache directory for %s: %w", name, err)
@@ -44,7 +45,7 @@ func Binary(tool, name, version, pkg string) (string, error) {
 		return "", err
 	}
 	tmp := bin + ".tmp"
-	build := exec.Command("go", "build", "-o", tmp, pkg)
+	build := exec.Command("go", append(append([]string{"build"}, flags...), "-o", tmp, pkg)...)
 	build.Dir = module
 	if out, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build %s %s in %s: %w\n%s", name, version, module, err, out)

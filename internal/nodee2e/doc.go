@@ -1,0 +1,11 @@
+// Package nodee2e proves ipmasq on a real Kubernetes node: a kubelet and
+// containerd (in a network namespace and a mount namespace of their own)
+// run the agent's image from deploy/ against a real API server, scheduler
+// and controller manager, and the pods they start get their addresses from
+// ipmasq-cni and are masqueraded. Everything is in its test files; the
+// pods' workload is podprog.
+//
+// Needs root, the Debian packages containerd, runc, iptables and
+// etcd-server, and builds kubelet, kube-scheduler and
+// kube-controller-manager once into the user's cache (internal/kubetest).
+package nodee2e

@@ -1,0 +1,129 @@
+// Command podprog is the workload of the real-node test's pods
+// (internal/nodee2e), a static binary in an image of its own. It is also
+// the node's sandbox (pause) image.
+//
+//	podprog pause               sleep until SIGTERM (the sandbox image)
+//	podprog dial ADDR...        every 200 ms, a TCP connection to each ADDR
+//	                            that sends the pod's name and a newline
+//	podprog stream ADDR         one TCP connection for the pod's whole life:
+//	                            the name, a newline, then an 8-byte counter
+//	                            every 10 ms, each echoed back and checked
+//
+// The pod's name is its hostname (the kubelet sets it). Any error ends the
+// program with status 1, so that a lost or reset stream shows as a
+// restarted container and a second connection, never as a silent retry.
+package main
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fail(fmt.Errorf("usage: podprog pause | dial ADDR... | stream ADDR"))
+	}
+	name, err := os.Hostname()
+	if err != nil {
+		fail(err)
+	}
+	// PID 1 of a container gets no signal it has no handler for: without
+	// this the kubelet would wait out the grace period on every delete.
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-stop
+		os.Exit(0)
+	}()
+	switch args := os.Args[2:]; os.Args[1] {
+	case "pause":
+		for {
+			time.Sleep(time.Hour)
+		}
+	case "dial":
+		for {
+			for _, a := range args {
+				// A failed connection is reported and retried: the test
+				// counts what arrives, not what was tried.
+				if err := dialOnce(name, a); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+				}
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	case "stream":
+		if len(args) != 1 {
+			fail(fmt.Errorf("stream takes one address"))
+		}
+		fail(stream(name, args[0]))
+	default:
+		fail(fmt.Errorf("unknown mode %q", os.Args[1]))
+	}
+}
+
+func dialOnce(name, addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintf(c, "%s\n", name); err != nil {
+		return err
+	}
+	// Wait for the server's close, so the connection was accepted.
+	_, err = io.Copy(io.Discard, c)
+	return err
+}
+
+// stream never returns nil: it sends until something fails.
+func stream(name, addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := fmt.Fprintf(c, "%s\n", name); err != nil {
+		return err
+	}
+	echo := make(chan error, 1)
+	go func() {
+		r := bufio.NewReader(c)
+		var buf [8]byte
+		for want := uint64(0); ; want++ {
+			if _, err := io.ReadFull(r, buf[:]); err != nil {
+				echo <- fmt.Errorf("echo after %d: %w", want, err)
+				return
+			}
+			if got := binary.BigEndian.Uint64(buf[:]); got != want {
+				echo <- fmt.Errorf("echo %d, want %d", got, want)
+				return
+			}
+		}
+	}()
+	var buf [8]byte
+	for n := uint64(0); ; n++ {
+		select {
+		case err := <-echo:
+			return err
+		default:
+		}
+		binary.BigEndian.PutUint64(buf[:], n)
+		if _, err := c.Write(buf[:]); err != nil {
+			return fmt.Errorf("send %d: %w", n, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "podprog:", err)
+	os.Exit(1)
+}
