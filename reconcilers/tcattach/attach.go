@@ -50,8 +50,8 @@ var hooks = []hook{
 type attachOps struct {
 	linkDir string
 	dp      *datapath.Handle
-	// mode is datapath.AttachAuto, AttachTCX or AttachClsact; auto becomes one of
-	// the others at the first attach.
+	// mode is datapath.AttachAuto, AttachTCX or AttachClsact; auto
+	// becomes one of the others at the first attach.
 	mode string
 	// waitMaps waits (bounded) until the maps the programs read besides
 	// the device's own entry are written; nil: no wait.
