@@ -3,9 +3,12 @@ package datapath
 import (
 	"context"
 	"iter"
+	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
@@ -77,15 +80,32 @@ func (l *lazyOps[Obj]) Prune(ctx context.Context, txn statedb.ReadTxn, objs iter
 	return ops.Prune(ctx, txn, objs)
 }
 
-// Register registers the reconciler of one table of the datapath, with the
-// options every datapath reconciler shares: full pruning hourly (what a
-// restart or an outside writer changed is repaired), no refresh, rounds of
-// up to 1000 rows with no rate limit. name is the reconciler's name (its
-// health scope and metrics label).
-func Register[Obj comparable](p reconciler.Params, name string, tbl statedb.RWTable[Obj],
+// ReconcilerParams are what Register needs of the hive besides the table
+// and its Operations; a reconciler's registration takes them as a
+// parameter.
+type ReconcilerParams struct {
+	cell.In
+
+	Log            *slog.Logger
+	DB             *statedb.DB
+	Jobs           job.Registry
+	Health         cell.Health
+	ModuleID       cell.FullModuleID
+	DefaultMetrics reconciler.Metrics `optional:"true"`
+}
+
+// Register registers the reconciler of one table of the datapath, in a job
+// group of its own under the module's health, with the options every
+// datapath reconciler shares: full pruning hourly (what a restart or an
+// outside writer changed is repaired), no refresh, rounds of up to 1000
+// rows with no rate limit. name is the reconciler's name (its health scope
+// and metrics label).
+func Register[Obj comparable](p ReconcilerParams, name string, tbl statedb.RWTable[Obj],
 	clone func(Obj) Obj, setStatus func(Obj, reconciler.Status) Obj, getStatus func(Obj) reconciler.Status,
 	ops reconciler.Operations[Obj]) error {
-	_, err := reconciler.Register(p, tbl, clone, setStatus, getStatus, ops, nil,
+	rp := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log)),
+		ModuleID: p.ModuleID, DefaultMetrics: p.DefaultMetrics}
+	_, err := reconciler.Register(rp, tbl, clone, setStatus, getStatus, ops, nil,
 		reconciler.WithName(name),
 		reconciler.WithPruning(time.Hour),
 		reconciler.WithRefreshing(0, nil),

@@ -1,10 +1,7 @@
 package masqrules
 
 import (
-	"log/slog"
-
 	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
@@ -29,24 +26,7 @@ func newOps(h *datapath.Handle) reconciler.Operations[*tables.MasqueradeRuleSour
 	return datapath.MapOps(h, masqRuleOps)
 }
 
-type params struct {
-	cell.In
-
-	Log            *slog.Logger
-	DB             *statedb.DB
-	Jobs           job.Registry
-	Health         cell.Health
-	ModuleID       cell.FullModuleID
-	DefaultMetrics reconciler.Metrics `optional:"true"`
-	Table          statedb.RWTable[*tables.MasqueradeRuleSource]
-	Ops            reconciler.Operations[*tables.MasqueradeRuleSource]
-}
-
-func register(p params) error {
-	return datapath.Register(
-		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log)),
-			ModuleID: p.ModuleID, DefaultMetrics: p.DefaultMetrics},
-		Name, p.Table,
-		(*tables.MasqueradeRuleSource).Clone, (*tables.MasqueradeRuleSource).SetStatus, (*tables.MasqueradeRuleSource).GetStatus,
-		p.Ops)
+func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.MasqueradeRuleSource], ops reconciler.Operations[*tables.MasqueradeRuleSource]) error {
+	return datapath.Register(p, Name, tbl,
+		(*tables.MasqueradeRuleSource).Clone, (*tables.MasqueradeRuleSource).SetStatus, (*tables.MasqueradeRuleSource).GetStatus, ops)
 }

@@ -4,10 +4,7 @@
 package masqsources
 
 import (
-	"log/slog"
-
 	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
@@ -57,24 +54,7 @@ func buildOps(dp *bpf.Datapath) (reconciler.Operations[*tables.MasqueradeSource]
 	}, nil
 }
 
-type params struct {
-	cell.In
-
-	Log            *slog.Logger
-	DB             *statedb.DB
-	Jobs           job.Registry
-	Health         cell.Health
-	ModuleID       cell.FullModuleID
-	DefaultMetrics reconciler.Metrics `optional:"true"`
-	Table          statedb.RWTable[*tables.MasqueradeSource]
-	Ops            reconciler.Operations[*tables.MasqueradeSource]
-}
-
-func register(p params) error {
-	return datapath.Register(
-		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log)),
-			ModuleID: p.ModuleID, DefaultMetrics: p.DefaultMetrics},
-		Name, p.Table,
-		(*tables.MasqueradeSource).Clone, (*tables.MasqueradeSource).SetStatus, (*tables.MasqueradeSource).GetStatus,
-		p.Ops)
+func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.MasqueradeSource], ops reconciler.Operations[*tables.MasqueradeSource]) error {
+	return datapath.Register(p, Name, tbl,
+		(*tables.MasqueradeSource).Clone, (*tables.MasqueradeSource).SetStatus, (*tables.MasqueradeSource).GetStatus, ops)
 }

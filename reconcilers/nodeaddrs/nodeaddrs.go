@@ -11,10 +11,7 @@
 package nodeaddrs
 
 import (
-	"log/slog"
-
 	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
@@ -59,24 +56,7 @@ func buildOps(dp *bpf.Datapath) (reconciler.Operations[*tables.NodeAddress], err
 	}, nil
 }
 
-type params struct {
-	cell.In
-
-	Log            *slog.Logger
-	DB             *statedb.DB
-	Jobs           job.Registry
-	Health         cell.Health
-	ModuleID       cell.FullModuleID
-	DefaultMetrics reconciler.Metrics `optional:"true"`
-	Table          statedb.RWTable[*tables.NodeAddress]
-	Ops            reconciler.Operations[*tables.NodeAddress]
-}
-
-func register(p params) error {
-	return datapath.Register(
-		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log)),
-			ModuleID: p.ModuleID, DefaultMetrics: p.DefaultMetrics},
-		Name, p.Table,
-		(*tables.NodeAddress).Clone, (*tables.NodeAddress).SetStatus, (*tables.NodeAddress).GetStatus,
-		p.Ops)
+func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.NodeAddress], ops reconciler.Operations[*tables.NodeAddress]) error {
+	return datapath.Register(p, Name, tbl,
+		(*tables.NodeAddress).Clone, (*tables.NodeAddress).SetStatus, (*tables.NodeAddress).GetStatus, ops)
 }

@@ -1,11 +1,9 @@
 package tcattach
 
 import (
-	"log/slog"
 	"path/filepath"
 
 	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
@@ -45,24 +43,7 @@ func newOps(p opsParams) reconciler.Operations[*tables.DatapathDevice] {
 		waitMaps: waitMapsWritten(p.DB, p.Sources, p.NodeAddrs)}
 }
 
-type params struct {
-	cell.In
-
-	Log            *slog.Logger
-	DB             *statedb.DB
-	Jobs           job.Registry
-	Health         cell.Health
-	ModuleID       cell.FullModuleID
-	DefaultMetrics reconciler.Metrics `optional:"true"`
-	Table          statedb.RWTable[*tables.DatapathDevice]
-	Ops            reconciler.Operations[*tables.DatapathDevice]
-}
-
-func register(p params) error {
-	return datapath.Register(
-		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log)),
-			ModuleID: p.ModuleID, DefaultMetrics: p.DefaultMetrics},
-		Name, p.Table,
-		(*tables.DatapathDevice).Clone, (*tables.DatapathDevice).SetStatus, (*tables.DatapathDevice).GetStatus,
-		p.Ops)
+func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.DatapathDevice], ops reconciler.Operations[*tables.DatapathDevice]) error {
+	return datapath.Register(p, Name, tbl,
+		(*tables.DatapathDevice).Clone, (*tables.DatapathDevice).SetStatus, (*tables.DatapathDevice).GetStatus, ops)
 }
