@@ -136,9 +136,9 @@ func Run(o Options, w io.Writer) (int, error) {
 		}
 	}
 	if lock != nil {
-		// Removed while held: an agent that opened it meanwhile waits on
-		// an unlinked file and gets no lock another sees, but it fails on
-		// the sockets and state being gone no worse than on a fresh node.
+		// Removed while held: an agent that opened the file before fails
+		// (the lock is taken); one that starts after creates a new file,
+		// locks it and runs as on a fresh node.
 		if err := os.Remove(lockPath); err == nil && lockExisted {
 			report("removed lock file " + lockPath)
 		}

@@ -72,11 +72,6 @@ func decodeWithEncodingJSON(path string, data []byte, raw *rawFile) error {
 	return nil
 }
 
-// knownKeys are every key of the format, top level and in a rule.
-var knownKeys = []string{"nonMasqueradeCIDRs", "masqueradeCIDRs", "masqLinkLocal",
-	"masqLinkLocalIPv6", "resyncInterval", "cidrLimit", "masqueradeRules",
-	"name", "sources", "outInterfaces", "toAddress"}
-
 func decodeYAML(path string, data []byte, raw *rawFile) error {
 	if line := secondYAMLDocument(data); line > 0 {
 		return fmt.Errorf("%s: line %d: a second YAML document starts here; put all keys in one document", path, line)

@@ -3,6 +3,8 @@ package config
 import (
 	"bytes"
 	"net/netip"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/ipmasq/ipmasq/tables"
@@ -99,9 +101,29 @@ const (
 	maxIfNameLen = 15 // IFNAMSIZ - 1
 	maxRuleName  = 63
 	wantCIDR     = "(want e.g. 10.0.0.0/8 or fd00::/8)"
-	topLevelKeys = "nonMasqueradeCIDRs, masqueradeCIDRs, masqLinkLocal, masqLinkLocalIPv6, resyncInterval, cidrLimit, masqueradeRules"
-	ruleKeys     = "name, sources, outInterfaces, toAddress"
 )
+
+// The format's keys are rawFile's and rawRule's json tags, listed nowhere
+// else: a new key is a field below (then its validation and its row), and
+// error messages and key suggestions follow.
+var (
+	topLevelKeys = strings.Join(jsonKeys[rawFile](), ", ")
+	ruleKeys     = strings.Join(jsonKeys[rawRule](), ", ")
+	// knownKeys are every key of the format, top level and in a rule, for
+	// suggesting the closest one to a misspelt key.
+	knownKeys = append(jsonKeys[rawFile](), jsonKeys[rawRule]()...)
+)
+
+// jsonKeys lists T's json tags in field order.
+func jsonKeys[T any]() []string {
+	t := reflect.TypeFor[T]()
+	keys := make([]string, 0, t.NumField())
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		keys = append(keys, name)
+	}
+	return keys
+}
 
 // rawFile is the file as decoded, before validation.
 type rawFile struct {

@@ -562,3 +562,18 @@ nonMasqueradeCIDRs: [*h,*h,*h,*h,*h,*h,*h,*h,*h]
 		t.Fatalf("took %v", d)
 	}
 }
+
+// TestKeysComeFromRawFile: the keys error messages list and suggest are
+// rawFile's and rawRule's tags, in the order operators read them in the
+// README.
+func TestKeysComeFromRawFile(t *testing.T) {
+	if want := "nonMasqueradeCIDRs, masqueradeCIDRs, masqLinkLocal, masqLinkLocalIPv6, resyncInterval, cidrLimit, masqueradeRules"; topLevelKeys != want {
+		t.Errorf("topLevelKeys = %q, want %q", topLevelKeys, want)
+	}
+	if want := "name, sources, outInterfaces, toAddress"; ruleKeys != want {
+		t.Errorf("ruleKeys = %q, want %q", ruleKeys, want)
+	}
+	if got := closestKey("outInterface"); got != "outInterfaces" {
+		t.Errorf("closestKey(outInterface) = %q", got)
+	}
+}

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"errors"
 	"fmt"
-	"strconv"
+	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/uninstall"
 )
 
@@ -14,13 +18,6 @@ import (
 // variables, so that the Job passes what the DaemonSet passes.
 func newUninstallCommand() *cobra.Command {
 	o := uninstall.DefaultOptions
-	o.BPFRoot = envOr("IPMASQ_BPF_ROOT", o.BPFRoot)
-	o.StateDir = envOr("IPMASQ_STATE_DIR", o.StateDir)
-	o.APISocket = envOr("IPMASQ_API_SOCKET", o.APISocket)
-	o.ShellSocket = envOr("IPMASQ_SHELL_SOCK_PATH", o.ShellSocket)
-	if p, err := strconv.ParseUint(envOr("IPMASQ_EGRESS_RULE_PRIORITY", ""), 10, 32); err == nil {
-		o.RulePriority = uint32(p)
-	}
 	cmd := &cobra.Command{
 		Use:   "uninstall",
 		Short: "Remove ipmasq from this node: detach the programs, remove the pins, the ip rules of protocol 170, the state and the sockets",
@@ -31,13 +28,33 @@ of protocol 170 (both families, every priority), the state files in --state-dir
 and the agent's sockets. One line per object removed, then a count; a second
 run removes nothing and says so. Refused (exit 1) while an agent runs.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if _, err := uninstall.Run(o, cmd.OutOrStdout()); err != nil {
-				return fmt.Errorf("uninstall: %w", err)
-			}
-			return nil
-		},
 	}
 	o.Flags(cmd.Flags())
+	// IPMASQ_<FLAG> variables, as for the agent: set before the command
+	// line is parsed, so that a flag given there wins.
+	var envErrs []error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		name := envName(f.Name)
+		if v, ok := os.LookupEnv(name); ok {
+			if err := f.Value.Set(v); err != nil {
+				envErrs = append(envErrs, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	})
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if err := errors.Join(envErrs...); err != nil {
+			return err
+		}
+		if _, err := uninstall.Run(o, cmd.OutOrStdout()); err != nil {
+			return fmt.Errorf("uninstall: %w", err)
+		}
+		return nil
+	}
 	return cmd
+}
+
+// envName is the variable that sets a flag: IPMASQ_STATE_DIR for
+// --state-dir.
+func envName(flag string) string {
+	return agent.EnvPrefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }

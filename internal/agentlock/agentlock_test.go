@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -49,11 +48,10 @@ func TestAcquireHeldRelease(t *testing.T) {
 // flocks with the last file descriptor), so a stale file blocks nothing.
 func TestLockEndsWithProcess(t *testing.T) {
 	dir := t.TempDir()
-	// flock(1) from util-linux holds the lock while sleep runs; sleep
-	// inherits the descriptor, so both are killed (a process group).
-	cmd := exec.Command("flock", "--exclusive", Path(dir), "sleep", "60")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	kill := func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// flock(1) from util-linux takes the lock and becomes sleep (--no-fork),
+	// so one process holds it, and Wait returns once it is gone.
+	cmd := exec.Command("flock", "--exclusive", "--no-fork", Path(dir), "sleep", "60")
+	kill := func() { cmd.Process.Kill() }
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("flock(1): %v", err)
 	}

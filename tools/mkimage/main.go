@@ -12,20 +12,20 @@
 // image runs as root (uid 0) with whatever capabilities the pod grants:
 // docs/deploy.md says why not as another user.
 //
-// The program is a build tool: it is not linked into the agent, and the
-// agent's go.mod dependencies on go-containerregistry are this program's.
+// The program is a build tool: it is not linked into the agent; go.mod
+// requires go-containerregistry for it alone.
 package main
 
 import (
 	"archive/tar"
 	"bytes"
 	"debug/elf"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -114,7 +114,7 @@ func write(o options) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, err
 	}
-	if err := os.MkdirAll(path.Dir(o.output), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(o.output), 0o755); err != nil {
 		return v1.Hash{}, err
 	}
 	// Written next to the target and renamed: a failed build never leaves
@@ -230,7 +230,7 @@ func layerOf(bin []byte, mtime time.Time) ([]byte, error) {
 		return nil, err
 	}
 	if err := tw.Close(); err != nil {
-		return nil, errors.Join(fmt.Errorf("layer tar"), err)
+		return nil, fmt.Errorf("layer tar: %w", err)
 	}
 	return buf.Bytes(), nil
 }

@@ -81,8 +81,14 @@ func TestImage(t *testing.T) {
 	bin := buildAgent(t)
 	const ref = "example.org/ipmasq/ipmasq-agent:" + testVersion
 	out := filepath.Join(t.TempDir(), "image.tar")
-	if _, err := write(options{binary: bin, ref: ref, output: out}); err != nil {
+	digest, err := write(options{binary: bin, ref: ref, output: out})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// The same binary and time make the same image.
+	again, err := write(options{binary: bin, ref: ref, output: filepath.Join(t.TempDir(), "again.tar")})
+	if err != nil || again != digest {
+		t.Fatalf("a second build: %v %v, want the same digest %v", again, err, digest)
 	}
 
 	// 1. The tarball names the image by its reference (what `ctr images
