@@ -26,7 +26,8 @@ func newOps(h *datapath.Handle) reconciler.Operations[*tables.MasqueradeRuleSour
 	return datapath.MapOps(h, masqRuleOps)
 }
 
-func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.MasqueradeRuleSource], ops reconciler.Operations[*tables.MasqueradeRuleSource]) error {
-	return datapath.Register(p, Name, tbl,
-		(*tables.MasqueradeRuleSource).Clone, (*tables.MasqueradeRuleSource).SetStatus, (*tables.MasqueradeRuleSource).GetStatus, ops)
+func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.MasqueradeRuleSource],
+	ops reconciler.Operations[*tables.MasqueradeRuleSource]) error {
+	return datapath.Register(p, Name, tbl, (*tables.MasqueradeRuleSource).Clone, (*tables.MasqueradeRuleSource).SetStatus,
+		(*tables.MasqueradeRuleSource).GetStatus, ops)
 }

@@ -54,7 +54,8 @@ func buildOps(dp *bpf.Datapath) (reconciler.Operations[*tables.MasqueradeSource]
 	}, nil
 }
 
-func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.MasqueradeSource], ops reconciler.Operations[*tables.MasqueradeSource]) error {
-	return datapath.Register(p, Name, tbl,
-		(*tables.MasqueradeSource).Clone, (*tables.MasqueradeSource).SetStatus, (*tables.MasqueradeSource).GetStatus, ops)
+func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.MasqueradeSource],
+	ops reconciler.Operations[*tables.MasqueradeSource]) error {
+	return datapath.Register(p, Name, tbl, (*tables.MasqueradeSource).Clone, (*tables.MasqueradeSource).SetStatus,
+		(*tables.MasqueradeSource).GetStatus, ops)
 }

@@ -1,13 +1,13 @@
 // Package nodeaddrs writes table node-addresses into the datapath's maps
-// node_addrs_v4/v6: the node's own addresses, which the programs never
-// masquerade to and whose flows they leave alone.
+// node_addrs_v4/v6: the node's own addresses; a packet to one of them is
+// never masqueraded.
 //
 // It is the pattern of a reconciler of one map (or one map per family) of
 // the loaded datapath: copy this package for a new map. Its Operations are
 // datapath.MapOps over the loaded datapath's maps, provided in the hive (so
 // tests decorate them, e.g. faults.Decorate), and registered with
-// datapath.Register under the reconciler's name; the agent adds the Cell to
-// the "datapath" module after datapath.Cell.
+// datapath.Register (datapath.ReconcilerParams) under the reconciler's
+// name; the agent adds the Cell to agent.Datapath after datapath.Cell.
 package nodeaddrs
 
 import (
@@ -56,7 +56,8 @@ func buildOps(dp *bpf.Datapath) (reconciler.Operations[*tables.NodeAddress], err
 	}, nil
 }
 
-func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.NodeAddress], ops reconciler.Operations[*tables.NodeAddress]) error {
-	return datapath.Register(p, Name, tbl,
-		(*tables.NodeAddress).Clone, (*tables.NodeAddress).SetStatus, (*tables.NodeAddress).GetStatus, ops)
+func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.NodeAddress],
+	ops reconciler.Operations[*tables.NodeAddress]) error {
+	return datapath.Register(p, Name, tbl, (*tables.NodeAddress).Clone, (*tables.NodeAddress).SetStatus,
+		(*tables.NodeAddress).GetStatus, ops)
 }

@@ -43,7 +43,8 @@ func newOps(p opsParams) reconciler.Operations[*tables.DatapathDevice] {
 		waitMaps: waitMapsWritten(p.DB, p.Sources, p.NodeAddrs)}
 }
 
-func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.DatapathDevice], ops reconciler.Operations[*tables.DatapathDevice]) error {
-	return datapath.Register(p, Name, tbl,
-		(*tables.DatapathDevice).Clone, (*tables.DatapathDevice).SetStatus, (*tables.DatapathDevice).GetStatus, ops)
+func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.DatapathDevice],
+	ops reconciler.Operations[*tables.DatapathDevice]) error {
+	return datapath.Register(p, Name, tbl, (*tables.DatapathDevice).Clone, (*tables.DatapathDevice).SetStatus,
+		(*tables.DatapathDevice).GetStatus, ops)
 }
