@@ -27,6 +27,7 @@ import (
 
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/cells/config"
+	"github.com/ipmasq/ipmasq/internal/kubetest"
 )
 
 // object is one Kubernetes object as decoded from YAML.
@@ -542,15 +543,23 @@ func TestReferencesResolve(t *testing.T) {
 	}
 }
 
-// TestApplyLeavesExistingConfigMapAlone: "kubectl apply -f deploy/" patches
-// every object it names, so a ConfigMap among deploy/*.yaml would overwrite
-// the config an operator already has (the Kubernetes agent's ConfigMap has
-// the same name and key). The example lives in deploy/config/, created with
-// "kubectl create", which refuses to overwrite.
+// TestApplyLeavesExistingConfigMapAlone: "kubectl apply" patches every
+// object it names, so a ConfigMap in the install (kubectl apply -k deploy/,
+// or -f deploy/*.yaml) would overwrite the config an operator already has
+// (the Kubernetes agent's ConfigMap has the same name and key). The example
+// lives in deploy/config/, created with "kubectl create", which refuses to
+// overwrite.
 func TestApplyLeavesExistingConfigMapAlone(t *testing.T) {
 	for _, m := range loadManifests(t) {
 		if str(m.obj, "kind") == "ConfigMap" && filepath.Dir(m.file) == "." {
-			t.Errorf("%s: a ConfigMap among deploy/*.yaml: kubectl apply -f deploy/ would replace an existing one's data", m)
+			t.Errorf("%s: a ConfigMap among deploy/*.yaml: applying deploy/ would replace an existing one's data", m)
+		}
+	}
+	for _, dir := range kustomizations {
+		for _, m := range rendered(t, dir, kubetest.Kustomize(t, dir, "")) {
+			if str(m.obj, "kind") == "ConfigMap" {
+				t.Errorf("%s: kubectl apply -k %s would replace an existing ConfigMap's data", m, dir)
+			}
 		}
 	}
 }

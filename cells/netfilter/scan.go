@@ -68,9 +68,18 @@ func scanNftables(conn *nftables.Conn, sources []netip.Prefix) ([]*tables.Netfil
 		if err != nil {
 			return nil, fmt.Errorf("list rules of %s %s %s: %w", fam, c.Table.Name, c.Name, err)
 		}
+		// markGated: an earlier rule of the chain returned every packet
+		// without (or with) a mark, so the rest only sees marked packets:
+		// kube-proxy's KUBE-POSTROUTING ("-m mark ! --mark 0x4000/0x4000
+		// -j RETURN", then MASQUERADE) masquerades only the Service
+		// traffic it marked, never a pod's own.
+		markGated := false
 		for _, r := range rules {
-			kind, match := classify(r.Exprs, c.Table.Family)
-			if kind == "" || !decidesFor(match, sources) {
+			kind, match, marked, returns := classify(r.Exprs, c.Table.Family)
+			if marked && returns {
+				markGated = true
+			}
+			if kind == "" || marked || markGated || !decidesFor(match, sources) {
 				continue
 			}
 			out = append(out, &tables.NetfilterNATRule{
@@ -112,13 +121,14 @@ func (m sourceMatch) String() string {
 }
 
 // classify returns the rule's NAT kind ("" when it neither masquerades nor
-// SNATs) and its source match. iptables-nft writes "-s" as a payload load of
-// the source address (only the bytes the prefix covers), an optional
-// bitwise mask and a comparison, and MASQUERADE/SNAT as xtables targets;
-// native nftables rules use masq and nat expressions.
-func classify(exprs []expr.Any, family nftables.TableFamily) (tables.NetfilterNATKind, sourceMatch) {
-	var kind tables.NetfilterNATKind
-	match := sourceMatch{any: true}
+// SNATs), its source match, whether it is conditioned on a packet or
+// connection mark, and whether its verdict is RETURN. iptables-nft writes
+// "-s" as a payload load of the source address (only the bytes the prefix
+// covers), an optional bitwise mask and a comparison, "-m mark" as a meta
+// mark load, and MASQUERADE/SNAT as xtables targets; native nftables rules
+// use masq and nat expressions.
+func classify(exprs []expr.Any, family nftables.TableFamily) (kind tables.NetfilterNATKind, match sourceMatch, marked, returns bool) {
+	match = sourceMatch{any: true}
 	var load *expr.Payload
 	var mask []byte
 	for _, e := range exprs {
@@ -130,6 +140,20 @@ func classify(exprs []expr.Any, family nftables.TableFamily) (tables.NetfilterNA
 			case "SNAT":
 				kind = tables.NetfilterSNAT
 			}
+		case *expr.Match:
+			if e.Name == "mark" || e.Name == "connmark" {
+				marked = true
+			}
+		case *expr.Meta:
+			if e.Key == expr.MetaKeyMARK && !e.SourceRegister {
+				marked = true
+			}
+		case *expr.Ct:
+			if e.Key == expr.CtKeyMARK && !e.SourceRegister {
+				marked = true
+			}
+		case *expr.Verdict:
+			returns = e.Kind == expr.VerdictReturn
 		case *expr.Masq:
 			kind = tables.NetfilterMasquerade
 		case *expr.NAT:
@@ -155,7 +179,7 @@ func classify(exprs []expr.Any, family nftables.TableFamily) (tables.NetfilterNA
 			load, mask = nil, nil
 		}
 	}
-	return kind, match
+	return kind, match, marked, returns
 }
 
 // isSourceField: the IPv4 source is at offset 12 (4 bytes), the IPv6 source

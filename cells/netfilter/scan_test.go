@@ -51,7 +51,8 @@ func iptables(t *testing.T, ns *topology.Netns, v6 bool, args ...string) {
 }
 
 // TestCleanNamespaceReportsNothing: a namespace without NAT rules, and one
-// with only rules that cannot decide for a pod, report nothing.
+// with only rules that cannot decide for a pod (other sources, DNAT,
+// filter, kube-proxy's mark-gated MASQUERADE), report nothing.
 func TestCleanNamespaceReportsNothing(t *testing.T) {
 	ns := newNetns(t)
 	if got := scanIn(t, ns, podCIDRs); len(got) != 0 {
@@ -63,8 +64,18 @@ func TestCleanNamespaceReportsNothing(t *testing.T) {
 	iptables(t, ns, false, "-t", "nat", "-A", "PREROUTING", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "10.0.0.9")
 	iptables(t, ns, false, "-A", "FORWARD", "-j", "ACCEPT")
 	iptables(t, ns, true, "-t", "nat", "-A", "POSTROUTING", "-s", "fd00:245::/64", "-j", "MASQUERADE")
+	// kube-proxy's chain, as it writes it: MASQUERADE only for the Service
+	// traffic it marked, which a pod's own traffic is not.
+	iptables(t, ns, false, "-t", "nat", "-N", "KUBE-POSTROUTING")
+	iptables(t, ns, false, "-t", "nat", "-A", "POSTROUTING", "-m", "comment", "--comment", "kubernetes postrouting rules", "-j", "KUBE-POSTROUTING")
+	iptables(t, ns, false, "-t", "nat", "-A", "KUBE-POSTROUTING", "-m", "mark", "!", "--mark", "0x4000/0x4000", "-j", "RETURN")
+	iptables(t, ns, false, "-t", "nat", "-A", "KUBE-POSTROUTING", "-j", "MARK", "--xor-mark", "0x4000")
+	iptables(t, ns, false, "-t", "nat", "-A", "KUBE-POSTROUTING", "-m", "comment", "--comment", "kubernetes service traffic requiring SNAT", "-j", "MASQUERADE", "--random-fully")
+	// A MASQUERADE conditioned on a mark (packet or connection).
+	iptables(t, ns, false, "-t", "nat", "-A", "POSTROUTING", "-m", "mark", "--mark", "0x1/0x1", "-j", "MASQUERADE")
+	iptables(t, ns, false, "-t", "nat", "-A", "POSTROUTING", "-m", "connmark", "--mark", "0x2", "-j", "MASQUERADE")
 	if got := scanIn(t, ns, podCIDRs); len(got) != 0 {
-		t.Fatalf("rules for other sources reported: %q", got)
+		t.Fatalf("rules that cannot decide for a pod reported: %q", got)
 	}
 }
 

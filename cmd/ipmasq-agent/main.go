@@ -165,8 +165,6 @@ func newMapsCommand() *cobra.Command {
 	return cmd
 }
 
-// newLogger is the agent's logger on w: key=value text by default, or one
-// JSON object a line for log collectors that parse fields.
 // newNATCommand lists the NAT pairs from the pinned maps, with or without
 // a running agent, as conntrack -L lists connections.
 func newNATCommand() *cobra.Command {
@@ -189,6 +187,8 @@ func newNATCommand() *cobra.Command {
 	return cmd
 }
 
+// newLogger is the agent's logger on w: key=value text by default, or one
+// JSON object a line for log collectors that parse fields.
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {

@@ -367,6 +367,14 @@ func TestKubernetesCluster(t *testing.T) {
 	if got := agents[0].allocate("pod/outage"); !cl.Nodes[0].PodCIDR4.Contains(got) {
 		t.Fatalf("node1 allocated %s during the outage, want one of %s", got, cl.Nodes[0].PodCIDR4)
 	}
+	// A NAT rule left in node2's netfilter (the Kubernetes agent's, for its
+	// pods) decides before the programs: the restarted agent finds it and,
+	// once the API server is back, says so on the Node.
+	leftover := exec.Command("iptables", "-t", "nat", "-A", "POSTROUTING", "-s", cl.Nodes[1].PodCIDR4.String(),
+		"-o", "eth0", "-j", "MASQUERADE")
+	if out, err := startAndWait(cl.Nodes[1].Node, leftover); err != nil {
+		t.Fatalf("iptables in %s: %v: %s", cl.Nodes[1].Name, err, out)
+	}
 	agents[1].stop()
 	agents[1].start()
 	if got := agents[1].allocate("pod/restarted-in-outage"); !cl.Nodes[1].PodCIDR4.Contains(got) {
@@ -384,6 +392,7 @@ func TestKubernetesCluster(t *testing.T) {
 	waitEvent(t, admin, cl.Nodes[0].Name, nodeevents.ReasonRejected, "10.244.0.1/16")
 	agents[0].writeConfig(clusterConfig)
 	waitEvent(t, admin, cl.Nodes[0].Name, nodeevents.ReasonAccepted, "accepted")
+	waitEvent(t, admin, cl.Nodes[1].Name, nodeevents.ReasonNetfilterFirst, "masquerade from "+cl.Nodes[1].PodCIDR4.String())
 }
 
 func waitEvent(t *testing.T, c kubernetes.Interface, node, reason, text string) {

@@ -86,7 +86,21 @@ const (
 	ReasonNATTableFull      = "IPMasqNATTableFull"
 	ReasonNATPortsExhausted = "IPMasqNATPortsExhausted"
 	ReasonFlowsAccepted     = "IPMasqFlowsAccepted"
+	ReasonNetfilterFirst    = "IPMasqNetfilterDecidesFirst"
+	ReasonNetfilterGone     = "IPMasqNetfilterRuleGone"
 )
+
+// NetfilterCondition is the condition of a netfilter-nat-rules row: a NAT
+// rule or chain that decides before the masquerade programs.
+func NetfilterCondition(r *tables.NetfilterNATRule) (Condition, bool) {
+	return Condition{
+		Key:    "netfilter/" + r.Key(),
+		Reason: ReasonNetfilterFirst,
+		Message: r.String() + ": netfilter's POSTROUTING runs before the masquerade programs, so it decides for the " +
+			"packets it matches, not the ip-masq-agent config; remove it (docs/migrate.md)",
+		ClearedReason: ReasonNetfilterGone,
+	}, true
+}
 
 // AttachCondition is the condition of a datapath-devices row whose programs
 // could not be attached.

@@ -147,3 +147,23 @@ func TestAttachCondition(t *testing.T) {
 		t.Fatalf("after the attach succeeded: %+v", conds)
 	}
 }
+
+// TestNetfilterCondition: each netfilter-nat-rules row is a condition
+// naming the rule as nft -a list ruleset shows it.
+func TestNetfilterCondition(t *testing.T) {
+	db := statedb.New()
+	rules, err := tables.NewNetfilterNATRuleTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := FromTable(rules, NetfilterCondition)
+	wtxn := db.WriteTxn(rules)
+	rules.Insert(wtxn, &tables.NetfilterNATRule{Family: "ip", Table: "nat", Chain: "POSTROUTING", Handle: 7,
+		Kind: tables.NetfilterMasquerade, Sources: "10.244.0.0/16"})
+	wtxn.Commit()
+	conds, _ := src.Conditions(db.ReadTxn())
+	if len(conds) != 1 || conds[0].Key != "netfilter/ip/nat/POSTROUTING/7/masquerade" || conds[0].Reason != ReasonNetfilterFirst ||
+		!strings.HasPrefix(conds[0].Message, "ip nat POSTROUTING handle 7: masquerade from 10.244.0.0/16: netfilter's POSTROUTING runs before") {
+		t.Fatalf("conditions: %+v", conds)
+	}
+}

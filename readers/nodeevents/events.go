@@ -4,7 +4,9 @@
 // the error naming file, key and value), once per distinct error, and when
 // a good file follows a rejected one (IPMasqConfigAccepted). Conditions
 // (conditions.go): a device the programs could not be attached to
-// (IPMasqDeviceNotAttached, from table datapath-devices), new flows refused
+// (IPMasqDeviceNotAttached, from table datapath-devices), a netfilter NAT
+// rule deciding before the programs (IPMasqNetfilterDecidesFirst, from table
+// netfilter-nat-rules), new flows refused
 // because the NAT table is full or no NAT port is free (IPMasqNATTableFull,
 // IPMasqNATPortsExhausted, from the pinned per-device counters), and any
 // source another cell adds through SourceOut; each is posted when it
@@ -74,9 +76,10 @@ type params struct {
 	Client *kubeclient.Client
 	Status statedb.Table[*tables.ConfigStatus]
 
-	Agent   settings.Config                       `optional:"true"`
-	Devices statedb.Table[*tables.DatapathDevice] `optional:"true"`
-	Sources []ConditionSource                     `group:"node-conditions"`
+	Agent     settings.Config                         `optional:"true"`
+	Devices   statedb.Table[*tables.DatapathDevice]   `optional:"true"`
+	Netfilter statedb.Table[*tables.NetfilterNATRule] `optional:"true"`
+	Sources   []ConditionSource                       `group:"node-conditions"`
 }
 
 func register(p params) {
@@ -91,6 +94,9 @@ func register(p params) {
 	sources := slices.DeleteFunc(slices.Clone(p.Sources), func(s ConditionSource) bool { return s == nil })
 	if p.Devices != nil {
 		sources = append(sources, FromTable(p.Devices, AttachCondition))
+	}
+	if p.Netfilter != nil {
+		sources = append(sources, FromTable(p.Netfilter, NetfilterCondition))
 	}
 	if p.Agent.BPFRoot != "" {
 		pinned := bpf.Pinned{Dir: p.Agent.PinDir()}
