@@ -28,7 +28,12 @@ import (
 	"github.com/ipmasq/ipmasq/readers/status"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
+	"github.com/ipmasq/ipmasq/reconcilers/masqrules"
+	"github.com/ipmasq/ipmasq/reconcilers/masqsources"
+	"github.com/ipmasq/ipmasq/reconcilers/natgc"
+	"github.com/ipmasq/ipmasq/reconcilers/nodeaddrs"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/reconcilers/tcattach"
 	"github.com/ipmasq/ipmasq/settings"
 )
 
@@ -72,7 +77,7 @@ var Cell = cell.Group(
 	k8snode.Cell,
 	devices.Cell,
 	datapathtables.Cell,
-	datapath.Cell,
+	Datapath,
 	ipam.Cell,
 	api.Cell,
 	egressrules.Cell,
@@ -88,6 +93,22 @@ var Cell = cell.Group(
 	// read commands (maps/dump, datapath/nat, config/status, ...); no exec,
 	// no file access, no table writes.
 	shell.Cell,
+)
+
+// Datapath is the eBPF masquerade datapath, one module (its health scope,
+// flags and metrics label "datapath"): the loader first, whose start hook
+// loads the programs before the jobs of the reconcilers after it start, then
+// one reconciler per kernel object the programs are given.
+var Datapath = cell.Module(
+	"datapath",
+	"eBPF masquerade datapath",
+
+	datapath.Cell,
+	tcattach.Cell,
+	masqrules.Cell,
+	masqsources.Cell,
+	nodeaddrs.Cell,
+	natgc.Cell,
 )
 
 // Options are the hive options of the agent: flags from IPMASQ_* variables

@@ -8,7 +8,7 @@
 //
 // It sits with the composition root (agent) because it is the one place
 // besides it that needs every owner of a kernel object or file: each
-// owner says what is its (datapath.Detach, iprules.RemoveOwned,
+// owner says what is its (tcattach.Detach, iprules.RemoveOwned,
 // ipam.IsStateFile, k8snode.StateFile), this package only runs them in
 // order.
 package uninstall
@@ -34,9 +34,9 @@ import (
 	"github.com/ipmasq/ipmasq/internal/unixsock"
 	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/readers/shell"
-	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
+	"github.com/ipmasq/ipmasq/reconcilers/tcattach"
 	"github.com/ipmasq/ipmasq/settings"
 )
 
@@ -120,7 +120,7 @@ func Run(o Options, w io.Writer) (int, error) {
 	pinDir := filepath.Join(o.BPFRoot, settings.PinDirName)
 	// Programs first: detached, they no longer translate, and the maps
 	// they used can go.
-	errs = append(errs, datapath.Detach(pinDir, report))
+	errs = append(errs, tcattach.Detach(pinDir, report))
 	errs = append(errs, removeTree(pinDir, "pin", report))
 	errs = append(errs, iprules.RemoveOwned(report))
 	errs = append(errs, removeState(o.StateDir, report))

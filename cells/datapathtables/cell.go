@@ -1,6 +1,7 @@
-// Package datapath derives the tables the eBPF datapath is reconciled
-// from; it writes tables only, and reconcilers/datapath writes them into
-// the kernel:
+// Package datapathtables derives the tables the eBPF datapath is
+// reconciled from; it writes tables only, and a reconciler per table
+// (reconcilers/tcattach, masqrules, nodeaddrs, masqsources) writes them
+// into the kernel:
 //
 //	egress-devices + masquerade-rules ──▶ datapath-devices, masquerade-rule-sources
 //	egress-devices (every address)    ──▶ node-addresses

@@ -5,7 +5,7 @@
 // The flow is one way:
 //
 //	netlink (links, addresses, default routes)
-//	  ──▶ devices cell ──▶ table egress-devices ──▶ datapath reconciler ──▶ tc programs, device maps
+//	  ──▶ devices cell ──▶ table egress-devices ──▶ datapath-tables ──▶ tc-attach ──▶ tc programs, device maps
 //
 // The cell subscribes to link, address and route notifications, but uses
 // them only as a trigger: after a short quiet period (a burst of events,

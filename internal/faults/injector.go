@@ -16,10 +16,16 @@ const (
 	TCAttach = "tc-attach"
 	// MasqRules fails the writes of masquerade rules into masq_rules_v4/v6.
 	MasqRules = "masq-rules"
+	// MasqSources fails the writes of masquerade sources (pod CIDRs) into
+	// masq_src_v4/v6.
+	MasqSources = "masq-sources"
+	// NodeAddresses fails the writes of the node's addresses into
+	// node_addrs_v4/v6.
+	NodeAddresses = "node-addresses"
 )
 
 // Points lists the fault points the agent's reconcilers wrap.
-var Points = []string{NonMasqMaps, IPRules, TCAttach, MasqRules}
+var Points = []string{NonMasqMaps, IPRules, TCAttach, MasqRules, MasqSources, NodeAddresses}
 
 // ErrInjected is the error of a point failed without an error of its own.
 var ErrInjected = errors.New("injected fault")

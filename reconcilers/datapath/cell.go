@@ -3,39 +3,29 @@ package datapath
 import (
 	"fmt"
 	"log/slog"
-	"net/netip"
-	"path/filepath"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/job"
-	"github.com/cilium/statedb"
-	"github.com/cilium/statedb/reconciler"
-	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/settings"
-	"github.com/ipmasq/ipmasq/tables"
 )
 
-// Cell runs the masquerade datapath. It needs the tables of cells/datapathtables,
-// which it reconciles into tc attachments and the programs' maps; the
-// programs read the nonmasq tries that nonmasq-maps writes, through the same
-// pins (whichever starts first creates them).
-var Cell = cell.Module(
-	"datapath",
-	"eBPF masquerade datapath",
-
+// Cell loads the masquerade datapath (package bpf) when the hive starts:
+// it reserves the NAT ports, loads the programs with their pinned maps and
+// sets the NAT port range, lifetimes and port policy, and provides the
+// loaded datapath (*Handle) and the datapath's flags (Config) to the
+// reconcilers of its kernel objects. The agent puts it first in the
+// "datapath" module, before those reconcilers (reconcilers/tcattach,
+// masqrules, masqsources, nodeaddrs, natgc), so that the programs are
+// loaded before their jobs start. The programs read the nonmasq tries that
+// nonmasq-maps writes, through the same pins (whichever starts first
+// creates them).
+var Cell = cell.Group(
 	cell.Config(DefaultConfig),
 	cell.Provide(
 		newHandle,
 		scriptCommands,
-		// The Operations of the kernel-writing reconcilers, in the hive so
-		// that tests decorate them (fault injection) the way statedb's
-		// example does.
-		newAttachOps,
-		newMasqRuleOps,
 		func() PortReservation { return reserveNATPorts },
 	),
 	cell.Invoke(register),
@@ -45,55 +35,18 @@ type params struct {
 	cell.In
 
 	Log       *slog.Logger
-	DB        *statedb.DB
-	Jobs      job.Registry
-	Health    cell.Health
-	ModuleID  cell.FullModuleID
 	Lifecycle cell.Lifecycle
 	Agent     settings.Config
 	Config    Config
-	// Devices gives the collector every address of the node (a pair ends
-	// only when its address is deleted).
-	Devices     statedb.Table[*tables.EgressDevice]
-	DPDevices   statedb.RWTable[*tables.DatapathDevice]
-	RuleSources statedb.RWTable[*tables.MasqueradeRuleSource]
-	Sources     statedb.RWTable[*tables.MasqueradeSource]
-	NodeAddrs   statedb.RWTable[*tables.NodeAddress]
-	Handle      *Handle
+	Handle    *Handle
 	// Reserve keeps the NAT ports from the node's own connections.
 	Reserve PortReservation
-	// Metrics is the hive's reconciler metrics, when it has any.
-	Metrics     reconciler.Metrics `optional:"true"`
-	AttachOps   reconciler.Operations[*tables.DatapathDevice]
-	MasqRuleOps reconciler.Operations[*tables.MasqueradeRuleSource]
-}
-
-type attachParams struct {
-	cell.In
-
-	DB        *statedb.DB
-	Agent     settings.Config
-	Config    Config
-	Handle    *Handle
-	Sources   statedb.Table[*tables.MasqueradeSource]
-	NodeAddrs statedb.Table[*tables.NodeAddress]
 }
 
 // PortReservation keeps the NAT port range from the node's own connections
 // (see reserveNATPorts) and says what it did, for the log. It is in the
 // hive so that a test runs it in its own network namespace.
 type PortReservation func(PortRange) (note string, err error)
-
-// newAttachOps are the operations of the tc-attach reconciler.
-func newAttachOps(p attachParams) reconciler.Operations[*tables.DatapathDevice] {
-	return &attachOps{linkDir: filepath.Join(p.Agent.PinDir(), "links"), dp: p.Handle, mode: p.Config.TCAttachMode,
-		waitMaps: waitMapsWritten(p.DB, p.Sources, p.NodeAddrs)}
-}
-
-// newMasqRuleOps are the operations of the masq-rules reconciler.
-func newMasqRuleOps(h *Handle) reconciler.Operations[*tables.MasqueradeRuleSource] {
-	return &lazyOps[*tables.MasqueradeRuleSource]{dp: h, build: masqRuleOps}
-}
 
 func register(p params) error {
 	ports, err := ParsePortRange("--nat-port-range", p.Config.NATPortRange)
@@ -159,55 +112,7 @@ func register(p params) error {
 			return nil
 		},
 	})
-
-	g := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
-	_, err = reconciler.Register(
-		reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: g, ModuleID: p.ModuleID, DefaultMetrics: p.Metrics},
-		p.DPDevices,
-		(*tables.DatapathDevice).Clone,
-		(*tables.DatapathDevice).SetStatus,
-		(*tables.DatapathDevice).GetStatus,
-		p.AttachOps,
-		nil,
-		reconciler.WithName("tc-attach"),
-		reconciler.WithPruning(time.Hour),
-		reconciler.WithRefreshing(0, nil),
-		reconciler.WithRoundLimits(1000, rate.NewLimiter(rate.Inf, 1)),
-	)
-	if err != nil {
-		return err
-	}
-	if err := registerMapReconcilers(p, g); err != nil {
-		return err
-	}
-	gc := &collector{log: p.Log, dp: p.Handle, lifetimes: lifetimes, snat: func() (map[netip.Addr]bool, bool) {
-		return liveSNATAddrs(p.DB, p.NodeAddrs, p.RuleSources)
-	}}
-	g.Add(job.Timer("nat-gc", gc.collect, p.Config.NATGCInterval))
 	return nil
-}
-
-// liveSNATAddrs lists the addresses a NAT pair may keep: the node's
-// addresses (a flow keeps the address it started with until that address is
-// deleted, as with MASQUERADE; adding or reordering addresses changes only
-// the choice for new flows) and the masquerade rules' toAddress, once the
-// node-addresses table has been derived.
-func liveSNATAddrs(db *statedb.DB, nodeAddrs statedb.Table[*tables.NodeAddress],
-	rules statedb.Table[*tables.MasqueradeRuleSource]) (map[netip.Addr]bool, bool) {
-	txn := db.ReadTxn()
-	if init, _ := nodeAddrs.Initialized(txn); !init {
-		return nil, false
-	}
-	out := map[netip.Addr]bool{}
-	for a := range nodeAddrs.All(txn) {
-		out[a.Addr] = true
-	}
-	for r := range rules.All(txn) {
-		if r.ToAddress.IsValid() {
-			out[r.ToAddress] = true
-		}
-	}
-	return out, true
 }
 
 // openNonMasq opens the pinned nonmasq tries of the enabled families, the

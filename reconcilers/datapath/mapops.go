@@ -3,21 +3,30 @@ package datapath
 import (
 	"context"
 	"iter"
+	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/bpfmap"
-	"github.com/ipmasq/ipmasq/tables"
 )
 
-// lazyOps builds its operations at first use: the maps exist only once the
-// start hook has loaded the collection.
+// MapOps are the Operations of a reconciler that writes a table into maps
+// of the loaded datapath: build makes them from the maps at first use,
+// since the maps exist only once the start hook has loaded the collection;
+// before that every operation fails with ErrNotLoaded (and is retried).
+// A map reconciler provides MapOps(h, build) in the hive and registers
+// them with Register (see reconcilers/nodeaddrs).
+func MapOps[Obj any](h *Handle, build func(*bpf.Datapath) (reconciler.Operations[Obj], error)) reconciler.Operations[Obj] {
+	return &lazyOps[Obj]{dp: h, build: build}
+}
+
+// lazyOps builds its operations at first use.
 type lazyOps[Obj any] struct {
 	dp    *Handle
 	build func(*bpf.Datapath) (reconciler.Operations[Obj], error)
@@ -32,7 +41,7 @@ func (l *lazyOps[Obj]) get() (reconciler.Operations[Obj], error) {
 	if l.ops != nil {
 		return l.ops, nil
 	}
-	dp := l.dp.get()
+	dp := l.dp.Get()
 	if dp == nil {
 		return nil, ErrNotLoaded
 	}
@@ -71,126 +80,36 @@ func (l *lazyOps[Obj]) Prune(ctx context.Context, txn statedb.ReadTxn, objs iter
 	return ops.Prune(ctx, txn, objs)
 }
 
-// masqSourceOps writes masquerade-sources into masq_src_v4/v6.
-func masqSourceOps(dp *bpf.Datapath) (reconciler.Operations[*tables.MasqueradeSource], error) {
-	m4, err := bpfmap.NewMap[bpf.LPMKeyV4, uint8](dp.Maps.MasqSrcV4)
-	if err != nil {
-		return nil, err
-	}
-	m6, err := bpfmap.NewMap[bpf.LPMKeyV6, uint8](dp.Maps.MasqSrcV6)
-	if err != nil {
-		return nil, err
-	}
-	return &bpfmap.ByFamily[*tables.MasqueradeSource]{
-		V4: bpfmap.NewOps(m4, func(s *tables.MasqueradeSource) (bpf.LPMKeyV4, uint8) {
-			return bpf.LPMKeyV4From(s.Prefix), 1
-		}),
-		V6: bpfmap.NewOps(m6, func(s *tables.MasqueradeSource) (bpf.LPMKeyV6, uint8) {
-			return bpf.LPMKeyV6From(s.Prefix), 1
-		}),
-		Is4:   func(s *tables.MasqueradeSource) bool { return s.Prefix.Addr().Is4() },
-		Name:  func(s *tables.MasqueradeSource) string { return s.Prefix.String() },
-		MapV4: bpf.MapMasqSrcV4, MapV6: bpf.MapMasqSrcV6,
-	}, nil
+// ReconcilerParams are what Register needs of the hive besides the table
+// and its Operations; a reconciler's registration takes them as a
+// parameter.
+type ReconcilerParams struct {
+	cell.In
+
+	Log            *slog.Logger
+	DB             *statedb.DB
+	Jobs           job.Registry
+	Health         cell.Health
+	ModuleID       cell.FullModuleID
+	DefaultMetrics reconciler.Metrics `optional:"true"`
 }
 
-// nodeAddressOps writes node-addresses into node_addrs_v4/v6.
-func nodeAddressOps(dp *bpf.Datapath) (reconciler.Operations[*tables.NodeAddress], error) {
-	m4, err := bpfmap.NewMap[uint32, uint8](dp.Maps.NodeAddrsV4)
-	if err != nil {
-		return nil, err
-	}
-	m6, err := bpfmap.NewMap[[16]byte, uint8](dp.Maps.NodeAddrsV6)
-	if err != nil {
-		return nil, err
-	}
-	return &bpfmap.ByFamily[*tables.NodeAddress]{
-		V4:   bpfmap.NewOps(m4, func(a *tables.NodeAddress) (uint32, uint8) { return bpf.Addr4(a.Addr), 1 }),
-		V6:   bpfmap.NewOps(m6, func(a *tables.NodeAddress) ([16]byte, uint8) { return a.Addr.As16(), 1 }),
-		Is4:  func(a *tables.NodeAddress) bool { return a.Addr.Is4() },
-		Name: func(a *tables.NodeAddress) string { return a.Addr.String() },
-	}, nil
-}
-
-// registerMapReconcilers registers the reconcilers of the tables written
-// into the programs' maps: masquerade-rule-sources, masquerade-sources and
-// node-addresses.
-func registerMapReconcilers(p params, g job.Group) error {
-	rp := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: g, ModuleID: p.ModuleID, DefaultMetrics: p.Metrics}
-	opts := func(name string) []reconciler.Option {
-		return []reconciler.Option{
-			reconciler.WithName(name),
-			reconciler.WithPruning(time.Hour),
-			reconciler.WithRefreshing(0, nil),
-			reconciler.WithRoundLimits(1000, rate.NewLimiter(rate.Inf, 1)),
-		}
-	}
-	if _, err := reconciler.Register(rp, p.RuleSources,
-		(*tables.MasqueradeRuleSource).Clone, (*tables.MasqueradeRuleSource).SetStatus, (*tables.MasqueradeRuleSource).GetStatus,
-		p.MasqRuleOps,
-		nil, opts("masq-rules")...); err != nil {
-		return err
-	}
-	if _, err := reconciler.Register(rp, p.Sources,
-		(*tables.MasqueradeSource).Clone, (*tables.MasqueradeSource).SetStatus, (*tables.MasqueradeSource).GetStatus,
-		&lazyOps[*tables.MasqueradeSource]{dp: p.Handle, build: masqSourceOps},
-		nil, opts("masq-sources")...); err != nil {
-		return err
-	}
-	_, err := reconciler.Register(rp, p.NodeAddrs,
-		(*tables.NodeAddress).Clone, (*tables.NodeAddress).SetStatus, (*tables.NodeAddress).GetStatus,
-		&lazyOps[*tables.NodeAddress]{dp: p.Handle, build: nodeAddressOps},
-		nil, opts("node-addresses")...)
+// Register registers the reconciler of one table of the datapath, in a job
+// group of its own under the module's health, with the options every
+// datapath reconciler shares: full pruning hourly (what a restart or an
+// outside writer changed is repaired), no refresh, rounds of up to 1000
+// rows with no rate limit. name is the reconciler's name (its health scope
+// and metrics label).
+func Register[Obj comparable](p ReconcilerParams, name string, tbl statedb.RWTable[Obj],
+	clone func(Obj) Obj, setStatus func(Obj, reconciler.Status) Obj, getStatus func(Obj) reconciler.Status,
+	ops reconciler.Operations[Obj]) error {
+	rp := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log)),
+		ModuleID: p.ModuleID, DefaultMetrics: p.DefaultMetrics}
+	_, err := reconciler.Register(rp, tbl, clone, setStatus, getStatus, ops, nil,
+		reconciler.WithName(name),
+		reconciler.WithPruning(time.Hour),
+		reconciler.WithRefreshing(0, nil),
+		reconciler.WithRoundLimits(1000, rate.NewLimiter(rate.Inf, 1)),
+	)
 	return err
-}
-
-// mapsWrittenWait bounds how long an attachment waits for the masquerade
-// sources and node addresses to be in their maps: long enough for the
-// first write at start, short enough that a failing map write (reported by
-// its own reconciler) does not hold the attachments back.
-const mapsWrittenWait = time.Second
-
-// waitMapsWritten returns once masquerade-sources and node-addresses are
-// initialized and every row is in its map, or after mapsWrittenWait, so
-// that the first packets through a new attachment are decided with the pod
-// sources and node addresses in place.
-func waitMapsWritten(db *statedb.DB, sources statedb.Table[*tables.MasqueradeSource], addrs statedb.Table[*tables.NodeAddress]) func(context.Context) {
-	return func(ctx context.Context) {
-		deadline := time.NewTimer(mapsWrittenWait)
-		defer deadline.Stop()
-		for {
-			txn := db.ReadTxn()
-			srcRows, srcWatch := sources.AllWatch(txn)
-			addrRows, addrWatch := addrs.AllWatch(txn)
-			srcInit, srcInitWatch := sources.Initialized(txn)
-			addrInit, addrInitWatch := addrs.Initialized(txn)
-			// An initialized table's watch channel is closed.
-			if srcInit {
-				srcInitWatch = nil
-			}
-			if addrInit {
-				addrInitWatch = nil
-			}
-			done := srcInit && addrInit
-			for s := range srcRows {
-				done = done && s.Status.Kind == reconciler.StatusKindDone
-			}
-			for a := range addrRows {
-				done = done && a.Status.Kind == reconciler.StatusKindDone
-			}
-			if done {
-				return
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-deadline.C:
-				return
-			case <-srcWatch:
-			case <-addrWatch:
-			case <-srcInitWatch:
-			case <-addrInitWatch:
-			}
-		}
-	}
 }

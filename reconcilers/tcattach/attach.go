@@ -1,4 +1,4 @@
-package datapath
+package tcattach
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -48,9 +49,9 @@ var hooks = []hook{
 // egress_devs entries.
 type attachOps struct {
 	linkDir string
-	dp      *Handle
-	// mode is AttachAuto, AttachTCX or AttachClsact; auto becomes one of
-	// the others at the first attach.
+	dp      *datapath.Handle
+	// mode is datapath.AttachAuto, AttachTCX or AttachClsact; auto
+	// becomes one of the others at the first attach.
 	mode string
 	// waitMaps waits (bounded) until the maps the programs read besides
 	// the device's own entry are written; nil: no wait.
@@ -67,9 +68,9 @@ func (o *attachOps) pinPath(ifindex int, h hook) string {
 // links left by a previous agent (atomic: no packet goes untranslated), and
 // sets the device's SNAT addresses.
 func (o *attachOps) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Revision, d *tables.DatapathDevice) error {
-	dp := o.dp.get()
+	dp := o.dp.Get()
 	if dp == nil {
-		return ErrNotLoaded
+		return datapath.ErrNotLoaded
 	}
 	if o.waitMaps != nil {
 		o.waitMaps(ctx)
@@ -89,16 +90,16 @@ func (o *attachOps) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Rev
 // attachHook attaches with tcx or clsact per mode; in auto mode a kernel
 // without tcx switches the agent to clsact for good.
 func (o *attachOps) attachHook(d *tables.DatapathDevice, h hook, prog *ebpf.Program) error {
-	if o.mode == AttachClsact {
+	if o.mode == datapath.AttachClsact {
 		return attachClsact(d, h, prog)
 	}
 	err := o.attach(d, h, prog)
-	if o.mode == AttachAuto && errors.Is(err, ebpf.ErrNotSupported) {
-		o.mode = AttachClsact
+	if o.mode == datapath.AttachAuto && errors.Is(err, ebpf.ErrNotSupported) {
+		o.mode = datapath.AttachClsact
 		return attachClsact(d, h, prog)
 	}
-	if err == nil && o.mode == AttachAuto {
-		o.mode = AttachTCX
+	if err == nil && o.mode == datapath.AttachAuto {
+		o.mode = datapath.AttachTCX
 	}
 	if err == nil {
 		// A filter left by an agent that ran in clsact mode would run the
@@ -152,11 +153,11 @@ func (o *attachOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 	var errs []error
 	for _, h := range hooks {
 		errs = append(errs, detach(o.pinPath(d.Index, h)))
-		if o.mode != AttachTCX {
+		if o.mode != datapath.AttachTCX {
 			errs = append(errs, detachClsact(d.Index, h))
 		}
 	}
-	if dp := o.dp.get(); dp != nil {
+	if dp := o.dp.Get(); dp != nil {
 		if err := dp.Maps.EgressDevs.Delete(uint32(d.Index)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("%s: delete egress_devs entry: %w", d.Name, err))
 		}
@@ -183,10 +184,10 @@ func (o *attachOps) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*
 			errs = append(errs, detach(filepath.Join(o.linkDir, e.Name())))
 		}
 	}
-	if o.mode != AttachTCX {
+	if o.mode != datapath.AttachTCX {
 		errs = append(errs, pruneClsact(want))
 	}
-	if dp := o.dp.get(); dp != nil {
+	if dp := o.dp.Get(); dp != nil {
 		var stale []uint32
 		var k uint32
 		var v bpf.EgressDev

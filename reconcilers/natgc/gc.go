@@ -1,4 +1,4 @@
-package datapath
+package natgc
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 )
 
 const (
@@ -41,7 +42,7 @@ func monotonicNow() uint64 {
 // address nobody answers. Adding or reordering addresses ends nothing.
 type collector struct {
 	log       *slog.Logger
-	dp        *Handle
+	dp        *datapath.Handle
 	lifetimes bpf.Lifetimes
 	// snat returns the addresses pairs may keep (the node's addresses and
 	// the rules' toAddress), or ok=false while they are not known yet (then
@@ -57,7 +58,7 @@ type GCStats struct {
 func (c *collector) collect(ctx context.Context) error { return c.collectNow() }
 
 func (c *collector) collectNow() error {
-	dp := c.dp.get()
+	dp := c.dp.Get()
 	if dp == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package datapath
+package masqrules
 
 import (
 	"github.com/cilium/statedb/reconciler"

@@ -1,4 +1,4 @@
-package datapath
+package tcattach
 
 import (
 	"errors"
@@ -10,16 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/tables"
-)
-
-// Attach modes (--tc-attach-mode).
-const (
-	// AttachAuto uses tcx where the kernel has it (6.6+), clsact otherwise.
-	AttachAuto = "auto"
-	// AttachTCX always uses tcx links.
-	AttachTCX = "tcx"
-	// AttachClsact always uses clsact qdisc filters.
-	AttachClsact = "clsact"
 )
 
 // clsactPriority is the priority of ipmasq's filters; filters of other

@@ -1,0 +1,61 @@
+// Package masqsources writes table masquerade-sources (the pod CIDRs whose
+// packets are masqueraded) into the datapath's LPM maps masq_src_v4/v6. It
+// is built like reconcilers/nodeaddrs.
+package masqsources
+
+import (
+	"github.com/cilium/hive/cell"
+	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
+
+	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/bpfmap"
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+// Name is the reconciler's name: its health scope, metrics label and
+// fault point.
+const Name = "masq-sources"
+
+// Cell reconciles masquerade-sources into masq_src_v4/v6. It needs
+// datapath.Cell (the loaded datapath) and the masquerade-sources table
+// (cells/datapathtables).
+var Cell = cell.Group(
+	// The Operations, in the hive so that tests decorate them.
+	cell.Provide(newOps),
+	cell.Invoke(register),
+)
+
+func newOps(h *datapath.Handle) reconciler.Operations[*tables.MasqueradeSource] {
+	return datapath.MapOps(h, buildOps)
+}
+
+// buildOps writes each prefix into the trie of its family.
+func buildOps(dp *bpf.Datapath) (reconciler.Operations[*tables.MasqueradeSource], error) {
+	m4, err := bpfmap.NewMap[bpf.LPMKeyV4, uint8](dp.Maps.MasqSrcV4)
+	if err != nil {
+		return nil, err
+	}
+	m6, err := bpfmap.NewMap[bpf.LPMKeyV6, uint8](dp.Maps.MasqSrcV6)
+	if err != nil {
+		return nil, err
+	}
+	return &bpfmap.ByFamily[*tables.MasqueradeSource]{
+		V4: bpfmap.NewOps(m4, func(s *tables.MasqueradeSource) (bpf.LPMKeyV4, uint8) {
+			return bpf.LPMKeyV4From(s.Prefix), 1
+		}),
+		V6: bpfmap.NewOps(m6, func(s *tables.MasqueradeSource) (bpf.LPMKeyV6, uint8) {
+			return bpf.LPMKeyV6From(s.Prefix), 1
+		}),
+		Is4:   func(s *tables.MasqueradeSource) bool { return s.Prefix.Addr().Is4() },
+		Name:  func(s *tables.MasqueradeSource) string { return s.Prefix.String() },
+		MapV4: bpf.MapMasqSrcV4, MapV6: bpf.MapMasqSrcV6,
+	}, nil
+}
+
+func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.MasqueradeSource],
+	ops reconciler.Operations[*tables.MasqueradeSource]) error {
+	return datapath.Register(p, Name, tbl, (*tables.MasqueradeSource).Clone, (*tables.MasqueradeSource).SetStatus,
+		(*tables.MasqueradeSource).GetStatus, ops)
+}
