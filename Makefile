@@ -47,7 +47,7 @@ deps:
 ## config parser's fuzzer for a fixed number of inputs (a fixed-time run can end in
 ## "context deadline exceeded" when it stops during minimization)
 test: deps vet
-	$(GO) test -count=1 -timeout 20m $(PKGS)
+	$(GO) test -count=1 -timeout 30m $(PKGS)
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./cells/config/
 
 ## demo: run the agent on a built-in config with a private bpffs and show its maps
