@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"syscall"
 	"net/netip"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
