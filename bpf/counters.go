@@ -7,7 +7,7 @@ import (
 )
 
 // Counter indexes the per-CPU "counters" map. The values mirror enum counter
-// in masq.c.
+// in lib/counters.h.
 type Counter uint32
 
 // Counters, in map order.

@@ -1,5 +1,5 @@
 // Package bpf is the masquerade datapath: the tc programs ipmasq_egress and
-// ipmasq_ingress (masq.c, compiled by bpf2go into the committed
+// ipmasq_ingress (masq.c and lib/*.h, compiled by bpf2go into the committed
 // masq_bpfel.go/.o) and the maps they share with the agent.
 //
 // The agent loads the datapath with [Load], attaches [Datapath.Egress] and
@@ -34,7 +34,7 @@ import (
 const DefaultNATMaxEntries = 131072
 
 // Map names: the pins under the agent's pin directory. They are the names
-// masq.c gives the maps, as bpf2go generated them: declared once, in C.
+// lib/maps.h gives the maps, as bpf2go generated them: declared once, in C.
 const (
 	MapNonMasqV4   = masqMapNonmasqV4
 	MapNonMasqV6   = masqMapNonmasqV6
@@ -53,7 +53,7 @@ const (
 	MapCounters    = masqMapCounters
 )
 
-// NonMasqSpec is the layout of the trie nonmasq_v4 or nonmasq_v6 as masq.c
+// NonMasqSpec is the layout of the trie nonmasq_v4 or nonmasq_v6 as lib/maps.h
 // declares it, sized to maxEntries (--max-nonmasq-cidrs): the one
 // description of the tries, for whoever creates or checks them.
 func NonMasqSpec(name string, maxEntries uint32) (*ebpf.MapSpec, error) {

@@ -48,7 +48,7 @@ var DefaultLifetimes = Lifetimes{
 	Other:          10 * time.Minute,
 }
 
-// NATState is a connection state (enum nat_state in masq.c).
+// NATState is a connection state (enum nat_state in lib/types.h).
 type NATState uint32
 
 // Connection states.

@@ -7,12 +7,12 @@ import (
 )
 
 // LPMKeyV4 is the key of the IPv4 LPM tries (nonmasq_v4, masq_src_v4):
-// masq.c's struct lpm_v4_key as bpf2go generates it. Prefixlen is in host
+// lib/types.h's struct lpm_v4_key as bpf2go generates it. Prefixlen is in host
 // byte order, Addr in network byte order.
 type LPMKeyV4 = masqLpmV4Key
 
 // LPMKeyV6 is the key of the IPv6 LPM tries (nonmasq_v6, masq_src_v6):
-// masq.c's struct lpm_v6_key.
+// lib/types.h's struct lpm_v6_key.
 type LPMKeyV6 = masqLpmV6Key
 
 // LPMKeyV4From returns the key for an IPv4 prefix. Host bits are cleared, so

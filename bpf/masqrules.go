@@ -18,7 +18,7 @@ import (
 //
 // Replies need nothing rule-specific: the NAT pair records the SNAT address
 // the flow was given. A changed rule applies to new flows; a removed rule
-// stops translating the flows it started (see masq_source_v4 in masq.c).
+// stops translating the flows it started (see masq_source_v4 in lib/decision.h).
 
 type (
 	// MasqRuleKeyV4 is a key of masq_rules_v4: PrefixLen counts the 32 bits

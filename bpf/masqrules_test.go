@@ -201,7 +201,7 @@ func TestMasqRuleChanges(t *testing.T) {
 	ruleFlow(t, e, g, snat4)
 
 	// A removed rule stops translating its flows: the source check comes
-	// before the NAT lookup (masq.c, masq_source_v4), the pairs stay.
+	// before the NAT lookup (lib/decision.h, masq_source_v4), the pairs stay.
 	if err := e.dp.DeleteMasqRule(loIfindex, clients4); err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 )
 
-// Map value and key types, as laid out in masq.c. Addresses and ports are in
+// Map value and key types, as laid out in lib/types.h. Addresses and ports are in
 // network byte order: use [Addr4], [Port] and [HostPort] to convert.
 type (
 	// EgressDev is a value of egress_devs (key: ifindex).

@@ -11,7 +11,7 @@ import (
 )
 
 // The generic library is tested on LPM tries, with keys of the same layout
-// as masq.c's struct lpm_v4_key/lpm_v6_key. The agent's own keys are
+// as bpf/lib/types.h's struct lpm_v4_key/lpm_v6_key. The agent's own keys are
 // bpf.LPMKeyV4/V6, bpf2go's types; these are the tests' (bpfmap cannot
 // import bpf, which imports it).
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * SCTP and every protocol without ports, included by masq.c.
+ * SCTP and every protocol without ports: pairs whose NAT port is fixed.
  *
  * SCTP keeps the pod's port: its CRC32c covers the SCTP packet but not the
  * IP header, so translating the address alone leaves it valid, and nothing
@@ -23,6 +23,25 @@
  * Entries carry the NAT "port" (the pod's SCTP port, or 0) so that the
  * collector and the dumps treat them like the other pairs.
  */
+
+#ifndef IPMASQ_LIB_FIXED_H
+#define IPMASQ_LIB_FIXED_H
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/pkt_cls.h>
+#include <asm-generic/errno-base.h>
+#include <bpf/bpf_helpers.h>
+#include "types.h"
+#include "counters.h"
+#include "maps.h"
+#include "parse.h"
+#include "decision.h"
+#include "flow.h"
+#include "rewrite.h"
+#include "frag.h"
 
 /* nat_create_fixed_v4 inserts both entries of a pair whose NAT port is the
  * pod's own (out->sport: the SCTP port, or 0 for address-only). */
@@ -303,3 +322,5 @@ static __noinline int egress_untranslatable_v6(struct __sk_buff *skb, const stru
 	count(COUNTER_DROP_UNTRANSLATABLE);
 	return TC_ACT_SHOT;
 }
+
+#endif /* IPMASQ_LIB_FIXED_H */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * ICMP errors on egress, included by masq.c (it uses its maps and helpers).
+ * ICMP errors on egress.
  *
  * An ICMP error leaving the node about a packet of a translated flow quotes
  * that packet as the pod (or the node, forwarding it) received it: from the
@@ -19,6 +19,25 @@
  * goes to a masqueraded destination is dropped and counted: it would carry
  * the pod's address out.
  */
+
+#ifndef IPMASQ_LIB_ICMP_EGRESS_H
+#define IPMASQ_LIB_ICMP_EGRESS_H
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/icmpv6.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "types.h"
+#include "counters.h"
+#include "maps.h"
+#include "parse.h"
+#include "decision.h"
+#include "rewrite.h"
+#include "icmp.h"
 
 /* quote_egress_ports reads the quote's L4 header at off into the ports of
  * the flow's egress key and returns the offset of the quoted port to
@@ -210,3 +229,5 @@ err:
 	count(COUNTER_ERROR);
 	return TC_ACT_SHOT;
 }
+
+#endif /* IPMASQ_LIB_ICMP_EGRESS_H */

@@ -1,0 +1,351 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Flow state: the lifetimes of NAT pairs and keeping both halves of a pair. */
+
+#ifndef IPMASQ_LIB_FLOW_H
+#define IPMASQ_LIB_FLOW_H
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include "types.h"
+#include "counters.h"
+#include "maps.h"
+#include "parse.h"
+
+/* last_seen_ns is written at most this often per entry: the collector's
+ * timeouts are tens of seconds, and a write per packet would bounce the
+ * entry's cache line between CPUs. */
+#define NAT_REFRESH_NS	1000000000ULL
+
+/*
+ * Like conntrack, a pair lives as long as its state allows without a packet:
+ * an unanswered SYN briefly, an established TCP flow long, a closing or reset
+ * one briefly again. The state is derived from the flags both directions
+ * recorded (FIN and RST per direction, SEEN once the remote answered). The
+ * programs apply the lifetimes themselves, when a SYN meets an old pair and
+ * when a NAT port is wanted, so that nothing waits for the agent's collector
+ * (which only frees the memory of expired pairs, and may be down).
+ */
+
+/* A closed TCP pair's port goes to a new flow of the same source only after
+ * this long since the pair closed (the FIN or RST stamps last_seen_ns at
+ * once), so the last ACK of the old connection still finds its pair. */
+#define NAT_CLOSED_LINGER_NS	2000000000ULL
+
+/* flow_start says whether p may start a flow in direction dir: a SYN without
+ * ACK, any UDP datagram, an ICMP echo request. */
+static __always_inline int flow_start(const struct pkt *p, int dir)
+{
+	switch (p->proto) {
+	case IPPROTO_TCP:
+		return (p->tcp_flags & (PKT_F_SYN | PKT_F_ACK)) == PKT_F_SYN;
+	case IPPROTO_UDP:
+		return 1;
+	}
+	/* egress PKT_PORTS: echo request; ingress PKT_ECHO_INBOUND: echo request */
+	return dir == DIR_EGRESS ? p->kind == PKT_PORTS : p->kind == PKT_ECHO_INBOUND;
+}
+
+static __always_inline int tcp_syn(const struct pkt *p)
+{
+	return p->proto == IPPROTO_TCP && flow_start(p, DIR_EGRESS);
+}
+
+/* nat_state is the state of a pair from the flags of both its directions. */
+static __always_inline __u32 nat_state(__u8 proto, __u8 flags)
+{
+	switch (proto) {
+	case IPPROTO_TCP:
+		if (flags & NAT_F_RST)
+			return NAT_TCP_RESET;
+		if (flags & NAT_F_FIN)
+			return NAT_TCP_CLOSING;
+		return flags & NAT_F_SEEN ? NAT_TCP_ESTABLISHED : NAT_TCP_SYN;
+	case IPPROTO_UDP:
+		return flags & NAT_F_SEEN ? NAT_UDP_REPLIED : NAT_UDP;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		return NAT_ICMP;
+	}
+	return NAT_OTHER;
+}
+
+/* nat_expired says whether a pair last seen at last has outlived its state. */
+static __always_inline int nat_expired(const struct masq_config *cfg, __u8 proto, __u8 flags,
+				       __u64 last, __u64 now)
+{
+	__u32 state = nat_state(proto, flags);
+	__u64 lifetime;
+
+	if (state >= NAT_STATE_MAX)
+		return 0;
+	lifetime = cfg->timeout_ns[state];
+	return lifetime && now > last && now - last > lifetime;
+}
+
+/* nat_closed: both sides sent a FIN, or one a RST (out: the source's side's
+ * flags, in: the remote's). */
+static __always_inline int nat_closed(__u8 out, __u8 in)
+{
+	return ((out | in) & NAT_F_RST) || ((out & in) & NAT_F_FIN);
+}
+
+static __always_inline void nat_touch_v4(struct nat_v4_val *v, __u8 flags)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	/* A new flag (a FIN or RST: the pair is closing) stamps the time at
+	 * once, so a closed pair's linger counts from its close. */
+	if (flags & ~v->flags) {
+		v->flags |= flags;
+		v->last_seen_ns = now;
+		return;
+	}
+	if (now - v->last_seen_ns > NAT_REFRESH_NS)
+		v->last_seen_ns = now;
+}
+
+static __always_inline void nat_touch_v6(struct nat_v6_val *v, __u8 flags)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	/* A new flag (a FIN or RST: the pair is closing) stamps the time at
+	 * once, so a closed pair's linger counts from its close. */
+	if (flags & ~v->flags) {
+		v->flags |= flags;
+		v->last_seen_ns = now;
+		return;
+	}
+	if (now - v->last_seen_ns > NAT_REFRESH_NS)
+		v->last_seen_ns = now;
+}
+
+/* Restart an entry's life as a new flow's (a reopened pair). */
+#define NAT_RESET(v, now) do {		\
+	(v)->flags = 0;			\
+	(v)->created_ns = (now);	\
+	(v)->last_seen_ns = (now);	\
+} while (0)
+
+/* nat_pair_v4 is the key of the other direction of an entry (dir 0 <-> 1). */
+static __always_inline void nat_pair_v4(const struct nat_v4_key *k, const struct nat_v4_val *v,
+					struct nat_v4_key *peer)
+{
+	__builtin_memset(peer, 0, sizeof(*peer));
+	peer->proto = k->proto;
+	if (k->dir == DIR_EGRESS) {
+		peer->src = k->dst;
+		peer->dst = v->addr;
+		peer->sport = k->dport;
+		peer->dport = v->port;
+		peer->dir = DIR_INGRESS;
+	} else {
+		peer->src = v->addr;
+		peer->dst = k->src;
+		peer->sport = v->port;
+		peer->dport = k->sport;
+		peer->dir = DIR_EGRESS;
+	}
+}
+
+static __always_inline void nat_pair_v6(const struct nat_v6_key *k, const struct nat_v6_val *v,
+					struct nat_v6_key *peer)
+{
+	__builtin_memset(peer, 0, sizeof(*peer));
+	peer->proto = k->proto;
+	if (k->dir == DIR_EGRESS) {
+		__builtin_memcpy(peer->src, k->dst, 16);
+		__builtin_memcpy(peer->dst, v->addr, 16);
+		peer->sport = k->dport;
+		peer->dport = v->port;
+		peer->dir = DIR_INGRESS;
+	} else {
+		__builtin_memcpy(peer->src, v->addr, 16);
+		__builtin_memcpy(peer->dst, k->src, 16);
+		peer->sport = v->port;
+		peer->dport = k->sport;
+		peer->dir = DIR_EGRESS;
+	}
+}
+
+/* nat_established_v4 handles an egress packet of a pair whose dir-0 entry v
+ * exists. Cheap for most packets; once a second per pair, and for every SYN,
+ * it checks the reply entry: one lost (LRU eviction) is put back, one taken
+ * by another flow ends this pair (returns 1: the caller treats the packet
+ * as having no pair). A SYN on a closed or expired pair reopens it. */
+__noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val *v,
+				   const struct pkt *p)
+{
+	struct masq_config *cfg;
+	__u8 flags;
+	struct nat_v4_key peer;
+	struct nat_v4_val *r, nr = {};
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!k || !v || !p)
+		return 0;
+	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
+	/* A new FIN or RST takes the slow path: the first FIN needs the reply
+	 * entry's flags to tell who closed first. */
+	if (!tcp_syn(p) && !(flags & ~v->flags) && now - v->last_seen_ns <= NAT_REFRESH_NS)
+		return 0;
+	nat_pair_v4(k, v, &peer);
+	r = bpf_map_lookup_elem(&nat_v4, &peer);
+	if (!r) {
+		nr.addr = k->src;
+		nr.port = k->sport;
+		nr.last_seen_ns = now;
+		nr.created_ns = v->created_ns;
+		if (bpf_map_update_elem(&nat_v4, &peer, &nr, BPF_NOEXIST) == 0) {
+			nat_touch_v4(v, flags);
+			return 0;
+		}
+		r = bpf_map_lookup_elem(&nat_v4, &peer);
+		if (!r)
+			return 0;
+	}
+	if (r->addr != k->src || r->port != k->sport) {
+		bpf_map_delete_elem(&nat_v4, k);
+		return 1;
+	}
+	cfg = masq_cfg();
+	if (tcp_syn(p) && cfg &&
+	    (nat_closed(v->flags, r->flags) ||
+	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
+			 v->last_seen_ns : r->last_seen_ns, now))) {
+		NAT_RESET(v, now);
+		NAT_RESET(r, now);
+		count(COUNTER_NAT_REOPENED);
+		return 0;
+	}
+	/* The source's FIN before any from the remote: the remote closes
+	 * passively and keeps no TIME_WAIT for this tuple. */
+	if ((flags & NAT_F_FIN) && !(v->flags & NAT_F_FIN) && !((r->flags | v->flags) & NAT_F_RST) &&
+	    !(r->flags & NAT_F_FIN))
+		flags |= NAT_F_CLOSED_FIRST;
+	nat_touch_v4(v, flags);
+	return 0;
+}
+
+__noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val *v,
+				   const struct pkt *p)
+{
+	struct masq_config *cfg;
+	__u8 flags;
+	struct nat_v6_key peer;
+	struct nat_v6_val *r, nr = {};
+	__u64 now = bpf_ktime_get_ns();
+
+	if (!k || !v || !p)
+		return 0;
+	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
+	/* A new FIN or RST takes the slow path: the first FIN needs the reply
+	 * entry's flags to tell who closed first. */
+	if (!tcp_syn(p) && !(flags & ~v->flags) && now - v->last_seen_ns <= NAT_REFRESH_NS)
+		return 0;
+	nat_pair_v6(k, v, &peer);
+	r = bpf_map_lookup_elem(&nat_v6, &peer);
+	if (!r) {
+		__builtin_memcpy(nr.addr, k->src, 16);
+		nr.port = k->sport;
+		nr.last_seen_ns = now;
+		nr.created_ns = v->created_ns;
+		if (bpf_map_update_elem(&nat_v6, &peer, &nr, BPF_NOEXIST) == 0) {
+			nat_touch_v6(v, flags);
+			return 0;
+		}
+		r = bpf_map_lookup_elem(&nat_v6, &peer);
+		if (!r)
+			return 0;
+	}
+	if (!addr6_equal(r->addr, k->src) || r->port != k->sport) {
+		bpf_map_delete_elem(&nat_v6, k);
+		return 1;
+	}
+	cfg = masq_cfg();
+	if (tcp_syn(p) && cfg &&
+	    (nat_closed(v->flags, r->flags) ||
+	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
+			 v->last_seen_ns : r->last_seen_ns, now))) {
+		NAT_RESET(v, now);
+		NAT_RESET(r, now);
+		count(COUNTER_NAT_REOPENED);
+		return 0;
+	}
+	/* The source's FIN before any from the remote: the remote closes
+	 * passively and keeps no TIME_WAIT for this tuple. */
+	if ((flags & NAT_F_FIN) && !(v->flags & NAT_F_FIN) && !((r->flags | v->flags) & NAT_F_RST) &&
+	    !(r->flags & NAT_F_FIN))
+		flags |= NAT_F_CLOSED_FIRST;
+	nat_touch_v6(v, flags);
+	return 0;
+}
+
+/* nat_reusable_v4 says whether the NAT tuple in (a dir-1 key that exists)
+ * may be given to a new flow from src: its pair expired, lost its other
+ * half, or is a closed TCP pair (2 s after its close) of the same source
+ * address (whose TCP timestamps keep increasing toward this server, so the
+ * server's TIME_WAIT socket accepts the new SYN: no PAWS drop) or whose
+ * source closed first (the server closed passively: no TIME_WAIT to
+ * refuse another source's SYN). The old dir-0 entry is deleted. */
+__noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 now)
+{
+	struct masq_config *cfg = masq_cfg();
+	struct nat_v4_key peer;
+	struct nat_v4_val *r, *o;
+	__u64 last;
+
+	if (!in || !cfg)
+		return 0;
+	r = bpf_map_lookup_elem(&nat_v4, in);
+	if (!r)
+		return 1;
+	if (r->flags & NAT_F_HOST)
+		return nat_expired(cfg, in->proto, r->flags, r->last_seen_ns, now);
+	nat_pair_v4(in, r, &peer);
+	o = bpf_map_lookup_elem(&nat_v4, &peer);
+	if (!o || o->addr != in->dst || o->port != in->dport)
+		/* half a pair: reusable unless another CPU is creating it */
+		return now - r->created_ns > NAT_REFRESH_NS;
+	last = o->last_seen_ns > r->last_seen_ns ? o->last_seen_ns : r->last_seen_ns;
+	if (nat_expired(cfg, in->proto, o->flags | r->flags, last, now) ||
+	    (in->proto == IPPROTO_TCP && (r->addr == src || (o->flags & NAT_F_CLOSED_FIRST)) &&
+	     nat_closed(o->flags, r->flags) && now - last > NAT_CLOSED_LINGER_NS)) {
+		bpf_map_delete_elem(&nat_v4, &peer);
+		return 1;
+	}
+	return 0;
+}
+
+/* Inlined into nat_create_v6: a call of its own would take the IPv6 egress
+ * path's stack over 512 bytes. */
+static __always_inline int nat_reusable_v6(const struct nat_v6_key *in, const struct nat_v6_key *out,
+					   __u64 now)
+{
+	struct masq_config *cfg = masq_cfg();
+	struct nat_v6_key peer;
+	struct nat_v6_val *r, *o;
+	__u64 last;
+
+	if (!in || !out || !cfg)
+		return 0;
+	r = bpf_map_lookup_elem(&nat_v6, in);
+	if (!r)
+		return 1;
+	if (r->flags & NAT_F_HOST)
+		return nat_expired(cfg, in->proto, r->flags, r->last_seen_ns, now);
+	nat_pair_v6(in, r, &peer);
+	o = bpf_map_lookup_elem(&nat_v6, &peer);
+	if (!o || !addr6_equal(o->addr, in->dst) || o->port != in->dport)
+		return now - r->created_ns > NAT_REFRESH_NS;
+	last = o->last_seen_ns > r->last_seen_ns ? o->last_seen_ns : r->last_seen_ns;
+	if (nat_expired(cfg, in->proto, o->flags | r->flags, last, now) ||
+	    (in->proto == IPPROTO_TCP && (addr6_equal(r->addr, out->src) || (o->flags & NAT_F_CLOSED_FIRST)) &&
+	     nat_closed(o->flags, r->flags) && now - last > NAT_CLOSED_LINGER_NS)) {
+		bpf_map_delete_elem(&nat_v6, &peer);
+		return 1;
+	}
+	return 0;
+}
+
+#endif /* IPMASQ_LIB_FLOW_H */

@@ -1,0 +1,148 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The maps: written by the agent (sources, rules, addresses, devices,
+ * config), shared state (NAT pairs, fragments) and per-CPU scratch space. */
+
+#ifndef IPMASQ_LIB_MAPS_H
+#define IPMASQ_LIB_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "types.h"
+
+/* Maps. Sizes are defaults: the loader overrides them (and the nonmasq
+ * tries are always replaced by the pinned ones). */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lpm_v4_key);
+	__type(value, __u8);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} nonmasq_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lpm_v6_key);
+	__type(value, __u8);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} nonmasq_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lpm_v4_key);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} masq_src_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct lpm_v6_key);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} masq_src_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct masq_rule_v4_key);
+	__type(value, struct masq_rule);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} masq_rules_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct masq_rule_v6_key);
+	__type(value, struct masq_rule);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} masq_rules_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __be32);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+} node_addrs_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u8[16]);
+	__type(value, __u8);
+	__uint(max_entries, 1024);
+} node_addrs_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct egress_dev);
+	__uint(max_entries, 256);
+} egress_devs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct masq_config);
+	__uint(max_entries, 1);
+} config SEC(".maps");
+
+/* LRU: a full NAT table admits a new flow by evicting the least recently
+ * used entries (as conntrack's early drop does), with or without the agent.
+ * Every packet's lookup marks its entry used, so idle pairs go first; a pair
+ * that lost one half is repaired or freed by the programs (see
+ * nat_established_v4 and nat_reusable_v4). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct nat_v4_key);
+	__type(value, struct nat_v4_val);
+	__uint(max_entries, 131072);
+} nat_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct nat_v6_key);
+	__type(value, struct nat_v6_val);
+	__uint(max_entries, 131072);
+} nat_v6 SEC(".maps");
+
+/* LRU: fragment state needs no collector, a datagram is reassembled (or
+ * lost) within seconds. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_v4_key);
+	__type(value, struct frag_v4_val);
+	__uint(max_entries, 8192);
+} frag_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_v6_key);
+	__type(value, struct frag_v6_val);
+	__uint(max_entries, 8192);
+} frag_v6 SEC(".maps");
+
+/* The lookup's parameters (64 bytes) live in a per-CPU scratch value, not on
+ * the stack: the deepest call chains of the programs are near the 512-byte
+ * limit already. */
+/* Opaque to bpf2go, which cannot express the struct's anonymous unions. */
+struct fib_scratch_val {
+	__u8 raw[sizeof(struct bpf_fib_lookup)];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct fib_scratch_val);
+	__uint(max_entries, 1);
+} fib_scratch SEC(".maps");
+
+static __always_inline struct masq_config *masq_cfg(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&config, &zero);
+}
+
+#endif /* IPMASQ_LIB_MAPS_H */

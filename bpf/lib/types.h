@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The key and value types of the maps, their flags and the NAT directions. */
+
+#ifndef IPMASQ_LIB_TYPES_H
+#define IPMASQ_LIB_TYPES_H
+
+#include <linux/bpf.h>
+#include <linux/types.h>
+
+struct lpm_v4_key {
+	__u32 prefixlen;
+	__u8 addr[4];
+};
+
+struct lpm_v6_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+/* A user masquerade rule: masquerade sources in addr/(prefixlen - 32) when
+ * they leave through ifindex. prefixlen counts the 32 ifindex bits, which
+ * are always matched in full (the kernel compares the key bytes in order):
+ * a lookup with prefixlen 64 (v4) or 160 (v6) finds the longest source
+ * prefix configured for exactly that device. ifindex is in host byte order. */
+struct masq_rule_v4_key {
+	__u32 prefixlen;
+	__u32 ifindex;
+	__u8 addr[4];
+};
+
+struct masq_rule_v6_key {
+	__u32 prefixlen;
+	__u32 ifindex;
+	__u8 addr[16];
+};
+
+/* The value of both rule maps. has_to: SNAT to the rule's address (to_v4 in
+ * masq_rules_v4, to_v6 in masq_rules_v6) rather than the device's. */
+struct masq_rule {
+	__be32 to_v4;
+	__u8 to_v6[16];
+	__u8 has_to;
+	__u8 pad[3];
+};
+
+/* The SNAT address per family of an egress device. */
+struct egress_dev {
+	__be32 snat_v4;
+	__u8 snat_v6[16];
+	__u8 has_v4;
+	__u8 has_v6;
+	__u8 pad[2];
+};
+
+/* Connection states, each with its own lifetime (masq_config.timeout_ns).
+ * The state of a pair is derived from the flags both directions recorded. */
+enum nat_state {
+	NAT_TCP_SYN,		/* TCP, not answered yet */
+	NAT_TCP_ESTABLISHED,	/* TCP, answered, no FIN or RST */
+	NAT_TCP_CLOSING,	/* TCP, a FIN seen (either side) */
+	NAT_TCP_RESET,		/* TCP, a RST seen */
+	NAT_UDP,		/* UDP, one way so far */
+	NAT_UDP_REPLIED,	/* UDP, answered */
+	NAT_ICMP,		/* ICMP echo */
+	NAT_OTHER,		/* SCTP and address-only pairs (GRE, ESP, ...) */
+	NAT_STATE_MAX,
+};
+
+/* Exported so that bpf2go emits the enum for Go (-type nat_state). */
+const volatile enum nat_state nat_state_max = NAT_STATE_MAX;
+
+/* Host byte order. timeout_ns: idle lifetime per enum nat_state, written by
+ * the agent (a zero lifetime never expires a pair here). */
+struct masq_config {
+	__u16 port_min;
+	__u16 port_max;
+	__u32 flags;	/* MASQ_CFG_* */
+	__u64 timeout_ns[NAT_STATE_MAX];
+};
+
+/* masq_config.flags */
+#define MASQ_CFG_KEEP_PORT	0x1	/* a TCP/UDP flow keeps its own source port (>= 1024) when free */
+
+struct nat_v4_key {
+	__be32 src;
+	__be32 dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+struct nat_v6_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+/* nat_*_val.flags: what each direction has seen, for lifetimes. */
+#define NAT_F_FIN	0x01	/* this direction sent a FIN */
+#define NAT_F_RST	0x02	/* this direction sent a RST */
+#define NAT_F_SEEN	0x04	/* dir 1 and 2: the answering side has sent a packet */
+#define NAT_F_HOST	0x08	/* dir 1: a node flow's tuple, held so no NAT pair takes it */
+#define NAT_F_CLOSED_FIRST 0x10	/* dir 0: the source sent the first FIN (the remote holds no TIME_WAIT) */
+#define NAT_F_STORED	(NAT_F_FIN | NAT_F_RST | NAT_F_SEEN | NAT_F_HOST | NAT_F_CLOSED_FIRST)
+/* pkt.tcp_flags only, never stored. */
+#define PKT_F_SYN	0x40
+#define PKT_F_ACK	0x80
+
+struct nat_v4_val {
+	__be32 addr;
+	__be16 port;
+	__u8 flags;
+	__u8 pad;
+	__u64 last_seen_ns;
+	__u64 created_ns;
+};
+
+struct nat_v6_val {
+	__u8 addr[16];
+	__be16 port;
+	__u8 flags;
+	__u8 pad[5];
+	__u64 last_seen_ns;
+	__u64 created_ns;
+};
+
+/* A fragmented datagram in flight: (src, dst, id, proto, dir) -> the address
+ * its non-first fragments are translated to. */
+struct frag_v4_key {
+	__be32 src;
+	__be32 dst;
+	__be32 id;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+struct frag_v6_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__be32 id;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad[2];
+};
+
+struct frag_v4_val {
+	__be32 addr;
+};
+
+struct frag_v6_val {
+	__u8 addr[16];
+};
+
+enum {
+	DIR_EGRESS = 0,
+	DIR_INGRESS = 1,
+	/* An inbound flow: a remote opened it toward a masquerade source. Keyed
+	 * like dir 0 (the source's reply tuple); its replies leave untranslated. */
+	DIR_INBOUND = 2,
+};
+
+#endif /* IPMASQ_LIB_TYPES_H */
