@@ -45,7 +45,11 @@ const (
 	masqCounterCOUNTER_HOST_FLOW_NEW       masqCounter = 26
 	masqCounterCOUNTER_NAT_PORT_KEPT       masqCounter = 27
 	masqCounterCOUNTER_HOST_FLOW_REMAPPED  masqCounter = 28
-	masqCounterCOUNTER_MAX                 masqCounter = 29
+	masqCounterCOUNTER_NAT_PICKED_UP       masqCounter = 29
+	masqCounterCOUNTER_DROP_NO_PAIR        masqCounter = 30
+	masqCounterCOUNTER_FORMER_SOURCE       masqCounter = 31
+	masqCounterCOUNTER_NAT_EARLY_DROP      masqCounter = 32
+	masqCounterCOUNTER_MAX                 masqCounter = 33
 )
 
 type masqEgressDev struct {
@@ -204,6 +208,7 @@ const (
 	masqMapMasqRulesV6      = "masq_rules_v6"
 	masqMapMasqSrcV4        = "masq_src_v4"
 	masqMapMasqSrcV6        = "masq_src_v6"
+	masqMapNatFullUntil     = "nat_full_until"
 	masqMapNatV4            = "nat_v4"
 	masqMapNatV6            = "nat_v6"
 	masqMapNodeAddrsV4      = "node_addrs_v4"
@@ -271,22 +276,23 @@ type masqProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqMapSpecs struct {
-	Config      *ebpf.MapSpec `ebpf:"config"`
-	Counters    *ebpf.MapSpec `ebpf:"counters"`
-	EgressDevs  *ebpf.MapSpec `ebpf:"egress_devs"`
-	FibScratch  *ebpf.MapSpec `ebpf:"fib_scratch"`
-	FragV4      *ebpf.MapSpec `ebpf:"frag_v4"`
-	FragV6      *ebpf.MapSpec `ebpf:"frag_v6"`
-	MasqRulesV4 *ebpf.MapSpec `ebpf:"masq_rules_v4"`
-	MasqRulesV6 *ebpf.MapSpec `ebpf:"masq_rules_v6"`
-	MasqSrcV4   *ebpf.MapSpec `ebpf:"masq_src_v4"`
-	MasqSrcV6   *ebpf.MapSpec `ebpf:"masq_src_v6"`
-	NatV4       *ebpf.MapSpec `ebpf:"nat_v4"`
-	NatV6       *ebpf.MapSpec `ebpf:"nat_v6"`
-	NodeAddrsV4 *ebpf.MapSpec `ebpf:"node_addrs_v4"`
-	NodeAddrsV6 *ebpf.MapSpec `ebpf:"node_addrs_v6"`
-	NonmasqV4   *ebpf.MapSpec `ebpf:"nonmasq_v4"`
-	NonmasqV6   *ebpf.MapSpec `ebpf:"nonmasq_v6"`
+	Config       *ebpf.MapSpec `ebpf:"config"`
+	Counters     *ebpf.MapSpec `ebpf:"counters"`
+	EgressDevs   *ebpf.MapSpec `ebpf:"egress_devs"`
+	FibScratch   *ebpf.MapSpec `ebpf:"fib_scratch"`
+	FragV4       *ebpf.MapSpec `ebpf:"frag_v4"`
+	FragV6       *ebpf.MapSpec `ebpf:"frag_v6"`
+	MasqRulesV4  *ebpf.MapSpec `ebpf:"masq_rules_v4"`
+	MasqRulesV6  *ebpf.MapSpec `ebpf:"masq_rules_v6"`
+	MasqSrcV4    *ebpf.MapSpec `ebpf:"masq_src_v4"`
+	MasqSrcV6    *ebpf.MapSpec `ebpf:"masq_src_v6"`
+	NatFullUntil *ebpf.MapSpec `ebpf:"nat_full_until"`
+	NatV4        *ebpf.MapSpec `ebpf:"nat_v4"`
+	NatV6        *ebpf.MapSpec `ebpf:"nat_v6"`
+	NodeAddrsV4  *ebpf.MapSpec `ebpf:"node_addrs_v4"`
+	NodeAddrsV6  *ebpf.MapSpec `ebpf:"node_addrs_v6"`
+	NonmasqV4    *ebpf.MapSpec `ebpf:"nonmasq_v4"`
+	NonmasqV6    *ebpf.MapSpec `ebpf:"nonmasq_v6"`
 }
 
 // masqVariableSpecs contains global variables before they are loaded into the kernel.
@@ -318,22 +324,23 @@ func (o *masqObjects) Close() error {
 //
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqMaps struct {
-	Config      *ebpf.Map `ebpf:"config"`
-	Counters    *ebpf.Map `ebpf:"counters"`
-	EgressDevs  *ebpf.Map `ebpf:"egress_devs"`
-	FibScratch  *ebpf.Map `ebpf:"fib_scratch"`
-	FragV4      *ebpf.Map `ebpf:"frag_v4"`
-	FragV6      *ebpf.Map `ebpf:"frag_v6"`
-	MasqRulesV4 *ebpf.Map `ebpf:"masq_rules_v4"`
-	MasqRulesV6 *ebpf.Map `ebpf:"masq_rules_v6"`
-	MasqSrcV4   *ebpf.Map `ebpf:"masq_src_v4"`
-	MasqSrcV6   *ebpf.Map `ebpf:"masq_src_v6"`
-	NatV4       *ebpf.Map `ebpf:"nat_v4"`
-	NatV6       *ebpf.Map `ebpf:"nat_v6"`
-	NodeAddrsV4 *ebpf.Map `ebpf:"node_addrs_v4"`
-	NodeAddrsV6 *ebpf.Map `ebpf:"node_addrs_v6"`
-	NonmasqV4   *ebpf.Map `ebpf:"nonmasq_v4"`
-	NonmasqV6   *ebpf.Map `ebpf:"nonmasq_v6"`
+	Config       *ebpf.Map `ebpf:"config"`
+	Counters     *ebpf.Map `ebpf:"counters"`
+	EgressDevs   *ebpf.Map `ebpf:"egress_devs"`
+	FibScratch   *ebpf.Map `ebpf:"fib_scratch"`
+	FragV4       *ebpf.Map `ebpf:"frag_v4"`
+	FragV6       *ebpf.Map `ebpf:"frag_v6"`
+	MasqRulesV4  *ebpf.Map `ebpf:"masq_rules_v4"`
+	MasqRulesV6  *ebpf.Map `ebpf:"masq_rules_v6"`
+	MasqSrcV4    *ebpf.Map `ebpf:"masq_src_v4"`
+	MasqSrcV6    *ebpf.Map `ebpf:"masq_src_v6"`
+	NatFullUntil *ebpf.Map `ebpf:"nat_full_until"`
+	NatV4        *ebpf.Map `ebpf:"nat_v4"`
+	NatV6        *ebpf.Map `ebpf:"nat_v6"`
+	NodeAddrsV4  *ebpf.Map `ebpf:"node_addrs_v4"`
+	NodeAddrsV6  *ebpf.Map `ebpf:"node_addrs_v6"`
+	NonmasqV4    *ebpf.Map `ebpf:"nonmasq_v4"`
+	NonmasqV6    *ebpf.Map `ebpf:"nonmasq_v6"`
 }
 
 func (m *masqMaps) Close() error {
@@ -348,6 +355,7 @@ func (m *masqMaps) Close() error {
 		m.MasqRulesV6,
 		m.MasqSrcV4,
 		m.MasqSrcV6,
+		m.NatFullUntil,
 		m.NatV4,
 		m.NatV6,
 		m.NodeAddrsV4,

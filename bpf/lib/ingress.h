@@ -69,6 +69,7 @@ static __always_inline int ingress_v4(struct __sk_buff *skb, __u32 l3_off)
 		inbound_track_v4(skb, &p);
 		return TC_ACT_UNSPEC;
 	}
+	nat_udp_stream(p.proto, &v->flags, v->created_ns);
 	nat_touch_v4(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	if (v->flags & NAT_F_HOST)
 		return TC_ACT_UNSPEC; /* a node flow's reply */
@@ -132,6 +133,7 @@ static __always_inline int ingress_v6(struct __sk_buff *skb, __u32 l3_off)
 		inbound_track_v6(skb, &p);
 		return TC_ACT_UNSPEC;
 	}
+	nat_udp_stream(p.proto, &v->flags, v->created_ns);
 	nat_touch_v6(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	if (v->flags & NAT_F_HOST)
 		return TC_ACT_UNSPEC; /* a node flow's reply */

@@ -88,23 +88,24 @@ struct {
 	__uint(max_entries, 1);
 } config SEC(".maps");
 
-/* LRU: a full NAT table admits a new flow by evicting the least recently
- * used entries (as conntrack's early drop does), with or without the agent.
- * Every packet's lookup marks its entry used, so idle pairs go first; a pair
- * that lost one half is repaired or freed by the programs (see
- * nat_established_v4 and nat_reusable_v4). */
+/* Plain hash maps, not preallocated: nothing is evicted behind the
+ * programs' back, and memory follows the flows. A full table admits a new
+ * flow by dropping a pair that is not assured, both halves, or refuses it
+ * (lib/pressure.h, conntrack's early drop), with or without the agent. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct nat_v4_key);
 	__type(value, struct nat_v4_val);
 	__uint(max_entries, 131072);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 } nat_v4 SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct nat_v6_key);
 	__type(value, struct nat_v6_val);
 	__uint(max_entries, 131072);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 } nat_v6 SEC(".maps");
 
 /* LRU: fragment state needs no collector, a datagram is reassembled (or

@@ -107,7 +107,8 @@ struct nat_v6_key {
 #define NAT_F_SEEN	0x04	/* dir 1 and 2: the answering side has sent a packet */
 #define NAT_F_HOST	0x08	/* dir 1: a node flow's tuple, held so no NAT pair takes it */
 #define NAT_F_CLOSED_FIRST 0x10	/* dir 0: the source sent the first FIN (the remote holds no TIME_WAIT) */
-#define NAT_F_STORED	(NAT_F_FIN | NAT_F_RST | NAT_F_SEEN | NAT_F_HOST | NAT_F_CLOSED_FIRST)
+#define NAT_F_STREAM	0x20	/* dir 1, UDP: answered and still active 2 s after it started (conntrack's stream_ts) */
+#define NAT_F_STORED	(NAT_F_FIN | NAT_F_RST | NAT_F_SEEN | NAT_F_HOST | NAT_F_CLOSED_FIRST | NAT_F_STREAM)
 /* pkt.tcp_flags only, never stored. */
 #define PKT_F_SYN	0x40
 #define PKT_F_ACK	0x80
