@@ -23,6 +23,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 
@@ -155,11 +157,7 @@ func Load(opts LoadOptions) (*Datapath, error) {
 		replacements[name] = c
 	}
 	if opts.PinDir != "" {
-		for _, name := range []string{
-			MapMasqSrcV4, MapMasqSrcV6, MapMasqRulesV4, MapMasqRulesV6,
-			MapNodeAddrsV4, MapNodeAddrsV6, MapEgressDevs, MapConfig,
-			MapNATV4, MapNATV6, MapFragV4, MapFragV6, MapCounters,
-		} {
+		for _, name := range pinnedMaps(spec) {
 			open := bpfmap.OpenPinned
 			if name == MapNATV4 || name == MapNATV6 {
 				// A resized NAT map keeps its pairs: established flows
@@ -189,6 +187,23 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	d.IngressL3 = d.objs.IpmasqIngressL3
 	d.Maps = d.objs.masqMaps
 	return d, nil
+}
+
+// pinnedMaps are the maps [Load] pins, sorted: every map of spec but the
+// nonmasq tries (pinned by their own reconciler, see [OpenNonMasq]) and the
+// sections of global variables (.rodata and the like, named with a dot),
+// which the programs hold and the loader sets. A map added in C is pinned
+// without a change here.
+func pinnedMaps(spec *ebpf.CollectionSpec) []string {
+	var names []string
+	for name := range spec.Maps {
+		if strings.HasPrefix(name, ".") || name == MapNonMasqV4 || name == MapNonMasqV6 {
+			continue
+		}
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Close releases the programs and maps; pins and attachments stay.

@@ -3,9 +3,11 @@ package bpf
 // The generated files (masq_bpfel.go, masq_bpfel.o) are committed, so that
 // building the agent needs no clang. Regenerate with `go generate ./bpf/`
 // (clang and libbpf-dev's headers needed). masq.c holds the SEC programs
-// only; the code is in lib/*.h, one concern each. The first step compiles
-// every header on its own, so that each stays self-contained (includes what
-// it uses).
+// only; the code is in lib/*.h, one concern each. The first step,
+// checkheaders.sh, compiles every header on its own, so that each stays
+// self-contained (includes what it uses). The last builds testdata/natstate.o,
+// the test program that holds StateOf to nat_state().
 //
-//go:generate sh -c "for h in lib/*.h; do clang -target bpf -O2 -Wall -Werror -Wno-unused-function -I./include -fsyntax-only -x c $DOLLAR{h} || exit 1; done"
+//go:generate ./checkheaders.sh
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -target bpfel -cflags "-O2 -g -Wall -Werror" masq masq.c -- -I./include
+//go:generate sh -c "clang -target bpf -O2 -g -Wall -Werror -fdebug-prefix-map=$DOLLAR{PWD}=. -I./include -c testdata/natstate.c -o testdata/natstate.o && llvm-strip -g testdata/natstate.o"

@@ -89,7 +89,9 @@ const (
 )
 
 // StateOf is the state of a pair from the flags of both its directions
-// (or of an inbound record's), as the programs derive it.
+// (or of an inbound record's), as the programs derive it: nat_state() in
+// lib/flow.h, to which TestStateOfIsNatState holds it for every protocol
+// and flags byte.
 func StateOf(proto, flags uint8) NATState {
 	switch proto {
 	case ProtoTCP:

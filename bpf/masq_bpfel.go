@@ -108,6 +108,12 @@ type masqLpmV6Key struct {
 	Addr      [16]uint8
 }
 
+type masqMasqCfgFlag uint32
+
+const (
+	masqMasqCfgFlagMASQ_CFG_KEEP_PORT masqMasqCfgFlag = 1
+)
+
 type masqMasqConfig struct {
 	_         structs.HostLayout
 	PortMin   uint16
@@ -137,6 +143,26 @@ type masqMasqRuleV6Key struct {
 	Ifindex   uint32
 	Addr      [16]uint8
 }
+
+type masqNatDir uint32
+
+const (
+	masqNatDirDIR_EGRESS  masqNatDir = 0
+	masqNatDirDIR_INGRESS masqNatDir = 1
+	masqNatDirDIR_INBOUND masqNatDir = 2
+)
+
+type masqNatFlag uint32
+
+const (
+	masqNatFlagNAT_F_FIN          masqNatFlag = 1
+	masqNatFlagNAT_F_RST          masqNatFlag = 2
+	masqNatFlagNAT_F_SEEN         masqNatFlag = 4
+	masqNatFlagNAT_F_HOST         masqNatFlag = 8
+	masqNatFlagNAT_F_CLOSED_FIRST masqNatFlag = 16
+	masqNatFlagNAT_F_STREAM       masqNatFlag = 32
+	masqNatFlagNAT_F_STORED       masqNatFlag = 63
+)
 
 type masqNatState uint32
 
@@ -198,30 +224,33 @@ type masqNatV6Val struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	masqMapConfig           = "config"
-	masqMapCounters         = "counters"
-	masqMapEgressDevs       = "egress_devs"
-	masqMapFibScratch       = "fib_scratch"
-	masqMapFragV4           = "frag_v4"
-	masqMapFragV6           = "frag_v6"
-	masqMapMasqRulesV4      = "masq_rules_v4"
-	masqMapMasqRulesV6      = "masq_rules_v6"
-	masqMapMasqSrcV4        = "masq_src_v4"
-	masqMapMasqSrcV6        = "masq_src_v6"
-	masqMapNatFullUntil     = "nat_full_until"
-	masqMapNatV4            = "nat_v4"
-	masqMapNatV6            = "nat_v6"
-	masqMapNodeAddrsV4      = "node_addrs_v4"
-	masqMapNodeAddrsV6      = "node_addrs_v6"
-	masqMapNonmasqV4        = "nonmasq_v4"
-	masqMapNonmasqV6        = "nonmasq_v6"
-	masqProgIpmasqEgress    = "ipmasq_egress"
-	masqProgIpmasqEgressL3  = "ipmasq_egress_l3"
-	masqProgIpmasqIngress   = "ipmasq_ingress"
-	masqProgIpmasqIngressL3 = "ipmasq_ingress_l3"
-	masqVarCounterMax       = "counter_max"
-	masqVarCsumIpv6Flag     = "csum_ipv6_flag"
-	masqVarNatStateMax      = "nat_state_max"
+	masqMapConfig            = "config"
+	masqMapCounters          = "counters"
+	masqMapEgressDevs        = "egress_devs"
+	masqMapFibScratch        = "fib_scratch"
+	masqMapFragV4            = "frag_v4"
+	masqMapFragV6            = "frag_v6"
+	masqMapMasqRulesV4       = "masq_rules_v4"
+	masqMapMasqRulesV6       = "masq_rules_v6"
+	masqMapMasqSrcV4         = "masq_src_v4"
+	masqMapMasqSrcV6         = "masq_src_v6"
+	masqMapNatFullUntil      = "nat_full_until"
+	masqMapNatV4             = "nat_v4"
+	masqMapNatV6             = "nat_v6"
+	masqMapNodeAddrsV4       = "node_addrs_v4"
+	masqMapNodeAddrsV6       = "node_addrs_v6"
+	masqMapNonmasqV4         = "nonmasq_v4"
+	masqMapNonmasqV6         = "nonmasq_v6"
+	masqProgIpmasqEgress     = "ipmasq_egress"
+	masqProgIpmasqEgressL3   = "ipmasq_egress_l3"
+	masqProgIpmasqIngress    = "ipmasq_ingress"
+	masqProgIpmasqIngressL3  = "ipmasq_ingress_l3"
+	masqVarCounterMax        = "counter_max"
+	masqVarCsumIpv6Flag      = "csum_ipv6_flag"
+	masqVarMasqCfgFlagsKnown = "masq_cfg_flags_known"
+	masqVarNatDirLast        = "nat_dir_last"
+	masqVarNatFlagsStored    = "nat_flags_stored"
+	masqVarNatStateMax       = "nat_state_max"
 )
 
 // loadMasq returns the embedded CollectionSpec for masq.
@@ -299,9 +328,12 @@ type masqMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqVariableSpecs struct {
-	CounterMax   *ebpf.VariableSpec `ebpf:"counter_max"`
-	CsumIpv6Flag *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
-	NatStateMax  *ebpf.VariableSpec `ebpf:"nat_state_max"`
+	CounterMax        *ebpf.VariableSpec `ebpf:"counter_max"`
+	CsumIpv6Flag      *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
+	MasqCfgFlagsKnown *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
+	NatDirLast        *ebpf.VariableSpec `ebpf:"nat_dir_last"`
+	NatFlagsStored    *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
+	NatStateMax       *ebpf.VariableSpec `ebpf:"nat_state_max"`
 }
 
 // masqObjects contains all objects after they have been loaded into the kernel.
@@ -369,9 +401,12 @@ func (m *masqMaps) Close() error {
 //
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqVariables struct {
-	CounterMax   *ebpf.Variable `ebpf:"counter_max"`
-	CsumIpv6Flag *ebpf.Variable `ebpf:"csum_ipv6_flag"`
-	NatStateMax  *ebpf.Variable `ebpf:"nat_state_max"`
+	CounterMax        *ebpf.Variable `ebpf:"counter_max"`
+	CsumIpv6Flag      *ebpf.Variable `ebpf:"csum_ipv6_flag"`
+	MasqCfgFlagsKnown *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
+	NatDirLast        *ebpf.Variable `ebpf:"nat_dir_last"`
+	NatFlagsStored    *ebpf.Variable `ebpf:"nat_flags_stored"`
+	NatStateMax       *ebpf.Variable `ebpf:"nat_state_max"`
 }
 
 // masqPrograms contains all programs after they have been loaded into the kernel.

@@ -9,8 +9,8 @@ import (
 	"github.com/cilium/ebpf/asm"
 )
 
-// Map value and key types, as laid out in lib/types.h. Addresses and ports are in
-// network byte order: use [Addr4], [Port] and [HostPort] to convert.
+// Map value and key types, as laid out in lib/types.h. Addresses and ports
+// are in network byte order: use [Addr4], [Port] and [HostPort] to convert.
 type (
 	// EgressDev is a value of egress_devs (key: ifindex).
 	EgressDev = masqEgressDev
@@ -26,34 +26,35 @@ type (
 	NATValV6 = masqNatV6Val
 )
 
-// NAT directions (NATKey*.Dir).
+// NAT directions (NATKey*.Dir): enum nat_dir in lib/types.h.
 const (
-	DirEgress  = 0 // the pod's tuple → SNAT address and NAT port
-	DirIngress = 1 // the reply tuple → pod address and port
+	DirEgress  = uint8(masqNatDirDIR_EGRESS)  // the pod's tuple → SNAT address and NAT port
+	DirIngress = uint8(masqNatDirDIR_INGRESS) // the reply tuple → pod address and port
 	// DirInbound records a flow a remote opened toward a masquerade source,
 	// keyed by the source's reply tuple; its replies are not translated.
-	DirInbound = 2
+	DirInbound = uint8(masqNatDirDIR_INBOUND)
 )
 
-// NAT entry flags (NATVal*.Flags), set by the direction that saw them.
+// NAT entry flags (NATVal*.Flags), set by the direction that saw them:
+// enum nat_flag in lib/types.h.
 const (
-	NATFlagFIN = 0x01
-	NATFlagRST = 0x02
+	NATFlagFIN = uint8(masqNatFlagNAT_F_FIN)
+	NATFlagRST = uint8(masqNatFlagNAT_F_RST)
 	// NATFlagSeen: the reply direction (or an inbound flow's source) has
 	// sent a packet, the flow is answered.
-	NATFlagSeen = 0x04
+	NATFlagSeen = uint8(masqNatFlagNAT_F_SEEN)
 	// NATFlagHost marks a dir-1 entry that holds a node flow's reply tuple
 	// (a node socket's port in the NAT range), so no NAT pair takes it.
-	NATFlagHost = 0x08
+	NATFlagHost = uint8(masqNatFlagNAT_F_HOST)
 	// NATFlagClosedFirst marks a dir-0 entry whose source sent the
 	// connection's first FIN: the remote closed passively and holds no
 	// TIME_WAIT, so the closed pair's port may go to another source.
-	NATFlagClosedFirst = 0x10
+	NATFlagClosedFirst = uint8(masqNatFlagNAT_F_CLOSED_FIRST)
 	// NATFlagStream marks a UDP pair's dir-1 entry once the flow was
 	// answered and still active 2 s after it started: a stream, which
 	// lives the replied lifetime (conntrack's stream_ts); a query and its
 	// answer live the short one.
-	NATFlagStream = 0x20
+	NATFlagStream = uint8(masqNatFlagNAT_F_STREAM)
 )
 
 // Addr4 returns an IPv4 address as the uint32 the maps hold (network byte
@@ -88,8 +89,9 @@ func (d *Datapath) SetPortRange(min, max uint16) error {
 	return d.updateConfig(func(c *Config) { c.PortMin, c.PortMax = min, max })
 }
 
-// ConfigKeepPort is masq_config's MASQ_CFG_KEEP_PORT bit.
-const ConfigKeepPort = 0x1
+// ConfigKeepPort is masq_config's MASQ_CFG_KEEP_PORT bit (enum masq_cfg_flag
+// in lib/types.h).
+const ConfigKeepPort = uint32(masqMasqCfgFlagMASQ_CFG_KEEP_PORT)
 
 // SetKeepSourcePort sets whether a new TCP or UDP flow first tries its own
 // source port (from 1024, outside the NAT range) before the range, as Linux

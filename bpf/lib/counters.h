@@ -45,7 +45,7 @@ enum counter {
 	COUNTER_MAX,
 };
 
-/* Exported so that bpf2go emits the enum for Go (-type counter). */
+/* Exported so that bpf2go emits the enum for Go (bpf.Counter). */
 const volatile enum counter counter_max = COUNTER_MAX;
 
 struct {

@@ -28,59 +28,6 @@
 #include "icmp_egress.h"
 #include "fixed.h"
 
-/* A non-first fragment: L3 rewrite from the first fragment's record. */
-static __always_inline int egress_frag_v4(struct __sk_buff *skb, const struct pkt *p,
-					  const struct masq_rule *rule)
-{
-	struct frag_v4_val *f = frag_lookup_v4(p, DIR_EGRESS);
-	enum counter c;
-	__be32 snat;
-
-	if (!f) {
-		c = decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat);
-		if (c != COUNTER_MASQUERADED) {
-			count(c);
-			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
-		}
-		count(COUNTER_FRAG_UNKNOWN);
-		return TC_ACT_SHOT;
-	}
-	if (rewrite_v4(skb, p->l3_off, p->l3_off + offsetof(struct iphdr, saddr), p->v4.saddr, f->addr,
-		       p->proto, 0, 0, 0, 0) < 0) {
-		count(COUNTER_ERROR);
-		return TC_ACT_SHOT;
-	}
-	count(COUNTER_FRAGMENTS);
-	return TC_ACT_UNSPEC;
-}
-
-static __always_inline int egress_frag_v6(struct __sk_buff *skb, const struct pkt *p,
-					  const struct masq_rule *rule)
-{
-	struct frag_v6_val *f = frag_lookup_v6(p, DIR_EGRESS);
-	__u8 from[16], to[16];
-	enum counter c;
-
-	if (!f) {
-		c = decide_v6(skb, p, rule, to);
-		if (c != COUNTER_MASQUERADED) {
-			count(c);
-			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
-		}
-		count(COUNTER_FRAG_UNKNOWN);
-		return TC_ACT_SHOT;
-	}
-	__builtin_memcpy(from, p->v6.saddr, 16);
-	__builtin_memcpy(to, f->addr, 16);
-	if (rewrite_v6(skb, p->l3_off + offsetof(struct ipv6hdr, saddr), from, to,
-		       p->proto, 0, 0, 0, 0) < 0) {
-		count(COUNTER_ERROR);
-		return TC_ACT_SHOT;
-	}
-	count(COUNTER_FRAGMENTS);
-	return TC_ACT_UNSPEC;
-}
-
 static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 {
 	struct nat_v4_key k = { .dir = DIR_EGRESS };
@@ -164,7 +111,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 		if (node) {
 			snat = p.v4.saddr; /* a new port, the same address */
 		} else {
-			c = decide_v4(skb, p.v4.saddr, p.v4.daddr, rule, &snat);
+			c = decide_v4(skb, &p, rule, &snat);
 			if (c != COUNTER_MASQUERADED) {
 				count(c);
 				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
@@ -281,7 +228,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 		if (node) {
 			__builtin_memcpy(nv.addr, p.v6.saddr, 16);
 		} else {
-			c = decide_v6(skb, &p, rule, nv.addr);
+			c = decide_v6(skb, &p, rule, &nv.addr);
 			if (c != COUNTER_MASQUERADED) {
 				count(c);
 				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;

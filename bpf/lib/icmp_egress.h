@@ -100,7 +100,7 @@ static __noinline int icmp_error_unmatched_v4(struct __sk_buff *skb, const struc
 {
 	__be32 snat;
 
-	return icmp_error_unmatched(decide_v4(skb, p->v4.saddr, p->v4.daddr, rule, &snat));
+	return icmp_error_unmatched(decide_v4(skb, p, rule, &snat));
 }
 
 static __noinline int icmp_error_unmatched_v6(struct __sk_buff *skb, const struct pkt *p,
@@ -108,7 +108,7 @@ static __noinline int icmp_error_unmatched_v6(struct __sk_buff *skb, const struc
 {
 	struct nat_v6_val snat;
 
-	return icmp_error_unmatched(decide_v6(skb, p, rule, snat.addr));
+	return icmp_error_unmatched(decide_v6(skb, p, rule, &snat.addr));
 }
 
 /* NOT_TRANSLATED_ERROR is returned by egress_icmp_error_* for a packet that

@@ -277,15 +277,4 @@ static __always_inline __u32 l4_port_off(__u8 proto, int dir)
 	return dir == DIR_EGRESS ? 0 : 2;
 }
 
-static __always_inline int addr6_equal(const __u8 *a, const __u8 *b)
-{
-	__u64 a0, a1, b0, b1;
-
-	__builtin_memcpy(&a0, a, 8);
-	__builtin_memcpy(&a1, a + 8, 8);
-	__builtin_memcpy(&b0, b, 8);
-	__builtin_memcpy(&b1, b + 8, 8);
-	return a0 == b0 && a1 == b1;
-}
-
 #endif /* IPMASQ_LIB_PARSE_H */

@@ -37,7 +37,8 @@
 #define NAT_FULL_BACKOFF_NS	100000000ULL	/* 100 ms */
 
 /* Per family (0: IPv4, 1: IPv6): until when (bpf_ktime_get_ns) new flows
- * are refused without a search. Not pinned: a restart searches again. */
+ * are refused without a search. Pinned like the other maps: what a restart
+ * finds in it delays a search by NAT_FULL_BACKOFF_NS at most. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);

@@ -25,6 +25,20 @@ const volatile __u64 csum_ipv6_flag = BPF_F_IPV6;
  * zero becomes 0xffff.
  */
 
+/* rewrite_port replaces the port or echo identifier at port_off and fixes
+ * the L4 checksum at csum_off (no pseudo header: ports are not in it). */
+static __always_inline int rewrite_port(struct __sk_buff *skb, __u32 csum_off, __u32 port_off,
+					__be16 pfrom, __be16 pto, __u64 mangled)
+{
+	if (pfrom == pto)
+		return 0;
+	if (bpf_l4_csum_replace(skb, csum_off, pfrom, pto, mangled | 2) < 0)
+		return -1;
+	if (bpf_skb_store_bytes(skb, port_off, &pto, 2, 0) < 0)
+		return -1;
+	return 0;
+}
+
 /* rewrite_v4 replaces the address at addr_off (source or destination) and,
  * when port_off is non-zero, the port or echo identifier at port_off, fixing
  * the IPv4 header checksum and the L4 checksum at csum_off (0: this packet
@@ -41,12 +55,8 @@ static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 l3_off, __u32
 		if (proto != IPPROTO_ICMP &&
 		    bpf_l4_csum_replace(skb, csum_off, from, to, BPF_F_PSEUDO_HDR | mangled | 4) < 0)
 			return -1;
-		if (pfrom != pto) {
-			if (bpf_l4_csum_replace(skb, csum_off, pfrom, pto, mangled | 2) < 0)
-				return -1;
-			if (bpf_skb_store_bytes(skb, port_off, &pto, 2, 0) < 0)
-				return -1;
-		}
+		if (rewrite_port(skb, csum_off, port_off, pfrom, pto, mangled) < 0)
+			return -1;
 	}
 	if (bpf_l3_csum_replace(skb, l3_off + offsetof(struct iphdr, check), from, to, 4) < 0)
 		return -1;
@@ -56,8 +66,10 @@ static __always_inline int rewrite_v4(struct __sk_buff *skb, __u32 l3_off, __u32
 }
 
 /* rewrite_v6 is rewrite_v4 for IPv6: no header checksum, and ICMPv6 does
- * have a pseudo header. from and to point to 16-byte stack copies. */
-static __always_inline int rewrite_v6(struct __sk_buff *skb, __u32 addr_off, __u8 *from, __u8 *to,
+ * have a pseudo header. from and to point to 16-byte copies on the stack, so
+ * that the checksum change and the bytes written agree. */
+static __always_inline int rewrite_v6(struct __sk_buff *skb, __u32 addr_off, const __u8 *from,
+				      const __u8 *to,
 				      __u8 proto, __u32 csum_off, __u32 port_off,
 				      __be16 pfrom, __be16 pto)
 {
@@ -69,12 +81,8 @@ static __always_inline int rewrite_v6(struct __sk_buff *skb, __u32 addr_off, __u
 		if (bpf_l4_csum_replace(skb, csum_off, 0, (__u32)diff,
 					BPF_F_PSEUDO_HDR | csum_ipv6_flag | mangled) < 0)
 			return -1;
-		if (pfrom != pto) {
-			if (bpf_l4_csum_replace(skb, csum_off, pfrom, pto, mangled | 2) < 0)
-				return -1;
-			if (bpf_skb_store_bytes(skb, port_off, &pto, 2, 0) < 0)
-				return -1;
-		}
+		if (rewrite_port(skb, csum_off, port_off, pfrom, pto, mangled) < 0)
+			return -1;
 	}
 	if (bpf_skb_store_bytes(skb, addr_off, to, 16, 0) < 0)
 		return -1;

@@ -6,6 +6,7 @@
 
 #include <linux/bpf.h>
 #include <linux/types.h>
+#include <bpf/bpf_helpers.h>
 
 struct lpm_v4_key {
 	__u32 prefixlen;
@@ -66,7 +67,7 @@ enum nat_state {
 	NAT_STATE_MAX,
 };
 
-/* Exported so that bpf2go emits the enum for Go (-type nat_state). */
+/* Exported so that bpf2go emits the enum for Go (bpf.NATState). */
 const volatile enum nat_state nat_state_max = NAT_STATE_MAX;
 
 /* Host byte order. timeout_ns: idle lifetime per enum nat_state, written by
@@ -79,7 +80,12 @@ struct masq_config {
 };
 
 /* masq_config.flags */
-#define MASQ_CFG_KEEP_PORT	0x1	/* a TCP/UDP flow keeps its own source port (>= 1024) when free */
+enum masq_cfg_flag {
+	MASQ_CFG_KEEP_PORT = 0x1,	/* a TCP/UDP flow keeps its own source port (>= 1024) when free */
+};
+
+/* Exported so that bpf2go emits the enum for Go (bpf.ConfigKeepPort). */
+const volatile enum masq_cfg_flag masq_cfg_flags_known = MASQ_CFG_KEEP_PORT;
 
 struct nat_v4_key {
 	__be32 src;
@@ -102,13 +108,19 @@ struct nat_v6_key {
 };
 
 /* nat_*_val.flags: what each direction has seen, for lifetimes. */
-#define NAT_F_FIN	0x01	/* this direction sent a FIN */
-#define NAT_F_RST	0x02	/* this direction sent a RST */
-#define NAT_F_SEEN	0x04	/* dir 1 and 2: the answering side has sent a packet */
-#define NAT_F_HOST	0x08	/* dir 1: a node flow's tuple, held so no NAT pair takes it */
-#define NAT_F_CLOSED_FIRST 0x10	/* dir 0: the source sent the first FIN (the remote holds no TIME_WAIT) */
-#define NAT_F_STREAM	0x20	/* dir 1, UDP: answered and still active 2 s after it started (conntrack's stream_ts) */
-#define NAT_F_STORED	(NAT_F_FIN | NAT_F_RST | NAT_F_SEEN | NAT_F_HOST | NAT_F_CLOSED_FIRST | NAT_F_STREAM)
+enum nat_flag {
+	NAT_F_FIN = 0x01,		/* this direction sent a FIN */
+	NAT_F_RST = 0x02,		/* this direction sent a RST */
+	NAT_F_SEEN = 0x04,		/* dir 1 and 2: the answering side has sent a packet */
+	NAT_F_HOST = 0x08,		/* dir 1: a node flow's tuple, held so no NAT pair takes it */
+	NAT_F_CLOSED_FIRST = 0x10,	/* dir 0: the source sent the first FIN (the remote holds no TIME_WAIT) */
+	NAT_F_STREAM = 0x20,		/* dir 1, UDP: answered and still active 2 s after it started (conntrack's stream_ts) */
+	NAT_F_STORED = NAT_F_FIN | NAT_F_RST | NAT_F_SEEN | NAT_F_HOST | NAT_F_CLOSED_FIRST | NAT_F_STREAM,
+};
+
+/* Exported so that bpf2go emits the enum for Go (bpf.NATFlag*). */
+const volatile enum nat_flag nat_flags_stored = NAT_F_STORED;
+
 /* pkt.tcp_flags only, never stored. */
 #define PKT_F_SYN	0x40
 #define PKT_F_ACK	0x80
@@ -159,12 +171,32 @@ struct frag_v6_val {
 	__u8 addr[16];
 };
 
-enum {
+/* nat_*_key.dir and frag_*_key.dir. */
+enum nat_dir {
 	DIR_EGRESS = 0,
 	DIR_INGRESS = 1,
 	/* An inbound flow: a remote opened it toward a masquerade source. Keyed
 	 * like dir 0 (the source's reply tuple); its replies leave untranslated. */
 	DIR_INBOUND = 2,
 };
+
+/* Exported so that bpf2go emits the enum for Go (bpf.Dir*). */
+const volatile enum nat_dir nat_dir_last = DIR_INBOUND;
+
+/* Addresses as the maps hold them, in network byte order: a family
+ * template's FAM_ADDR (family.h). */
+typedef __be32 addr4_t;
+typedef __u8 addr6_t[16];
+
+static __always_inline int addr6_equal(const __u8 *a, const __u8 *b)
+{
+	__u64 a0, a1, b0, b1;
+
+	__builtin_memcpy(&a0, a, 8);
+	__builtin_memcpy(&a1, a + 8, 8);
+	__builtin_memcpy(&b0, b, 8);
+	__builtin_memcpy(&b1, b + 8, 8);
+	return a0 == b0 && a1 == b1;
+}
 
 #endif /* IPMASQ_LIB_TYPES_H */

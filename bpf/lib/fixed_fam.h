@@ -1,0 +1,147 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The fixed pairs of fixed.h for one family: a template, included once with
+ * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
+ * uses.
+ */
+
+#include "family.h"
+
+/* nat_create_fixed_v4/v6 insert both entries of a pair whose NAT port is
+ * the pod's own (out->sport: the SCTP port, or 0 for address-only). *res
+ * holds the reply entry's value first and then the pair's: one value less
+ * on a stack the verifier limits for the whole call chain. snat may point
+ * into *res (IPv6), so it is read before *res is written. */
+static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out, const FAM_ADDR snat,
+						     FAM_T(nat, val) *res)
+{
+	FAM_T(nat, key) in = {
+		.sport = out->dport, .dport = out->sport, .proto = out->proto, .dir = DIR_INGRESS,
+	};
+	FAM_T(nat, val) *cur;
+	int created = 1;
+	__u64 now;
+	long ret;
+
+	FAM_ADDR_COPY(in.src, out->dst);
+	FAM_ADDR_COPY(in.dst, snat);
+	now = bpf_ktime_get_ns();
+	__builtin_memset(res, 0, sizeof(*res));
+	FAM_ADDR_COPY(res->addr, out->src);
+	res->port = out->sport;
+	res->last_seen_ns = res->created_ns = now;
+	ret = bpf_map_update_elem(&FAM(nat), &in, res, BPF_NOEXIST);
+	if (ret == -EEXIST) {
+		/* ours if another CPU is creating the same flow right now */
+		cur = bpf_map_lookup_elem(&FAM(nat), &in);
+		if (!cur || !FAM_ADDR_EQ(cur->addr, out->src) || cur->port != out->sport)
+			return COUNTER_PAIR_TAKEN;
+		created = 0;
+	} else if (ret) {
+		return COUNTER_NAT_FULL;
+	}
+	FAM_ADDR_COPY(res->addr, in.dst);
+	ret = bpf_map_update_elem(&FAM(nat), out, res, BPF_NOEXIST);
+	if (ret == 0)
+		return COUNTER_NAT_NEW;
+	if (ret != -EEXIST) {
+		if (created)
+			bpf_map_delete_elem(&FAM(nat), &in);
+		return COUNTER_NAT_FULL;
+	}
+	cur = bpf_map_lookup_elem(&FAM(nat), out);
+	if (!cur)
+		return COUNTER_ERROR;
+	*res = *cur;
+	return COUNTER_MASQUERADED;
+}
+
+static __noinline int FAM(egress_fixed)(struct __sk_buff *skb, const struct pkt *p,
+					const struct masq_rule *rule)
+{
+	FAM_T(nat, key) k = {
+		.sport = p->sport, .dport = p->dport, .proto = p->proto, .dir = DIR_EGRESS,
+	};
+	FAM_T(nat, val) *v, nv;
+	enum counter c;
+
+	FAM_ADDR_COPY(k.src, FAM_PKT(p).saddr);
+	FAM_ADDR_COPY(k.dst, FAM_PKT(p).daddr);
+	v = bpf_map_lookup_elem(&FAM(nat), &k);
+	if (v) {
+		FAM(nat_touch)(v, 0);
+		FAM_ADDR_COPY(nv.addr, v->addr);
+	} else {
+		c = FAM(decide)(skb, p, rule, &nv.addr);
+		if (c != COUNTER_MASQUERADED) {
+			count(c);
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+		}
+		/* the SNAT address decide chose is in nv.addr */
+		c = FAM(nat_create_fixed)(&k, nv.addr, &nv);
+		if (c == COUNTER_NAT_NEW) {
+			count_fixed_new(p, rule);
+		} else if (c != COUNTER_MASQUERADED) {
+			count(c);
+			return TC_ACT_SHOT;
+		}
+	}
+	if (p->frag == FRAG_FIRST)
+		FAM(frag_remember)(p, DIR_EGRESS, nv.addr);
+	if (FAM_REWRITE(skb, p, saddr, FAM_PKT(p).saddr, nv.addr, p->proto, fixed_csum_off(p),
+			0, 0, 0) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	count(COUNTER_MASQUERADED);
+	return TC_ACT_UNSPEC;
+}
+
+static __noinline int FAM(ingress_fixed)(struct __sk_buff *skb, const struct pkt *p)
+{
+	FAM_T(nat, key) k = {
+		.sport = p->sport, .dport = p->dport, .proto = p->proto, .dir = DIR_INGRESS,
+	};
+	FAM_T(nat, val) *v;
+	FAM_ADDR from, to;
+
+	FAM_ADDR_COPY(k.src, FAM_PKT(p).saddr);
+	FAM_ADDR_COPY(k.dst, FAM_PKT(p).daddr);
+	v = bpf_map_lookup_elem(&FAM(nat), &k);
+	if (!v)
+		return TC_ACT_UNSPEC;
+	FAM(nat_touch)(v, 0);
+	FAM_ADDR_COPY(to, v->addr);
+	FAM_ADDR_COPY(from, FAM_PKT(p).daddr);
+	if (p->frag == FRAG_FIRST)
+		FAM(frag_remember)(p, DIR_INGRESS, to);
+	if (FAM_REWRITE(skb, p, daddr, from, to, p->proto, fixed_csum_off(p), 0, 0, 0) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	count(COUNTER_REVERSE);
+	return TC_ACT_UNSPEC;
+}
+
+/* egress_untranslatable_v4/v6 handle a masquerade source's packet the
+ * program cannot translate (an IPv6 header chain longer than it walks, a
+ * fragmented ICMP error, an echo reply of no flow): dropped when its
+ * destination would be masqueraded, so the pod address never leaves;
+ * passed otherwise. */
+static __noinline int FAM(egress_untranslatable)(struct __sk_buff *skb, const struct pkt *p,
+						 const struct masq_rule *rule)
+{
+	FAM_ADDR snat;
+	enum counter c;
+
+	c = FAM(decide)(skb, p, rule, &snat);
+	if (c != COUNTER_MASQUERADED) {
+		count(c);
+		return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+	}
+	count(COUNTER_DROP_UNTRANSLATABLE);
+	return TC_ACT_SHOT;
+}
+
+#undef FAMILY
+#include "family.h"

@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The fragments of frag.h for one family: a template, included once with
+ * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
+ * uses.
+ */
+
+#include "family.h"
+
+static __always_inline void FAM(frag_key)(const struct pkt *p, int dir, FAM_T(frag, key) *k)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	FAM_ADDR_COPY(k->src, FAM_PKT(p).saddr);
+	FAM_ADDR_COPY(k->dst, FAM_PKT(p).daddr);
+	k->id = p->frag_id;
+	k->proto = p->proto;
+	k->dir = dir;
+}
+
+/* frag_remember_v4/v6 record the address a first fragment was translated
+ * to, for the datagram's later fragments. */
+static __always_inline void FAM(frag_remember)(const struct pkt *p, int dir, const FAM_ADDR to)
+{
+	FAM_T(frag, key) k;
+	FAM_T(frag, val) v;
+
+	FAM(frag_key)(p, dir, &k);
+	FAM_ADDR_COPY(v.addr, to);
+	bpf_map_update_elem(&FAM(frag), &k, &v, BPF_ANY);
+}
+
+static __always_inline FAM_T(frag, val) *FAM(frag_lookup)(const struct pkt *p, int dir)
+{
+	FAM_T(frag, key) k;
+
+	FAM(frag_key)(p, dir, &k);
+	return bpf_map_lookup_elem(&FAM(frag), &k);
+}
+
+/* egress_frag_v4/v6 handle a non-first fragment from a masquerade source:
+ * the L3 rewrite from the first fragment's record. */
+static __always_inline int FAM(egress_frag)(struct __sk_buff *skb, const struct pkt *p,
+					    const struct masq_rule *rule)
+{
+	FAM_T(frag, val) *f = FAM(frag_lookup)(p, DIR_EGRESS);
+	FAM_ADDR from, to;
+	enum counter c;
+
+	if (!f) {
+		c = FAM(decide)(skb, p, rule, &to);
+		if (c != COUNTER_MASQUERADED) {
+			count(c);
+			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+		}
+		count(COUNTER_FRAG_UNKNOWN);
+		return TC_ACT_SHOT;
+	}
+	FAM_ADDR_COPY(from, FAM_PKT(p).saddr);
+	FAM_ADDR_COPY(to, f->addr);
+	if (FAM_REWRITE(skb, p, saddr, from, to, p->proto, 0, 0, 0, 0) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	count(COUNTER_FRAGMENTS);
+	return TC_ACT_UNSPEC;
+}
+
+/* ingress_frag_v4/v6 handle a non-first fragment on ingress: the L3
+ * rewrite from the first fragment's record, untouched without one. */
+static __always_inline int FAM(ingress_frag)(struct __sk_buff *skb, const struct pkt *p)
+{
+	FAM_T(frag, val) *f = FAM(frag_lookup)(p, DIR_INGRESS);
+	FAM_ADDR from, to;
+
+	if (!f)
+		return TC_ACT_UNSPEC;
+	FAM_ADDR_COPY(from, FAM_PKT(p).daddr);
+	FAM_ADDR_COPY(to, f->addr);
+	if (FAM_REWRITE(skb, p, daddr, from, to, p->proto, 0, 0, 0, 0) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	count(COUNTER_FRAGMENTS);
+	return TC_ACT_UNSPEC;
+}
+
+#undef FAMILY
+#include "family.h"

@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The ingress path of ingress.h for one family: a template, included once
+ * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers
+ * it uses.
+ */
+
+#include "family.h"
+
+static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
+{
+	FAM_T(nat, key) k = { .dir = DIR_INGRESS };
+	FAM_T(nat, val) *v;
+	FAM_ADDR from, to;
+	struct pkt p;
+
+	p.l3_off = l3_off;
+	/* IPv6: 1 is a header chain the parser does not walk, left alone */
+	if (FAM(parse_l3)(skb, &p) != 0)
+		return TC_ACT_UNSPEC;
+	if (p.frag == FRAG_LATER)
+		return FAM(ingress_frag)(skb, &p);
+	if (parse_l4(skb, &p, DIR_INGRESS) < 0)
+		return TC_ACT_UNSPEC;
+	if (p.kind == PKT_ICMP_ERR)
+		return FAM(icmp_error)(skb, &p);
+	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
+		return FAM(ingress_fixed)(skb, &p);
+	if (p.kind == PKT_ECHO_INBOUND) {
+		FAM(inbound_track)(skb, &p);
+		return TC_ACT_UNSPEC;
+	}
+	if (p.kind != PKT_PORTS)
+		return TC_ACT_UNSPEC;
+
+	FAM_ADDR_COPY(k.src, FAM_PKT(&p).saddr);
+	FAM_ADDR_COPY(k.dst, FAM_PKT(&p).daddr);
+	k.sport = p.sport;
+	k.dport = p.dport;
+	k.proto = p.proto;
+	v = bpf_map_lookup_elem(&FAM(nat), &k);
+	if (!v) {
+		FAM(inbound_track)(skb, &p);
+		return TC_ACT_UNSPEC;
+	}
+	nat_udp_stream(p.proto, &v->flags, v->created_ns);
+	FAM(nat_touch)(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	if (v->flags & NAT_F_HOST)
+		return TC_ACT_UNSPEC; /* a node flow's reply */
+	FAM_ADDR_COPY(from, FAM_PKT(&p).daddr);
+	FAM_ADDR_COPY(to, v->addr);
+	if (p.frag == FRAG_FIRST)
+		FAM(frag_remember)(&p, DIR_INGRESS, to);
+	if (FAM_REWRITE(skb, &p, daddr, from, to, p.proto, p.l4_off + l4_csum_off(p.proto),
+			p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, v->port) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	count(COUNTER_REVERSE);
+	return TC_ACT_UNSPEC;
+}
+
+#undef FAMILY
+#include "family.h"
