@@ -76,91 +76,9 @@ static __always_inline __u64 *nat_search_allowed(__u32 family, __u64 now)
 	return until;
 }
 
-struct early_drop_v4 {
-	struct nat_v4_key victim;
-	__u32 found;
-};
-
-struct early_drop_v6 {
-	struct nat_v6_key victim;
-	__u32 found;
-};
-
-static long early_drop_cb_v4(void *map, const struct nat_v4_key *k, struct nat_v4_val *v,
-			     struct early_drop_v4 *ctx)
-{
-	if (k->dir != DIR_INGRESS || !nat_evictable(k->proto, v->flags))
-		return 0;
-	ctx->victim = *k;
-	ctx->found = 1;
-	return 1;
-}
-
-static long early_drop_cb_v6(void *map, const struct nat_v6_key *k, struct nat_v6_val *v,
-			     struct early_drop_v6 *ctx)
-{
-	if (k->dir != DIR_INGRESS || !nat_evictable(k->proto, v->flags))
-		return 0;
-	__builtin_memcpy(&ctx->victim, k, sizeof(*k));
-	ctx->found = 1;
-	return 1;
-}
-
-/* nat_early_drop_v4 drops one evictable IPv4 pair, both halves, and says
- * whether it did. */
-static __noinline int nat_early_drop_v4(void)
-{
-	struct early_drop_v4 ctx = {};
-	struct nat_v4_key peer;
-	struct nat_v4_val *v, *o;
-	__u64 now = bpf_ktime_get_ns(), *until;
-
-	until = nat_search_allowed(0, now);
-	if (!until)
-		return 0;
-	bpf_for_each_map_elem(&nat_v4, early_drop_cb_v4, &ctx, 0);
-	if (!ctx.found) {
-		*until = now + NAT_FULL_BACKOFF_NS;
-		return 0;
-	}
-	v = bpf_map_lookup_elem(&nat_v4, &ctx.victim);
-	if (v) {
-		nat_pair_v4(&ctx.victim, v, &peer);
-		o = bpf_map_lookup_elem(&nat_v4, &peer);
-		if (o && o->addr == ctx.victim.dst && o->port == ctx.victim.dport)
-			bpf_map_delete_elem(&nat_v4, &peer);
-	}
-	bpf_map_delete_elem(&nat_v4, &ctx.victim);
-	count(COUNTER_NAT_EARLY_DROP);
-	return 1;
-}
-
-/* nat_early_drop_v6 is nat_early_drop_v4 for IPv6. */
-static __noinline int nat_early_drop_v6(void)
-{
-	struct early_drop_v6 ctx = {};
-	struct nat_v6_key peer;
-	struct nat_v6_val *v, *o;
-	__u64 now = bpf_ktime_get_ns(), *until;
-
-	until = nat_search_allowed(1, now);
-	if (!until)
-		return 0;
-	bpf_for_each_map_elem(&nat_v6, early_drop_cb_v6, &ctx, 0);
-	if (!ctx.found) {
-		*until = now + NAT_FULL_BACKOFF_NS;
-		return 0;
-	}
-	v = bpf_map_lookup_elem(&nat_v6, &ctx.victim);
-	if (v) {
-		nat_pair_v6(&ctx.victim, v, &peer);
-		o = bpf_map_lookup_elem(&nat_v6, &peer);
-		if (o && addr6_equal(o->addr, ctx.victim.dst) && o->port == ctx.victim.dport)
-			bpf_map_delete_elem(&nat_v6, &peer);
-	}
-	bpf_map_delete_elem(&nat_v6, &ctx.victim);
-	count(COUNTER_NAT_EARLY_DROP);
-	return 1;
-}
+#define FAMILY 4
+#include "pressure_fam.h"
+#define FAMILY 6
+#include "pressure_fam.h"
 
 #endif /* IPMASQ_LIB_PRESSURE_H */

@@ -62,15 +62,7 @@ func TestSNATAddressOnLoopback(t *testing.T) {
 		defer conn.Close()
 		for round := range 6 {
 			time.Sleep(500 * time.Millisecond) // a few collector rounds
-			msg := fmt.Sprintf("after %d ms\n", (round+1)*500)
-			conn.SetDeadline(time.Now().Add(3 * time.Second))
-			if _, err := conn.Write([]byte(msg)); err != nil {
-				t.Fatalf("write %s: %v", msg, err)
-			}
-			buf := make([]byte, len(msg))
-			if _, err := readFull(conn, buf); err != nil || string(buf) != msg {
-				t.Fatalf("echo %q: got %q, %v", msg, buf, err)
-			}
+			echoOnce(t, conn, fmt.Sprintf("after %d ms\n", (round+1)*500))
 		}
 		if seen, err := udpSource(s.topo.Pod, topology.RemoteIP4); err != nil || seen != nodeLoopbackIP4.String() {
 			t.Fatalf("UDP from the pod: server saw %q (%v), want %s", seen, err, nodeLoopbackIP4)
