@@ -219,6 +219,15 @@ func TestMasqRuleChanges(t *testing.T) {
 	untouched(t, e, h, CounterSkipNotSource)
 	h.tcpFlags = tcpACK
 	untouched(t, e, h, CounterSkipNotSource)
+	// Once the running flow has closed, a new SYN of its tuple is a new
+	// flow: not masqueraded any more.
+	f.tcpFlags = tcpFIN | tcpACK
+	masqueraded(t, e.egress(f.packet()), f, ruleTo4)
+	r := reply(f, ruleTo4, natPort)
+	r.tcpFlags = tcpFIN | tcpACK
+	e.ingress(r.packet())
+	f.tcpFlags = tcpSYN
+	untouched(t, e, f, CounterSkipNotSource)
 	var v NATValV4
 	k := NATKeyV4{Src: Addr4(client4), Dst: Addr4(remote4), Sport: Port(40000), Dport: Port(443), Proto: protoTCP, Dir: DirEgress}
 	if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil {

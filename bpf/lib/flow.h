@@ -188,9 +188,10 @@ static __always_inline void nat_pair_v6(const struct nat_v6_key *k, const struct
  * exists. Cheap for most packets; once a second per pair, and for every SYN,
  * it checks the reply entry: one lost (a collector race) is put back, one taken
  * by another flow ends this pair (returns 1: the caller treats the packet
- * as having no pair). A SYN on a closed or expired pair reopens it. */
+ * as having no pair). A SYN on a closed or expired pair reopens it, unless
+ * the source is no longer a masquerade source (former: returns 1). */
 __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val *v,
-				   const struct pkt *p)
+				   const struct pkt *p, int former)
 {
 	struct masq_config *cfg;
 	__u8 flags;
@@ -230,6 +231,11 @@ __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val 
 	    (nat_closed(v->flags, r->flags) ||
 	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
 			 v->last_seen_ns : r->last_seen_ns, now))) {
+		/* A new flow of the tuple: one of a source that is no longer
+		 * a masquerade source is not masqueraded (conntrack makes a new
+		 * entry, and decides again). */
+		if (former)
+			return 1;
 		NAT_RESET(v, now);
 		NAT_RESET(r, now);
 		count(COUNTER_NAT_REOPENED);
@@ -245,7 +251,7 @@ __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val 
 }
 
 __noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val *v,
-				   const struct pkt *p)
+				   const struct pkt *p, int former)
 {
 	struct masq_config *cfg;
 	__u8 flags;
@@ -285,6 +291,11 @@ __noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val 
 	    (nat_closed(v->flags, r->flags) ||
 	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
 			 v->last_seen_ns : r->last_seen_ns, now))) {
+		/* A new flow of the tuple: one of a source that is no longer
+		 * a masquerade source is not masqueraded (conntrack makes a new
+		 * entry, and decides again). */
+		if (former)
+			return 1;
 		NAT_RESET(v, now);
 		NAT_RESET(r, now);
 		count(COUNTER_NAT_REOPENED);
