@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -130,23 +131,85 @@ func TestInboundFlowRepliesNotTranslated(t *testing.T) {
 	}
 }
 
-// TestOnlyFlowStartMakesPair: a SYN-ACK, RST or mid-stream segment from a
-// pod with no pair and no inbound record passes untranslated and makes no
-// pair; a SYN does.
-func TestOnlyFlowStartMakesPair(t *testing.T) {
+// TestSegmentWithoutPair: a pod's TCP segment that has no NAT pair and no
+// inbound record never leaves with the pod's address toward a masqueraded
+// destination. A mid-stream segment (ACK, data, FIN) is picked up, as
+// nf_conntrack_tcp_loose=1 does: it gets a pair with its own port, counted
+// in nat-picked-up, not yet established (60 s) until the remote answers.
+// A SYN-ACK or a RST starts nothing and is dropped (drop-no-pair). Toward
+// a non-masquerade destination they all pass untranslated and make no
+// pair, as before.
+func TestSegmentWithoutPair(t *testing.T) {
 	e := newEnv(t, envOptions{})
-	for _, flags := range []uint8{tcpSYN | tcpACK, tcpRST, tcpRST | tcpACK, tcpACK, tcpFIN | tcpACK} {
+	if err := e.dp.SetKeepSourcePort(true); err != nil { // the agent's default
+		t.Fatal(err)
+	}
+	for _, flags := range []uint8{tcpSYN | tcpACK, tcpRST, tcpRST | tcpACK} {
 		f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: flags}
 		before := e.counters()
-		in := f.packet()
-		unchanged(t, in, e.egress(in))
-		e.checkCounters(before, map[Counter]uint64{CounterSkipNotFlowStart: 1})
+		if ret, _ := e.run(e.dp.Egress, f.packet()); ret != tcActShot {
+			t.Fatalf("flags %#x without a pair: verdict %d, want TC_ACT_SHOT", flags, int32(ret))
+		}
+		e.checkCounters(before, map[Counter]uint64{CounterDropNoPair: 1})
 	}
 	if n := e.natCount(false); len(n) != 0 {
 		t.Fatalf("NAT entries %v after packets that start no flow", n)
 	}
-	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
-	masqueraded(t, e.egress(f.packet()), f, snat4)
+	for i, flags := range []uint8{tcpACK, tcpFIN | tcpACK} {
+		f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: uint16(40001 + i), dport: 443, tcpFlags: flags, payload: []byte("mid")}
+		before := e.counters()
+		if p := parse(t, e.egress(f.packet())); p.src != snat4 || p.sport != f.sport || p.dst != f.dst || p.dport != f.dport {
+			t.Fatalf("picked-up segment leaves as %v:%d -> %v:%d, want %v:%d (its own port) -> %v:%d",
+				p.src, p.sport, p.dst, p.dport, snat4, f.sport, f.dst, f.dport)
+		}
+		e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATPickedUp: 1, CounterNATPortKept: 1})
+		k := NATKeyV4{Src: Addr4(pod1), Dst: Addr4(remote4), Sport: Port(f.sport), Dport: Port(443), Proto: protoTCP, Dir: DirEgress}
+		rk := NATKeyV4{Src: Addr4(remote4), Dst: Addr4(snat4), Sport: Port(443), Dport: Port(f.sport), Proto: protoTCP, Dir: DirIngress}
+		var v, rv NATValV4
+		if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.dp.Maps.NatV4.Lookup(rk, &rv); err != nil {
+			t.Fatal(err)
+		}
+		want := StateTCPSyn
+		if flags&tcpFIN != 0 {
+			want = StateTCPClosing
+		}
+		if got := StateOf(protoTCP, v.Flags|rv.Flags); got != want {
+			t.Fatalf("picked-up pair (flags %#x) in state %s, want %s", flags, got, want)
+		}
+		// The remote's answer makes it established; the pod's next
+		// segment takes its pair.
+		r := reply(f, snat4, f.sport)
+		r.tcpFlags = tcpACK
+		if p := parse(t, e.ingress(r.packet())); p.dst != pod1 || p.dport != f.sport {
+			t.Fatalf("answer translated to %v:%d", p.dst, p.dport)
+		}
+		if flags&tcpFIN == 0 {
+			e.dp.Maps.NatV4.Lookup(rk, &rv)
+			if got := StateOf(protoTCP, v.Flags|rv.Flags); got != StateTCPEstablished {
+				t.Fatalf("picked-up pair after the answer: %s", got)
+			}
+		}
+		before = e.counters()
+		if p := parse(t, e.egress(f.packet())); p.src != snat4 || p.sport != f.sport {
+			t.Fatalf("next segment leaves as %v:%d", p.src, p.sport)
+		}
+		e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1})
+	}
+	// Toward a non-masquerade destination (newEnv's 192.168.0.0/16)
+	// nothing is made or dropped.
+	for _, flags := range []uint8{tcpSYN | tcpACK, tcpRST, tcpACK, tcpFIN | tcpACK} {
+		f := flow{src: pod1, dst: netip.MustParseAddr("192.168.1.1"), proto: protoTCP, sport: 40000, dport: 443, tcpFlags: flags}
+		before := e.counters()
+		in := f.packet()
+		unchanged(t, in, e.egress(in))
+		e.checkCounters(before, map[Counter]uint64{CounterSkipNonMasqDst: 1})
+	}
+	if n := e.natCount(false); n[DirEgress] != 2 || n[DirIngress] != 2 {
+		t.Fatalf("NAT entries %v, want the two picked-up pairs only", n)
+	}
 }
 
 // TestSYNReopensClosedPair: after FIN from both sides, a new SYN of the same
@@ -384,53 +447,66 @@ func TestResizedNATMapKeepsPairs(t *testing.T) {
 	}
 }
 
-// TestHashNATMapUpgradedToLRU: a node upgraded from a version whose NAT maps
-// were plain hash maps keeps its pairs: the pinned hash map's entries are
-// copied into the LRU map that replaces it.
-func TestHashNATMapUpgradedToLRU(t *testing.T) {
-	e := newEnv(t, envOptions{natMax: 64})
-	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}
-	port := masqueraded(t, e.egress(f.packet()), f, snat4)
+// TestNATMapUpgradedToHash: a node upgraded from a version whose NAT maps
+// were LRU maps (or, before those, hash maps without BPF_F_NO_PREALLOC)
+// keeps its pairs: the pinned LRU map's entries are copied into the hash
+// map that replaces it (a hash map of the same size is the new layout
+// already, and is kept as it is).
+func TestNATMapUpgradedToHash(t *testing.T) {
+	for _, typ := range []ebpf.MapType{ebpf.LRUHash, ebpf.Hash} {
+		t.Run(typ.String(), func(t *testing.T) {
+			e := newEnv(t, envOptions{natMax: 64})
+			f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+			port := masqueraded(t, e.egress(f.packet()), f, snat4)
+			e.ingress(reply(f, snat4, port).packet())
 
-	// Put a hash map with the same entries where the LRU map is pinned.
-	lru := e.dp.Maps.NatV4
-	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: lru.KeySize(),
-		ValueSize: lru.ValueSize(), MaxEntries: lru.MaxEntries()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
-	var k NATKeyV4
-	var v NATValV4
-	for it := lru.Iterate(); it.Next(&k, &v); {
-		if err := old.Put(k, v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	path := filepath.Join(e.pinDir, MapNATV4)
-	if err := os.Remove(path); err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Pin(path); err != nil {
-		t.Fatal(err)
-	}
+			// Put an old-style map with the same entries where the map is pinned.
+			cur := e.dp.Maps.NatV4
+			old, err := ebpf.NewMap(&ebpf.MapSpec{Type: typ, KeySize: cur.KeySize(),
+				ValueSize: cur.ValueSize(), MaxEntries: cur.MaxEntries()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Close()
+			var k NATKeyV4
+			var v NATValV4
+			n := 0
+			for it := cur.Iterate(); it.Next(&k, &v); n++ {
+				if err := old.Put(k, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n != 2 {
+				t.Fatalf("%d entries before the upgrade, want 2", n)
+			}
+			path := filepath.Join(e.pinDir, MapNATV4)
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			if err := old.Pin(path); err != nil {
+				t.Fatal(err)
+			}
 
-	dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.dp.Close()
-	e.dp = dp2
-	t.Cleanup(func() { dp2.Close() })
-	if typ := e.dp.Maps.NatV4.Type(); typ != ebpf.LRUHash {
-		t.Fatalf("nat_v4 is a %s after the upgrade, want LRUHash", typ)
-	}
-	f.tcpFlags = tcpACK
-	if got := masqueraded(t, e.egress(f.packet()), f, snat4); got != port {
-		t.Fatalf("NAT port %d after the upgrade, before %d", got, port)
-	}
-	if p := parse(t, e.ingress(reply(f, snat4, port).packet())); p.dst != pod1 || p.dport != 40000 {
-		t.Fatalf("reply went to %v:%d after the upgrade", p.dst, p.dport)
+			dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.dp.Close()
+			e.dp = dp2
+			t.Cleanup(func() { dp2.Close() })
+			if got := e.dp.Maps.NatV4.Type(); got != ebpf.Hash {
+				t.Fatalf("nat_v4 is a %s after the upgrade, want a Hash", got)
+			}
+			before := e.counters()
+			f.tcpFlags = tcpACK
+			if got := masqueraded(t, e.egress(f.packet()), f, snat4); got != port {
+				t.Fatalf("NAT port %d after the upgrade, before %d", got, port)
+			}
+			e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1})
+			if p := parse(t, e.ingress(reply(f, snat4, port).packet())); p.dst != pod1 || p.dport != 40000 {
+				t.Fatalf("reply went to %v:%d after the upgrade", p.dst, p.dport)
+			}
+		})
 	}
 }
 
@@ -467,4 +543,162 @@ func TestNodeFlowPortHeldFromNAT(t *testing.T) {
 	// Once the node flow is idle past its lifetime, the port is free again.
 	e.age(DefaultLifetimes.UDPReplied + time.Second)
 	masqueradedRange(t, e.egress(pod.packet()), 61000, 61000)
+}
+
+// TestPodErrorAboutInboundFlow: a remote's UDP probe to a pod port (an
+// inbound flow, recorded on ingress) is answered by the pod with an ICMP
+// port unreachable; the error leaves untranslated from the pod's address,
+// as Linux passes it, IPv4 and IPv6. The same error about a flow nobody
+// opened is still dropped.
+func TestPodErrorAboutInboundFlow(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	for _, c := range []struct {
+		pod, remote netip.Addr
+		typ, code   uint8
+	}{{pod1, remote4, 3, 3}, {pod6, remote6, 1, 4}} {
+		probe := flow{src: c.remote, dst: c.pod, proto: protoUDP, sport: 5353, dport: 7012, payload: []byte("probe")}
+		unchanged(t, probe.packet(), e.ingress(probe.packet()))
+		quote := probe.packet()[14:]
+		errPkt := icmpError(c.pod, c.remote, c.typ, c.code, quote)
+		before := e.counters()
+		unchanged(t, errPkt, e.egress(errPkt))
+		e.checkCounters(before, map[Counter]uint64{CounterSkipInboundReply: 1})
+
+		// No inbound record for this one: dropped, the pod's address stays in.
+		other := probe
+		other.sport = 5354
+		errPkt = icmpError(c.pod, c.remote, c.typ, c.code, other.packet()[14:])
+		before = e.counters()
+		if ret, _ := e.run(e.dp.Egress, errPkt); ret != tcActShot {
+			t.Fatalf("%s: error about no known flow: verdict %d, want TC_ACT_SHOT", c.pod, int32(ret))
+		}
+		e.checkCounters(before, map[Counter]uint64{CounterICMPErrorUnknown: 1})
+	}
+}
+
+// udpState is the state of the IPv4 UDP pair of f (translated to port).
+func (e *testEnv) udpState(t *testing.T, f flow, port uint16) NATState {
+	t.Helper()
+	k := NATKeyV4{Src: Addr4(f.src), Dst: Addr4(f.dst), Sport: Port(f.sport), Dport: Port(f.dport), Proto: protoUDP, Dir: DirEgress}
+	rk := NATKeyV4{Src: Addr4(f.dst), Dst: Addr4(snat4), Sport: Port(f.dport), Dport: Port(port), Proto: protoUDP, Dir: DirIngress}
+	var v, rv NATValV4
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil {
+		t.Fatalf("egress entry: %v", err)
+	}
+	if err := e.dp.Maps.NatV4.Lookup(rk, &rv); err != nil {
+		t.Fatalf("reply entry: %v", err)
+	}
+	return StateOf(protoUDP, v.Flags|rv.Flags)
+}
+
+// TestUDPLifetimes: as conntrack, a UDP query and its answer live the
+// short UDP lifetime (30 s), and only a flow still active 2 s after it
+// started, answered, becomes a stream with the replied lifetime (2 min).
+// The clock is the entries' own: they are aged instead of waiting. An
+// answered query 31 s idle has expired: its port goes to a new flow.
+func TestUDPLifetimes(t *testing.T) {
+	e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+	q := flow{src: pod1, dst: remote4, proto: protoUDP, sport: 40000, dport: 53, payload: []byte("q")}
+	port := masqueraded(t, e.egress(q.packet()), q, snat4)
+	if s := e.udpState(t, q, port); s != StateUDP {
+		t.Fatalf("query: %s", s)
+	}
+	a := reply(q, snat4, port)
+	e.ingress(a.packet())
+	if s := e.udpState(t, q, port); s != StateUDP {
+		t.Fatalf("query answered at once: %s, want %s (30 s)", s, StateUDP)
+	}
+	// Answered again within 2 s of its start: still a query's lifetime.
+	e.ingress(a.packet())
+	masqueraded(t, e.egress(q.packet()), q, snat4)
+	if s := e.udpState(t, q, port); s != StateUDP {
+		t.Fatalf("exchanges within 2 s: %s, want %s", s, StateUDP)
+	}
+	// The same flow 3 s after it started, answered before: a stream, by
+	// an answer and by the pod's next datagram (the egress path checks
+	// once a second).
+	for _, dir := range []string{"answer", "pod's datagram"} {
+		e.age(3 * time.Second)
+		k := NATKeyV4{Src: Addr4(remote4), Dst: Addr4(snat4), Sport: Port(53), Dport: Port(port), Proto: protoUDP, Dir: DirIngress}
+		var rv NATValV4
+		e.dp.Maps.NatV4.Lookup(k, &rv)
+		rv.Flags &^= NATFlagStream
+		e.dp.Maps.NatV4.Put(k, rv)
+		if dir == "answer" {
+			e.ingress(a.packet())
+		} else {
+			masqueraded(t, e.egress(q.packet()), q, snat4)
+		}
+		if s := e.udpState(t, q, port); s != StateUDPReplied {
+			t.Fatalf("%s 3 s after the start: %s, want %s (2 min)", dir, s, StateUDPReplied)
+		}
+	}
+
+	// Another query and answer, idle 31 s: expired; the one-port range's
+	// port goes to a new flow at once.
+	e2 := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+	port = masqueraded(t, e2.egress(q.packet()), q, snat4)
+	e2.ingress(reply(q, snat4, port).packet())
+	other := flow{src: pod1, dst: remote4, proto: protoUDP, sport: 40001, dport: 53, payload: []byte("q")}
+	e2.age(29 * time.Second)
+	if ret, _ := e2.run(e2.dp.Egress, other.packet()); ret != tcActShot {
+		t.Fatalf("answered query 29 s idle: its port was taken (verdict %d)", int32(ret))
+	}
+	e2.age(31 * time.Second)
+	if got := masqueraded(t, e2.egress(other.packet()), other, snat4); got != port {
+		t.Fatalf("new flow got port %d, want the expired query's %d", got, port)
+	}
+}
+
+// TestFullTableSparesAssured: a table full of established TCP pairs (each
+// SYN answered) refuses a new flow, counted in drop-nat-table-full, and
+// keeps every established pair whole; it evicts nothing. Once one pair
+// closes (a FIN from the remote), a new flow is admitted in its place
+// after the 100 ms during which a full table is not searched again.
+func TestFullTableSparesAssured(t *testing.T) {
+	const natMax = 16 // 8 pairs
+	e := newEnv(t, envOptions{natMax: natMax})
+	var est []flow
+	var ports []uint16
+	for i := range natMax / 2 {
+		f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: uint16(40000 + i), dport: 443, tcpFlags: tcpSYN}
+		port := masqueraded(t, e.egress(f.packet()), f, snat4)
+		e.ingress(reply(f, snat4, port).packet())
+		est, ports = append(est, f), append(ports, port)
+	}
+	for _, proto := range []uint8{protoTCP, protoUDP} {
+		f := flow{src: pod1, dst: remote4, proto: proto, sport: 50000, dport: 443, tcpFlags: tcpSYN}
+		before := e.counters()
+		if ret, _ := e.run(e.dp.Egress, f.packet()); ret != tcActShot {
+			t.Fatalf("new %d flow with the table full of established pairs: verdict %d, want TC_ACT_SHOT", proto, int32(ret))
+		}
+		e.checkCounters(before, map[Counter]uint64{CounterNATFull: 1})
+	}
+	for i, f := range est {
+		f.tcpFlags = tcpACK
+		if got := masqueraded(t, e.egress(f.packet()), f, snat4); got != ports[i] {
+			t.Fatalf("established pair %d: port %d, was %d", i, got, ports[i])
+		}
+		if p := parse(t, e.ingress(reply(f, snat4, ports[i]).packet())); p.dst != pod1 || p.dport != f.sport {
+			t.Fatalf("established pair %d: reply to %v:%d", i, p.dst, p.dport)
+		}
+	}
+	if n := e.natCount(false); n[DirEgress] != natMax/2 || n[DirIngress] != natMax/2 {
+		t.Fatalf("entries by direction %v, want the %d established pairs", n, natMax/2)
+	}
+
+	// The remote closes one: it may be dropped for a new flow.
+	r := reply(est[0], snat4, ports[0])
+	r.tcpFlags = tcpFIN | tcpACK
+	e.ingress(r.packet())
+	time.Sleep(150 * time.Millisecond) // past the search backoff
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 50001, dport: 443, tcpFlags: tcpSYN}
+	before := e.counters()
+	masqueraded(t, e.egress(f.packet()), f, snat4)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATEarlyDrop: 1})
+	k := NATKeyV4{Src: Addr4(pod1), Dst: Addr4(remote4), Sport: Port(est[0].sport), Dport: Port(443), Proto: protoTCP, Dir: DirEgress}
+	var v NATValV4
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("the closed pair's egress half outlived its drop: %v", err)
+	}
 }

@@ -41,6 +41,10 @@ const (
 	CounterHostFlowNew        = Counter(masqCounterCOUNTER_HOST_FLOW_NEW)
 	CounterNATPortKept        = Counter(masqCounterCOUNTER_NAT_PORT_KEPT)
 	CounterHostFlowRemapped   = Counter(masqCounterCOUNTER_HOST_FLOW_REMAPPED)
+	CounterNATPickedUp        = Counter(masqCounterCOUNTER_NAT_PICKED_UP)
+	CounterDropNoPair         = Counter(masqCounterCOUNTER_DROP_NO_PAIR)
+	CounterFormerSource       = Counter(masqCounterCOUNTER_FORMER_SOURCE)
+	CounterNATEarlyDrop       = Counter(masqCounterCOUNTER_NAT_EARLY_DROP)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -76,6 +80,10 @@ var counterNames = [NumCounters]string{
 	CounterHostFlowNew:        "host-flow-new",
 	CounterNATPortKept:        "nat-source-port-kept",
 	CounterHostFlowRemapped:   "host-flow-remapped",
+	CounterNATPickedUp:        "nat-picked-up",
+	CounterDropNoPair:         "drop-no-pair",
+	CounterFormerSource:       "former-source-translated",
+	CounterNATEarlyDrop:       "nat-early-drop",
 }
 
 // String returns the counter's name as shown to operators.
@@ -108,7 +116,7 @@ func (c Counter) Description() string {
 	case CounterICMPErrorReverse:
 		return "ICMP errors translated back to the pod on ingress"
 	case CounterNATFull:
-		return "dropped: the NAT table (LRU) could not make room for a new flow"
+		return "dropped: a new flow refused, its NAT table full of assured pairs (established TCP, UDP streams) that are never dropped for it"
 	case CounterNoPort:
 		return "dropped: no free NAT port"
 	case CounterFragments:
@@ -124,7 +132,7 @@ func (c Counter) Description() string {
 	case CounterSkipInboundReply:
 		return "not masqueraded: a reply of an inbound flow"
 	case CounterSkipNotFlowStart:
-		return "not masqueraded: no NAT pair and the packet cannot start a flow (SYN-ACK, RST, mid-stream)"
+		return "not masqueraded: a node flow's packet without a NAT pair that cannot start a flow (SYN-ACK, RST, mid-stream)"
 	case CounterNATReopened:
 		return "a new SYN reopened a closed or expired NAT pair"
 	case CounterNATReused:
@@ -147,6 +155,14 @@ func (c Counter) Description() string {
 		return "new NAT pairs that kept the source's own port, as Linux MASQUERADE does (also counted in nat-new)"
 	case CounterHostFlowRemapped:
 		return "node flows whose tuple a translated flow held, given a port of the NAT range (conntrack's clash remap)"
+	case CounterNATPickedUp:
+		return "new NAT pairs made by a mid-stream TCP segment that had none (after a lost pair, as nf_conntrack_tcp_loose picks a connection up; also counted in nat-new)"
+	case CounterDropNoPair:
+		return "dropped: a TCP RST or SYN-ACK without a NAT pair from a masquerade source to a masqueraded destination (it would leave with the source's address)"
+	case CounterFormerSource:
+		return "packets of a NAT pair whose source is no longer a masquerade source, translated until the flow ends (also counted in masqueraded)"
+	case CounterNATEarlyDrop:
+		return "NAT pairs not assured (unanswered, closing, UDP queries and their answers, ICMP) dropped, both halves, to admit a new flow into a full table (conntrack's early drop)"
 	}
 	return ""
 }

@@ -31,8 +31,10 @@ import (
 	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
-// DefaultNATMaxEntries is the default size of nat_v4 and nat_v6: entries,
-// so half as many flows (each flow takes one entry per direction).
+// DefaultNATMaxEntries is the size of nat_v4 and nat_v6 when
+// LoadOptions.NATMaxEntries is 0: entries, so half as many flows (each flow
+// takes one entry per direction). The agent sizes the maps from the node
+// instead (--nat-max-entries, reconcilers/datapath).
 const DefaultNATMaxEntries = 131072
 
 // Map names: the pins under the agent's pin directory. They are the names

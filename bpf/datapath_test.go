@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/ipmasq/ipmasq/internal/privtest"
 
@@ -52,6 +53,9 @@ type testEnv struct {
 type envOptions struct {
 	natMax           uint32
 	portMin, portMax uint16
+	// object is another build of masq.c (a baseline for benchmarks) to
+	// load instead of the embedded one; empty: the embedded one.
+	object string
 }
 
 // newEnv loads the datapath with nonmasq tries of a size other than the
@@ -78,8 +82,10 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 	}
 	defer nm6.Close()
 
-	dp, err := Load(LoadOptions{PinDir: pinDir, NonMasqV4: nm4, NonMasqV6: nm6, NATMaxEntries: o.natMax})
-	if err != nil {
+	var dp *Datapath
+	if o.object != "" {
+		dp = loadObject(tb, o.object, o.natMax)
+	} else if dp, err = Load(LoadOptions{PinDir: pinDir, NonMasqV4: nm4, NonMasqV6: nm6, NATMaxEntries: o.natMax}); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { dp.Close() })
@@ -507,14 +513,19 @@ func masqueradedRange(t *testing.T, out []byte, min, max uint16) {
 	}
 }
 
-// TestFullNATTableAdmitsNewFlows: the NAT maps are LRU, so a full table
-// admits each new flow by evicting the least recently used entries, with no
-// agent involved, while a pair in use keeps its port and its replies.
+// TestFullNATTableAdmitsNewFlows: a full table admits each new flow by
+// dropping a pair that is not assured (here the earlier unanswered UDP
+// flows), both halves, with no agent involved (conntrack's early drop),
+// while a UDP stream in use (answered, active for more than 2 s) keeps its
+// port and its replies.
 func TestFullNATTableAdmitsNewFlows(t *testing.T) {
 	const natMax = 64 // 32 pairs
 	e := newEnv(t, envOptions{natMax: natMax})
 	busy := flow{src: pod1, dst: remote4, proto: protoUDP, sport: 999, dport: 53}
 	port := masqueraded(t, e.egress(busy.packet()), busy, snat4)
+	e.ingress(reply(busy, snat4, port).packet())
+	e.age(3 * time.Second)
+	e.ingress(reply(busy, snat4, port).packet()) // a stream now
 	before := e.counters()
 	f := flow{src: pod1, dst: remote4, proto: protoUDP, dport: 53}
 	for i := range uint16(4 * natMax) {
@@ -537,9 +548,12 @@ func TestFullNATTableAdmitsNewFlows(t *testing.T) {
 			t.Errorf("counter %s went up by %d", c, got)
 		}
 	}
+	if got := now[CounterNATEarlyDrop] - before[CounterNATEarlyDrop]; got == 0 {
+		t.Error("no pair early-dropped for flows beyond the table's capacity")
+	}
 	n := e.natCount(false)
-	if n[DirEgress]+n[DirIngress] > natMax {
-		t.Fatalf("%d entries in a map of %d", n[DirEgress]+n[DirIngress], natMax)
+	if n[DirEgress]+n[DirIngress] > natMax || n[DirEgress] != n[DirIngress] {
+		t.Fatalf("entries by direction %v in a map of %d: want whole pairs only", n, natMax)
 	}
 	// The newest flow's replies are translated: its pair is whole.
 	if p := parse(t, e.ingress(reply(f, snat4, parse(t, e.egress(f.packet())).sport).packet())); p.dst != pod1 || p.dport != f.sport {

@@ -43,6 +43,7 @@ const (
 	DropICMPErrorUnmatched = DropReason(masqDropReasonDROP_ICMP_ERR_UNMATCHED)
 	DropPairTaken          = DropReason(masqDropReasonDROP_PAIR_TAKEN)
 	DropError              = DropReason(masqDropReasonDROP_ERROR)
+	DropNoPair             = DropReason(masqDropReasonDROP_NO_PAIR)
 	// NumDropReasons is the number of reasons.
 	NumDropReasons = DropReason(masqDropReasonDROP_REASON_MAX)
 )
@@ -57,6 +58,7 @@ var dropReasonNames = [NumDropReasons]string{
 	DropICMPErrorUnmatched: "icmp-error-unmatched",
 	DropPairTaken:          "pair-taken",
 	DropError:              "error",
+	DropNoPair:             "no-pair",
 }
 
 func (r DropReason) String() string {
@@ -83,6 +85,8 @@ func (r DropReason) Description() string {
 		return CounterICMPErrorUnknown.Description()
 	case DropPairTaken:
 		return CounterPairTaken.Description()
+	case DropNoPair:
+		return CounterDropNoPair.Description()
 	case DropError:
 		return "dropped: a malformed packet (truncated header) from a masquerade source, or a helper failure while rewriting it"
 	}

@@ -21,9 +21,11 @@ type Lifetimes struct {
 	TCPClosing time.Duration
 	// TCPReset: a TCP flow after a RST.
 	TCPReset time.Duration
-	// UDP: a UDP flow not answered yet.
+	// UDP: a UDP flow not answered yet, or a query and its answer (as
+	// conntrack's unreplied and replied-once flows).
 	UDP time.Duration
-	// UDPReplied: a UDP flow the remote has answered.
+	// UDPReplied: a UDP stream: answered, and still active 2 s after it
+	// started (conntrack's stream_ts).
 	UDPReplied time.Duration
 	// ICMP: an ICMP echo flow.
 	ICMP time.Duration
@@ -34,7 +36,8 @@ type Lifetimes struct {
 // DefaultLifetimes are conntrack's and Cilium's orders of magnitude: an
 // unanswered SYN 60 s (Cilium; conntrack 120 s), established TCP 6 h
 // (Cilium; conntrack 5 days), closing 2 min (conntrack's TIME_WAIT), reset
-// 10 s (conntrack's CLOSE), UDP 30 s one way and 2 min answered (conntrack),
+// 10 s (conntrack's CLOSE), UDP 30 s one way or a query and its answer,
+// 2 min a stream answered and active for 2 s (conntrack),
 // ICMP 30 s (conntrack), other protocols 10 min (conntrack's generic
 // timeout).
 var DefaultLifetimes = Lifetimes{
@@ -102,7 +105,7 @@ func StateOf(proto, flags uint8) NATState {
 		}
 		return StateTCPSyn
 	case ProtoUDP:
-		if flags&NATFlagSeen != 0 {
+		if flags&NATFlagStream != 0 {
 			return StateUDPReplied
 		}
 		return StateUDP

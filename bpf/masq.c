@@ -26,8 +26,8 @@
  * dport on the reply (sport 0). Entries are rarely removed here (to undo a
  * lost race, or to free a pair that expired): a garbage collector in the
  * agent expires idle pairs using last_seen_ns, created_ns and the TCP flags
- * recorded in each entry, and the maps are LRU, so a full table evicts its
- * least recently used entries even while the agent is down.
+ * recorded in each entry, and a full table drops a pair that is not assured
+ * for a new flow (lib/pressure.h), even while the agent is down.
  *
  * Both programs return TC_ACT_UNSPEC so that other tcx programs still run,
  * and TC_ACT_SHOT only when a packet of a flow that must be masqueraded

@@ -54,7 +54,11 @@ const (
 	masqCounterCOUNTER_HOST_FLOW_NEW       masqCounter = 26
 	masqCounterCOUNTER_NAT_PORT_KEPT       masqCounter = 27
 	masqCounterCOUNTER_HOST_FLOW_REMAPPED  masqCounter = 28
-	masqCounterCOUNTER_MAX                 masqCounter = 29
+	masqCounterCOUNTER_NAT_PICKED_UP       masqCounter = 29
+	masqCounterCOUNTER_DROP_NO_PAIR        masqCounter = 30
+	masqCounterCOUNTER_FORMER_SOURCE       masqCounter = 31
+	masqCounterCOUNTER_NAT_EARLY_DROP      masqCounter = 32
+	masqCounterCOUNTER_MAX                 masqCounter = 33
 )
 
 type masqCounterFamily uint32
@@ -76,7 +80,7 @@ type masqDevCounterKey struct {
 type masqDevCounterVal struct {
 	_       structs.HostLayout
 	Packets [3]uint64
-	Drops   [9]uint64
+	Drops   [10]uint64
 }
 
 type masqDropReason uint32
@@ -91,7 +95,8 @@ const (
 	masqDropReasonDROP_ICMP_ERR_UNMATCHED masqDropReason = 6
 	masqDropReasonDROP_PAIR_TAKEN         masqDropReason = 7
 	masqDropReasonDROP_ERROR              masqDropReason = 8
-	masqDropReasonDROP_REASON_MAX         masqDropReason = 9
+	masqDropReasonDROP_NO_PAIR            masqDropReason = 9
+	masqDropReasonDROP_REASON_MAX         masqDropReason = 10
 )
 
 type masqEgressDev struct {
@@ -202,7 +207,8 @@ const (
 	masqNatFlagNAT_F_SEEN         masqNatFlag = 4
 	masqNatFlagNAT_F_HOST         masqNatFlag = 8
 	masqNatFlagNAT_F_CLOSED_FIRST masqNatFlag = 16
-	masqNatFlagNAT_F_STORED       masqNatFlag = 31
+	masqNatFlagNAT_F_STREAM       masqNatFlag = 32
+	masqNatFlagNAT_F_STORED       masqNatFlag = 63
 )
 
 type masqNatState uint32
@@ -284,6 +290,7 @@ const (
 	masqMapMasqRulesV6        = "masq_rules_v6"
 	masqMapMasqSrcV4          = "masq_src_v4"
 	masqMapMasqSrcV6          = "masq_src_v6"
+	masqMapNatFullUntil       = "nat_full_until"
 	masqMapNatV4              = "nat_v4"
 	masqMapNatV6              = "nat_v6"
 	masqMapNodeAddrsV4        = "node_addrs_v4"
@@ -358,24 +365,25 @@ type masqProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqMapSpecs struct {
-	Config      *ebpf.MapSpec `ebpf:"config"`
-	Counters    *ebpf.MapSpec `ebpf:"counters"`
-	DevCounters *ebpf.MapSpec `ebpf:"dev_counters"`
-	EgressDevs  *ebpf.MapSpec `ebpf:"egress_devs"`
-	FibScratch  *ebpf.MapSpec `ebpf:"fib_scratch"`
-	FragV4      *ebpf.MapSpec `ebpf:"frag_v4"`
-	FragV6      *ebpf.MapSpec `ebpf:"frag_v6"`
-	MasqRulesV4 *ebpf.MapSpec `ebpf:"masq_rules_v4"`
-	MasqRulesV6 *ebpf.MapSpec `ebpf:"masq_rules_v6"`
-	MasqSrcV4   *ebpf.MapSpec `ebpf:"masq_src_v4"`
-	MasqSrcV6   *ebpf.MapSpec `ebpf:"masq_src_v6"`
-	NatV4       *ebpf.MapSpec `ebpf:"nat_v4"`
-	NatV6       *ebpf.MapSpec `ebpf:"nat_v6"`
-	NodeAddrsV4 *ebpf.MapSpec `ebpf:"node_addrs_v4"`
-	NodeAddrsV6 *ebpf.MapSpec `ebpf:"node_addrs_v6"`
-	NonmasqV4   *ebpf.MapSpec `ebpf:"nonmasq_v4"`
-	NonmasqV6   *ebpf.MapSpec `ebpf:"nonmasq_v6"`
-	PktOutcome  *ebpf.MapSpec `ebpf:"pkt_outcome"`
+	Config       *ebpf.MapSpec `ebpf:"config"`
+	Counters     *ebpf.MapSpec `ebpf:"counters"`
+	DevCounters  *ebpf.MapSpec `ebpf:"dev_counters"`
+	EgressDevs   *ebpf.MapSpec `ebpf:"egress_devs"`
+	FibScratch   *ebpf.MapSpec `ebpf:"fib_scratch"`
+	FragV4       *ebpf.MapSpec `ebpf:"frag_v4"`
+	FragV6       *ebpf.MapSpec `ebpf:"frag_v6"`
+	MasqRulesV4  *ebpf.MapSpec `ebpf:"masq_rules_v4"`
+	MasqRulesV6  *ebpf.MapSpec `ebpf:"masq_rules_v6"`
+	MasqSrcV4    *ebpf.MapSpec `ebpf:"masq_src_v4"`
+	MasqSrcV6    *ebpf.MapSpec `ebpf:"masq_src_v6"`
+	NatFullUntil *ebpf.MapSpec `ebpf:"nat_full_until"`
+	NatV4        *ebpf.MapSpec `ebpf:"nat_v4"`
+	NatV6        *ebpf.MapSpec `ebpf:"nat_v6"`
+	NodeAddrsV4  *ebpf.MapSpec `ebpf:"node_addrs_v4"`
+	NodeAddrsV6  *ebpf.MapSpec `ebpf:"node_addrs_v6"`
+	NonmasqV4    *ebpf.MapSpec `ebpf:"nonmasq_v4"`
+	NonmasqV6    *ebpf.MapSpec `ebpf:"nonmasq_v6"`
+	PktOutcome   *ebpf.MapSpec `ebpf:"pkt_outcome"`
 }
 
 // masqVariableSpecs contains global variables before they are loaded into the kernel.
@@ -413,24 +421,25 @@ func (o *masqObjects) Close() error {
 //
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqMaps struct {
-	Config      *ebpf.Map `ebpf:"config"`
-	Counters    *ebpf.Map `ebpf:"counters"`
-	DevCounters *ebpf.Map `ebpf:"dev_counters"`
-	EgressDevs  *ebpf.Map `ebpf:"egress_devs"`
-	FibScratch  *ebpf.Map `ebpf:"fib_scratch"`
-	FragV4      *ebpf.Map `ebpf:"frag_v4"`
-	FragV6      *ebpf.Map `ebpf:"frag_v6"`
-	MasqRulesV4 *ebpf.Map `ebpf:"masq_rules_v4"`
-	MasqRulesV6 *ebpf.Map `ebpf:"masq_rules_v6"`
-	MasqSrcV4   *ebpf.Map `ebpf:"masq_src_v4"`
-	MasqSrcV6   *ebpf.Map `ebpf:"masq_src_v6"`
-	NatV4       *ebpf.Map `ebpf:"nat_v4"`
-	NatV6       *ebpf.Map `ebpf:"nat_v6"`
-	NodeAddrsV4 *ebpf.Map `ebpf:"node_addrs_v4"`
-	NodeAddrsV6 *ebpf.Map `ebpf:"node_addrs_v6"`
-	NonmasqV4   *ebpf.Map `ebpf:"nonmasq_v4"`
-	NonmasqV6   *ebpf.Map `ebpf:"nonmasq_v6"`
-	PktOutcome  *ebpf.Map `ebpf:"pkt_outcome"`
+	Config       *ebpf.Map `ebpf:"config"`
+	Counters     *ebpf.Map `ebpf:"counters"`
+	DevCounters  *ebpf.Map `ebpf:"dev_counters"`
+	EgressDevs   *ebpf.Map `ebpf:"egress_devs"`
+	FibScratch   *ebpf.Map `ebpf:"fib_scratch"`
+	FragV4       *ebpf.Map `ebpf:"frag_v4"`
+	FragV6       *ebpf.Map `ebpf:"frag_v6"`
+	MasqRulesV4  *ebpf.Map `ebpf:"masq_rules_v4"`
+	MasqRulesV6  *ebpf.Map `ebpf:"masq_rules_v6"`
+	MasqSrcV4    *ebpf.Map `ebpf:"masq_src_v4"`
+	MasqSrcV6    *ebpf.Map `ebpf:"masq_src_v6"`
+	NatFullUntil *ebpf.Map `ebpf:"nat_full_until"`
+	NatV4        *ebpf.Map `ebpf:"nat_v4"`
+	NatV6        *ebpf.Map `ebpf:"nat_v6"`
+	NodeAddrsV4  *ebpf.Map `ebpf:"node_addrs_v4"`
+	NodeAddrsV6  *ebpf.Map `ebpf:"node_addrs_v6"`
+	NonmasqV4    *ebpf.Map `ebpf:"nonmasq_v4"`
+	NonmasqV6    *ebpf.Map `ebpf:"nonmasq_v6"`
+	PktOutcome   *ebpf.Map `ebpf:"pkt_outcome"`
 }
 
 func (m *masqMaps) Close() error {
@@ -446,6 +455,7 @@ func (m *masqMaps) Close() error {
 		m.MasqRulesV6,
 		m.MasqSrcV4,
 		m.MasqSrcV6,
+		m.NatFullUntil,
 		m.NatV4,
 		m.NatV6,
 		m.NodeAddrsV4,

@@ -200,11 +200,33 @@ func TestMasqRuleChanges(t *testing.T) {
 	g.sport = 40001
 	ruleFlow(t, e, g, snat4)
 
-	// A removed rule stops translating its flows: the source check comes
-	// before the NAT lookup (lib/decision.h, masq_source_v4), the pairs stay.
+	// A removed rule's running flows keep their translation until they
+	// end (Linux keeps a conntrack entry's NAT); new flows of the source
+	// are no longer masqueraded.
 	if err := e.dp.DeleteMasqRule(loIfindex, clients4); err != nil {
 		t.Fatal(err)
 	}
+	for _, flags := range []uint8{tcpACK, tcpSYN} { // mid-stream, and the tuple's SYN again
+		f.tcpFlags = flags
+		before := e.counters()
+		if got := masqueraded(t, e.egress(f.packet()), f, ruleTo4); got != natPort {
+			t.Fatalf("NAT port %d after the rule was removed, was %d", got, natPort)
+		}
+		e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterFormerSource: 1})
+	}
+	h := f
+	h.sport = 40002
+	untouched(t, e, h, CounterSkipNotSource)
+	h.tcpFlags = tcpACK
+	untouched(t, e, h, CounterSkipNotSource)
+	// Once the running flow has closed, a new SYN of its tuple is a new
+	// flow: not masqueraded any more.
+	f.tcpFlags = tcpFIN | tcpACK
+	masqueraded(t, e.egress(f.packet()), f, ruleTo4)
+	r := reply(f, ruleTo4, natPort)
+	r.tcpFlags = tcpFIN | tcpACK
+	e.ingress(r.packet())
+	f.tcpFlags = tcpSYN
 	untouched(t, e, f, CounterSkipNotSource)
 	var v NATValV4
 	k := NATKeyV4{Src: Addr4(client4), Dst: Addr4(remote4), Sport: Port(40000), Dport: Port(443), Proto: protoTCP, Dir: DirEgress}

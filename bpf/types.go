@@ -50,6 +50,11 @@ const (
 	// connection's first FIN: the remote closed passively and holds no
 	// TIME_WAIT, so the closed pair's port may go to another source.
 	NATFlagClosedFirst = uint8(masqNatFlagNAT_F_CLOSED_FIRST)
+	// NATFlagStream marks a UDP pair's dir-1 entry once the flow was
+	// answered and still active 2 s after it started: a stream, which
+	// lives the replied lifetime (conntrack's stream_ts); a query and its
+	// answer live the short one.
+	NATFlagStream = uint8(masqNatFlagNAT_F_STREAM)
 )
 
 // Addr4 returns an IPv4 address as the uint32 the maps hold (network byte

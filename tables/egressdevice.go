@@ -14,8 +14,8 @@ import (
 // devices and which of them masquerade.
 const EgressDeviceTableName = "egress-devices"
 
-// EgressDevice is one network device of the node (loopback excepted), as
-// the devices cell last saw it in netlink. The datapath reconciler attaches
+// EgressDevice is one network device of the node, as the devices cell
+// last saw it in netlink. The datapath reconciler attaches
 // the masquerading programs to the Selected devices and translates to their
 // SNAT addresses.
 type EgressDevice struct {
@@ -38,9 +38,14 @@ type EgressDevice struct {
 	// nor L3 (a GRE device without a remote builds its own header) gets
 	// no programs.
 	L3 bool `json:"l3" yaml:"l3"`
+	// Loopback is true for the loopback device. Its addresses are the
+	// node's (BGP and anycast nodes put the node's address there, and a
+	// route's src picks it as the source of masqueraded flows), but nothing
+	// leaves through it: it is never Selected and has no SNAT address.
+	Loopback bool `json:"loopback" yaml:"loopback"`
 	// Selected is true when traffic leaving through the device is
 	// masqueraded: it matches --devices or, without that flag, carries a
-	// default route.
+	// default route. Never for loopback.
 	Selected bool `json:"selected" yaml:"selected"`
 	// Addresses are all the device's addresses, of every scope, sorted.
 	Addresses []netip.Addr `json:"addresses" yaml:"addresses"`
@@ -65,13 +70,14 @@ func (d *EgressDevice) SNAT(f Family) netip.Addr {
 // writer can leave an unchanged row alone.
 func (d *EgressDevice) Equal(o *EgressDevice) bool {
 	return d.Index == o.Index && d.Name == o.Name && d.Up == o.Up && d.Ethernet == o.Ethernet && d.L3 == o.L3 &&
+		d.Loopback == o.Loopback &&
 		d.Selected == o.Selected && d.SNATv4 == o.SNATv4 && d.SNATv6 == o.SNATv6 &&
 		slices.Equal(d.Addresses, o.Addresses)
 }
 
 // TableHeader implements statedb.TableWritable.
 func (d *EgressDevice) TableHeader() []string {
-	return []string{"Name", "Index", "Up", "Ethernet", "L3", "Selected", "Addresses", "SNATv4", "SNATv6"}
+	return []string{"Name", "Index", "Up", "Ethernet", "L3", "Loopback", "Selected", "Addresses", "SNATv4", "SNATv6"}
 }
 
 // TableRow implements statedb.TableWritable. A missing SNAT address is an
@@ -83,7 +89,7 @@ func (d *EgressDevice) TableRow() []string {
 	}
 	return []string{
 		d.Name, strconv.Itoa(d.Index), strconv.FormatBool(d.Up), strconv.FormatBool(d.Ethernet), strconv.FormatBool(d.L3),
-		strconv.FormatBool(d.Selected), strings.Join(addrs, ","), addrString(d.SNATv4), addrString(d.SNATv6),
+		strconv.FormatBool(d.Loopback), strconv.FormatBool(d.Selected), strings.Join(addrs, ","), addrString(d.SNATv4), addrString(d.SNATv6),
 	}
 }
 

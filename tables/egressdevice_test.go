@@ -15,7 +15,7 @@ func TestEgressDeviceTableRow(t *testing.T) {
 		SNATv4:    netip.MustParseAddr("10.0.0.5"),
 	}
 	got := d.TableRow()
-	want := []string{"eth0", "2", "true", "true", "false", "true", "10.0.0.5,2001:db8::5", "10.0.0.5", ""}
+	want := []string{"eth0", "2", "true", "true", "false", "false", "true", "10.0.0.5,2001:db8::5", "10.0.0.5", ""}
 	if !slices.Equal(got, want) {
 		t.Fatalf("TableRow() = %q, want %q", got, want)
 	}
@@ -23,7 +23,7 @@ func TestEgressDeviceTableRow(t *testing.T) {
 		t.Fatalf("header has %d columns, row %d", len(d.TableHeader()), len(got))
 	}
 	empty := (&EgressDevice{Index: 3, Name: "eth1"}).TableRow()
-	if empty[6] != "" || empty[7] != "" || empty[8] != "" {
+	if empty[7] != "" || empty[8] != "" || empty[9] != "" {
 		t.Fatalf("a device without addresses shows %q", empty)
 	}
 	if d.SNAT(IPv4) != d.SNATv4 || d.SNAT(IPv6).IsValid() {
@@ -41,6 +41,11 @@ func TestEgressDeviceEqual(t *testing.T) {
 	b.Addresses = append(b.Addresses, netip.MustParseAddr("10.0.0.6"))
 	if a.Equal(&b) {
 		t.Fatal("rows with different addresses are equal")
+	}
+	lo := *a
+	lo.Loopback = true
+	if a.Equal(&lo) {
+		t.Fatal("a loopback row equals a non-loopback one")
 	}
 }
 

@@ -22,7 +22,7 @@ enum counter {
 	COUNTER_DROP_UNTRANSLATABLE,	/* dropped: from a masquerade source to a masqueraded destination, cannot be translated (IPv6 extension header chain, fragmented ICMP error, echo reply of no flow) */
 	COUNTER_REVERSE,		/* replies destination-translated on ingress */
 	COUNTER_ICMP_ERR_REVERSE,	/* ICMP errors translated back to the pod on ingress */
-	COUNTER_NAT_FULL,		/* dropped: NAT table full */
+	COUNTER_NAT_FULL,		/* dropped: NAT table full of assured pairs: the new flow is refused */
 	COUNTER_NO_PORT,		/* dropped: no free NAT port */
 	COUNTER_FRAGMENTS,		/* non-first fragments translated (either direction) */
 	COUNTER_FRAG_UNKNOWN,		/* dropped: egress non-first fragment of a masqueraded flow without its first fragment */
@@ -30,7 +30,7 @@ enum counter {
 	COUNTER_NAT_NEW_BY_RULE,	/* new NAT pairs created for a masq_rules_* source (also in COUNTER_NAT_NEW) */
 	COUNTER_INBOUND_NEW,		/* inbound flows to a masquerade source recorded (their replies are not translated) */
 	COUNTER_SKIP_INBOUND_REPLY,	/* not masqueraded: a reply of an inbound flow */
-	COUNTER_SKIP_NOT_FLOW_START,	/* not masqueraded: no NAT pair and the packet does not start a flow (SYN-ACK, RST, mid-stream) */
+	COUNTER_SKIP_NOT_FLOW_START,	/* not masqueraded: a node flow's packet, no NAT pair, and it does not start a flow (SYN-ACK, RST, mid-stream) */
 	COUNTER_NAT_REOPENED,		/* a new SYN reopened a closed or expired pair */
 	COUNTER_NAT_REUSED,		/* a NAT port taken over from an expired pair or a closed pair of the same source */
 	COUNTER_DROP_NO_SNAT_ADDR,	/* dropped: to be masqueraded, but the device has no address of the family */
@@ -42,6 +42,10 @@ enum counter {
 	COUNTER_HOST_FLOW_NEW,		/* node flows whose tuple is held from NAT (a node socket's port in the NAT range) */
 	COUNTER_NAT_PORT_KEPT,		/* new NAT pairs that kept the source's own port (also in COUNTER_NAT_NEW) */
 	COUNTER_HOST_FLOW_REMAPPED,	/* node flows whose tuple a translated flow held: given a port of the NAT range */
+	COUNTER_NAT_PICKED_UP,		/* new NAT pairs made by a mid-stream TCP segment without one (nf_conntrack_tcp_loose; also in COUNTER_NAT_NEW) */
+	COUNTER_DROP_NO_PAIR,		/* dropped: a TCP RST or SYN-ACK from a masquerade source to a masqueraded destination, without a NAT pair */
+	COUNTER_FORMER_SOURCE,		/* packets of a former masquerade source's NAT pair, translated until the flow ends (also in COUNTER_MASQUERADED) */
+	COUNTER_NAT_EARLY_DROP,		/* pairs not assured (unanswered, closing, UDP queries) dropped to admit a new flow into a full NAT map */
 	COUNTER_MAX,
 };
 
@@ -82,6 +86,7 @@ enum drop_reason {
 	DROP_ICMP_ERR_UNMATCHED, /* COUNTER_ICMP_ERR_UNMATCHED */
 	DROP_PAIR_TAKEN,	/* COUNTER_PAIR_TAKEN */
 	DROP_ERROR,		/* COUNTER_ERROR: malformed packet or helper failure */
+	DROP_NO_PAIR,		/* COUNTER_DROP_NO_PAIR */
 	DROP_REASON_MAX,
 };
 
@@ -177,6 +182,9 @@ static __always_inline void note(enum counter c)
 		break;
 	case COUNTER_ERROR:
 		reason = DROP_ERROR;
+		break;
+	case COUNTER_DROP_NO_PAIR:
+		reason = DROP_NO_PAIR;
 		break;
 	default:
 		return;

@@ -21,6 +21,7 @@
 #include "inbound.h"
 #include "hostflow.h"
 #include "ports.h"
+#include "pressure.h"
 #include "rewrite.h"
 #include "frag.h"
 #include "icmp.h"
@@ -35,7 +36,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	struct pkt p;
 	enum counter c;
 	__be32 snat;
-	int verdict, node;
+	int verdict, node, how, former = 0;
 
 	p.l3_off = l3_off;
 	if (parse_l3_v4(skb, &p) < 0) {
@@ -52,10 +53,12 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	if (node) {
 		/* The node's own flow: translated only when a pod's flow held its
 		 * tuple (host_flow_v4). */
-		if (host_flow_v4(skb, &p) != HOST_PAIR) {
+		verdict = host_flow_v4(skb, &p);
+		if (verdict == HOST_PASS) {
 			count(COUNTER_SKIP_NOT_SOURCE);
 			return TC_ACT_UNSPEC;
 		}
+		former = verdict == HOST_FORMER;
 		rule = NULL;
 	} else {
 		if (p.frag == FRAG_LATER)
@@ -89,13 +92,21 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	/* Established flows: the decision was taken when the pair was made
 	 * (masq_source_v4 says what happens when a source stops being one). */
 	v = bpf_map_lookup_elem(&nat_v4, &k);
-	if (v && nat_established_v4(&k, v, &p))
+	if (v && nat_established_v4(&k, v, &p, former))
 		v = NULL;
 	if (v) {
 		nv.addr = v->addr;
 		nv.port = v->port;
+		if (former)
+			count(COUNTER_FORMER_SOURCE);
 	} else {
-		if (egress_no_pair(&p, 0))
+		if (former) {
+			/* no longer a masquerade source: nothing new is made */
+			count(COUNTER_SKIP_NOT_SOURCE);
+			return TC_ACT_UNSPEC;
+		}
+		how = egress_no_pair(&p, 0, node);
+		if (how == NO_PAIR_PASS)
 			return TC_ACT_UNSPEC;
 		if (node) {
 			snat = p.v4.saddr; /* a new port, the same address */
@@ -105,8 +116,15 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 				count(c);
 				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 			}
+			if (how == NO_PAIR_ORPHAN) {
+				count(COUNTER_DROP_NO_PAIR);
+				return TC_ACT_SHOT;
+			}
 		}
 		c = nat_create_v4(skb, &k, snat, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
+		/* A full table: drop a pair that is not assured, or refuse. */
+		if (c == COUNTER_NAT_FULL && nat_early_drop_v4())
+			c = nat_create_v4(skb, &k, snat, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
@@ -115,6 +133,8 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 			count(node ? COUNTER_HOST_FLOW_REMAPPED : COUNTER_NAT_NEW);
 			if (rule)
 				count(COUNTER_NAT_NEW_BY_RULE);
+			if (how == NO_PAIR_PICKUP)
+				count(COUNTER_NAT_PICKED_UP);
 		}
 	}
 	if (p.frag == FRAG_FIRST)
@@ -136,7 +156,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	const struct masq_rule *rule;
 	struct pkt p;
 	enum counter c;
-	int ret, verdict, node;
+	int ret, verdict, node, how, former = 0;
 
 	p.l3_off = l3_off;
 	ret = parse_l3_v6(skb, &p);
@@ -152,10 +172,12 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	node = !masq_source_v6(skb, p.v6.saddr, &rule);
 	if (node) {
 		/* See egress_v4. */
-		if (ret != 0 || host_flow_v6(skb, &p) != HOST_PAIR) {
+		verdict = ret != 0 ? HOST_PASS : host_flow_v6(skb, &p);
+		if (verdict == HOST_PASS) {
 			count(COUNTER_SKIP_NOT_SOURCE);
 			return TC_ACT_UNSPEC;
 		}
+		former = verdict == HOST_FORMER;
 		rule = NULL;
 	} else {
 		if (ret > 0)
@@ -188,13 +210,20 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	k.dport = p.dport;
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&nat_v6, &k);
-	if (v && nat_established_v6(&k, v, &p))
+	if (v && nat_established_v6(&k, v, &p, former))
 		v = NULL;
 	if (v) {
 		__builtin_memcpy(nv.addr, v->addr, 16);
 		nv.port = v->port;
+		if (former)
+			count(COUNTER_FORMER_SOURCE);
 	} else {
-		if (egress_no_pair(&p, 1))
+		if (former) {
+			count(COUNTER_SKIP_NOT_SOURCE);
+			return TC_ACT_UNSPEC;
+		}
+		how = egress_no_pair(&p, 1, node);
+		if (how == NO_PAIR_PASS)
 			return TC_ACT_UNSPEC;
 		if (node) {
 			__builtin_memcpy(nv.addr, p.v6.saddr, 16);
@@ -204,8 +233,14 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 				count(c);
 				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 			}
+			if (how == NO_PAIR_ORPHAN) {
+				count(COUNTER_DROP_NO_PAIR);
+				return TC_ACT_SHOT;
+			}
 		}
 		c = nat_create_v6(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
+		if (c == COUNTER_NAT_FULL && nat_early_drop_v6())
+			c = nat_create_v6(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
@@ -214,6 +249,8 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 			count(node ? COUNTER_HOST_FLOW_REMAPPED : COUNTER_NAT_NEW);
 			if (rule)
 				count(COUNTER_NAT_NEW_BY_RULE);
+			if (how == NO_PAIR_PICKUP)
+				count(COUNTER_NAT_PICKED_UP);
 		}
 	}
 	if (p.frag == FRAG_FIRST)

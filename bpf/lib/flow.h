@@ -62,12 +62,28 @@ static __always_inline __u32 nat_state(__u8 proto, __u8 flags)
 			return NAT_TCP_CLOSING;
 		return flags & NAT_F_SEEN ? NAT_TCP_ESTABLISHED : NAT_TCP_SYN;
 	case IPPROTO_UDP:
-		return flags & NAT_F_SEEN ? NAT_UDP_REPLIED : NAT_UDP;
+		return flags & NAT_F_STREAM ? NAT_UDP_REPLIED : NAT_UDP;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6:
 		return NAT_ICMP;
 	}
 	return NAT_OTHER;
+}
+
+/* A UDP flow answered and still active this long after it started is a
+ * stream (conntrack's stream_ts: 2 s): it lives the replied lifetime; a
+ * query and its answer live the short one and stay early-droppable. */
+#define NAT_STREAM_NS	2000000000ULL
+
+/* nat_udp_stream marks the dir-1 entry r of a UDP pair a stream when a
+ * packet of the pair passes after an earlier answer (SEEN) and 2 s after
+ * the pair started. Costs a clock read only for answered, not yet stream
+ * UDP pairs. */
+static __always_inline void nat_udp_stream(__u8 proto, __u8 *flags, __u64 created)
+{
+	if (proto == IPPROTO_UDP && (*flags & (NAT_F_SEEN | NAT_F_STREAM)) == NAT_F_SEEN &&
+	    bpf_ktime_get_ns() - created > NAT_STREAM_NS)
+		*flags |= NAT_F_STREAM;
 }
 
 /* nat_expired says whether a pair last seen at last has outlived its state. */
@@ -170,11 +186,12 @@ static __always_inline void nat_pair_v6(const struct nat_v6_key *k, const struct
 
 /* nat_established_v4 handles an egress packet of a pair whose dir-0 entry v
  * exists. Cheap for most packets; once a second per pair, and for every SYN,
- * it checks the reply entry: one lost (LRU eviction) is put back, one taken
+ * it checks the reply entry: one lost (a collector race) is put back, one taken
  * by another flow ends this pair (returns 1: the caller treats the packet
- * as having no pair). A SYN on a closed or expired pair reopens it. */
+ * as having no pair). A SYN on a closed or expired pair reopens it, unless
+ * the source is no longer a masquerade source (former: returns 1). */
 __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val *v,
-				   const struct pkt *p)
+				   const struct pkt *p, int former)
 {
 	struct masq_config *cfg;
 	__u8 flags;
@@ -208,11 +225,17 @@ __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val 
 		bpf_map_delete_elem(&nat_v4, k);
 		return 1;
 	}
+	nat_udp_stream(k->proto, &r->flags, r->created_ns);
 	cfg = masq_cfg();
 	if (tcp_syn(p) && cfg &&
 	    (nat_closed(v->flags, r->flags) ||
 	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
 			 v->last_seen_ns : r->last_seen_ns, now))) {
+		/* A new flow of the tuple: one of a source that is no longer
+		 * a masquerade source is not masqueraded (conntrack makes a new
+		 * entry, and decides again). */
+		if (former)
+			return 1;
 		NAT_RESET(v, now);
 		NAT_RESET(r, now);
 		count(COUNTER_NAT_REOPENED);
@@ -228,7 +251,7 @@ __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val 
 }
 
 __noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val *v,
-				   const struct pkt *p)
+				   const struct pkt *p, int former)
 {
 	struct masq_config *cfg;
 	__u8 flags;
@@ -262,11 +285,17 @@ __noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val 
 		bpf_map_delete_elem(&nat_v6, k);
 		return 1;
 	}
+	nat_udp_stream(k->proto, &r->flags, r->created_ns);
 	cfg = masq_cfg();
 	if (tcp_syn(p) && cfg &&
 	    (nat_closed(v->flags, r->flags) ||
 	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
 			 v->last_seen_ns : r->last_seen_ns, now))) {
+		/* A new flow of the tuple: one of a source that is no longer
+		 * a masquerade source is not masqueraded (conntrack makes a new
+		 * entry, and decides again). */
+		if (former)
+			return 1;
 		NAT_RESET(v, now);
 		NAT_RESET(r, now);
 		count(COUNTER_NAT_REOPENED);

@@ -33,15 +33,27 @@
  * lookup of that entry; only flow starts look further.
  */
 
+/*
+ * A source that stops being a masquerade source (a pod CIDR or a masquerade
+ * rule removed) keeps its running flows translated until they end, as Linux
+ * keeps a conntrack entry's NAT: its packets come here like the node's
+ * (they are not a masquerade source's), find their dir-0 entry and are
+ * translated by it; new flows of such a source are not masqueraded. This
+ * costs the node's and other non-masquerade sources' TCP/UDP packets one
+ * NAT lookup (the node's own paid it already).
+ */
+
 /* host_flow_* results. */
 #define HOST_PASS	0	/* leaves untouched */
 #define HOST_PAIR	1	/* has a NAT pair, or needs one: translated like a pod's flow */
+#define HOST_FORMER	2	/* a former masquerade source's NAT pair: translated while it lasts, never made anew */
 
 __noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
 {
 	struct nat_v4_key k = { .dir = DIR_EGRESS };
 	struct nat_v4_val *v, nv = { .flags = NAT_F_HOST };
 	struct masq_config *cfg = masq_cfg();
+	int node;
 	__u16 port;
 	__u64 now;
 
@@ -49,8 +61,7 @@ __noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
 		return HOST_PASS;
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return HOST_PASS;
-	if (!bpf_map_lookup_elem(&node_addrs_v4, &p->v4.saddr))
-		return HOST_PASS;
+	node = bpf_map_lookup_elem(&node_addrs_v4, &p->v4.saddr) != NULL;
 	if (parse_l4(skb, p, DIR_EGRESS) < 0)
 		return HOST_PASS;
 	k.src = p->v4.saddr;
@@ -59,8 +70,10 @@ __noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
 	k.dport = p->dport;
 	k.proto = p->proto;
 	if (bpf_map_lookup_elem(&nat_v4, &k))
-		return HOST_PAIR; /* given another port when it started */
-	if (!flow_start(p, DIR_EGRESS))
+		/* given another port when it started, or a former masquerade
+		 * source's flow */
+		return node ? HOST_PAIR : HOST_FORMER;
+	if (!node || !flow_start(p, DIR_EGRESS))
 		return HOST_PASS;
 	k.src = p->v4.daddr;
 	k.dst = p->v4.saddr;
@@ -101,6 +114,7 @@ __noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
 	struct nat_v6_key k = { .dir = DIR_EGRESS }, out;
 	struct nat_v6_val *v, nv = { .flags = NAT_F_HOST };
 	struct masq_config *cfg = masq_cfg();
+	int node;
 	__u16 port;
 	__u64 now;
 
@@ -108,8 +122,7 @@ __noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
 		return HOST_PASS;
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return HOST_PASS;
-	if (!bpf_map_lookup_elem(&node_addrs_v6, p->v6.saddr))
-		return HOST_PASS;
+	node = bpf_map_lookup_elem(&node_addrs_v6, p->v6.saddr) != NULL;
 	if (parse_l4(skb, p, DIR_EGRESS) < 0)
 		return HOST_PASS;
 	__builtin_memcpy(k.src, p->v6.saddr, 16);
@@ -118,8 +131,8 @@ __noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
 	k.dport = p->dport;
 	k.proto = p->proto;
 	if (bpf_map_lookup_elem(&nat_v6, &k))
-		return HOST_PAIR; /* given another port when it started */
-	if (!flow_start(p, DIR_EGRESS))
+		return node ? HOST_PAIR : HOST_FORMER; /* see host_flow_v4 */
+	if (!node || !flow_start(p, DIR_EGRESS))
 		return HOST_PASS;
 	out = k;
 	__builtin_memcpy(k.src, p->v6.daddr, 16);

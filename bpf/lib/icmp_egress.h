@@ -15,9 +15,10 @@
  * behind a smaller MTU, time exceeded) keeps the node's source.
  *
  * The flow is found by its egress (dir 0) entry, the quoted tuple reversed.
- * An error from a masquerade source that quotes no translated flow and
- * goes to a masqueraded destination is dropped and counted: it would carry
- * the pod's address out.
+ * A pod's error about a flow a remote opened (an inbound record, dir 2)
+ * passes untranslated. An error from a masquerade source that quotes no
+ * flow it knows and goes to a masqueraded destination is dropped and
+ * counted: it would carry the pod's address out.
  */
 
 #ifndef IPMASQ_LIB_ICMP_EGRESS_H
@@ -146,8 +147,17 @@ static __noinline int egress_icmp_error_v4(struct __sk_buff *skb, const struct p
 	if (quote_egress_ports(skb, ip.protocol, inner_l4, &k.sport, &k.dport, &port_off) < 0)
 		goto unmatched;
 	v = bpf_map_lookup_elem(&nat_v4, &k);
-	if (!v)
+	if (!v) {
+		/* A pod's error about a flow a remote opened (port unreachable
+		 * for its probe) passes untranslated, as Linux passes it: the
+		 * flow is the remote's, the pod answers from its own address. */
+		k.dir = DIR_INBOUND;
+		if (from_source && bpf_map_lookup_elem(&nat_v4, &k)) {
+			count(COUNTER_SKIP_INBOUND_REPLY);
+			return TC_ACT_UNSPEC;
+		}
 		goto unmatched;
+	}
 	from = ip.daddr;
 	to = v->addr;
 	pto = v->port;
@@ -201,8 +211,15 @@ static __noinline int egress_icmp_error_v6(struct __sk_buff *skb, const struct p
 	if (quote_egress_ports(skb, ip.nexthdr, inner_l4, &k.sport, &k.dport, &port_off) < 0)
 		goto unmatched;
 	v = bpf_map_lookup_elem(&nat_v6, &k);
-	if (!v)
+	if (!v) {
+		/* See egress_icmp_error_v4. */
+		k.dir = DIR_INBOUND;
+		if (from_source && bpf_map_lookup_elem(&nat_v6, &k)) {
+			count(COUNTER_SKIP_INBOUND_REPLY);
+			return TC_ACT_UNSPEC;
+		}
 		goto unmatched;
+	}
 	__builtin_memcpy(from, &ip.daddr, 16);
 	__builtin_memcpy(to, v->addr, 16);
 	pto = v->port;

@@ -43,6 +43,7 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 		FAM(inbound_track)(skb, &p);
 		return TC_ACT_UNSPEC;
 	}
+	nat_udp_stream(p.proto, &v->flags, v->created_ns);
 	FAM(nat_touch)(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	if (v->flags & NAT_F_HOST)
 		return TC_ACT_UNSPEC; /* a node flow's reply */

@@ -188,7 +188,9 @@ static __always_inline int node_socket_v6(struct __sk_buff *skb, const struct na
  * port whose dir-1 entry exists is still taken when nat_reusable_v4 allows
  * it (expired, half, or closed by the same source). On success *res holds the mapping and the result is COUNTER_NAT_NEW (or
  * COUNTER_MASQUERADED when another CPU created the same flow concurrently);
- * otherwise the counter of the drop reason. */
+ * otherwise the counter of the drop reason: COUNTER_NAT_FULL when the map
+ * is full (the caller may drop a pair that is not assured and retry, see
+ * lib/pressure.h). */
 __noinline enum counter nat_create_v4(struct __sk_buff *skb, const struct nat_v4_key *out,
 				      __be32 snat, __u8 flags, struct nat_v4_val *res)
 {
@@ -260,7 +262,8 @@ found:
 }
 
 /* nat_create_v6 is nat_create_v4 for IPv6; res->addr holds the SNAT address
- * on entry (a global function's pointer must point to a whole struct). */
+ * on entry (a global function's pointer must point to a whole struct), and
+ * again after COUNTER_NAT_FULL (the caller may make room and retry). */
 __noinline enum counter nat_create_v6(struct __sk_buff *skb, const struct nat_v6_key *out,
 				      __u8 flags, struct nat_v6_val *res)
 {
@@ -307,8 +310,11 @@ __noinline enum counter nat_create_v6(struct __sk_buff *skb, const struct nat_v6
 		ret = bpf_map_update_elem(&nat_v6, &in, res, BPF_NOEXIST);
 		if (ret == 0)
 			goto found;
-		if (ret != -EEXIST)
+		if (ret != -EEXIST) {
+			/* res->addr is the SNAT address again, for a retry */
+			__builtin_memcpy(res->addr, in.dst, 16);
 			return COUNTER_NAT_FULL;
+		}
 		if (candidate_reuses(i) && nat_reusable_v6(&in, out, now) &&
 		    bpf_map_update_elem(&nat_v6, &in, res, BPF_ANY) == 0) {
 			count(COUNTER_NAT_REUSED);

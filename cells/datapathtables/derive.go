@@ -85,6 +85,9 @@ func (d *deriver) sync(devs []*tables.EgressDevice, rules []*tables.MasqueradeRu
 	wantDevs := map[int]*tables.DatapathDevice{}
 	wantSrcs := map[tables.MasqueradeRuleSourceKey]*tables.MasqueradeRuleSource{}
 	for _, dev := range devs {
+		if dev.Loopback {
+			continue // its addresses are node addresses; nothing leaves through it
+		}
 		var matched []*tables.MasqueradeRule
 		for _, r := range usable {
 			if r.MatchesDevice(dev.Name) {
@@ -183,7 +186,9 @@ func (d *deriver) logNew(problems []error) {
 }
 
 // syncNodeAddresses makes node-addresses hold every address of every
-// device: such destinations are the node itself and are never masqueraded.
+// device, loopback included: such destinations are the node itself and are
+// never masqueraded, and NAT pairs translated to them live on (the
+// collector ends the pairs of addresses the node no longer has).
 func syncNodeAddresses(wtxn statedb.WriteTxn, tbl statedb.RWTable[*tables.NodeAddress], want map[netip.Addr]bool) {
 	keep := make(map[netip.Addr]bool, len(want))
 	for row := range tbl.All(wtxn) {

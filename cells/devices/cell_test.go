@@ -127,8 +127,8 @@ func show(a netip.Addr) string {
 func (f *fixture) expect(what string, devs map[string]*want) {
 	f.t.Helper()
 	f.wait(what, func(rows map[string]*tables.EgressDevice) error {
-		if _, ok := rows["lo"]; ok {
-			return errors.New("loopback has a row")
+		if lo, ok := rows["lo"]; !ok || !lo.Loopback || lo.Selected {
+			return errors.New("loopback has no row, or one that is not marked loopback or is selected")
 		}
 		for name, w := range devs {
 			d, ok := rows[name]

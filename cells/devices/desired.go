@@ -38,9 +38,6 @@ func desired(s snapshot, sel *selector) (map[int]*tables.EgressDevice, []portMat
 	var ports []portMatch
 	for _, l := range s.links {
 		a := l.Attrs()
-		if a.Flags&net.FlagLoopback != 0 {
-			continue
-		}
 		if _, dup := names[a.Name]; dup {
 			// Names are unique in the table. A dump caught in the middle
 			// of a rename is repaired by the dump its event triggers.
@@ -53,10 +50,17 @@ func desired(s snapshot, sel *selector) (map[int]*tables.EgressDevice, []portMat
 			Up:       a.Flags&net.FlagUp != 0 && a.Flags&net.FlagRunning != 0,
 			Ethernet: a.EncapType == "ether",
 			L3:       isL3(l),
+			Loopback: a.Flags&net.FlagLoopback != 0,
 		}
-		if sel == nil {
+		switch {
+		case d.Loopback:
+			// Loopback has a row for its addresses only (BGP and anycast
+			// nodes hold the node's address there and the routes' src
+			// picks it): nothing leaves through it, so it is never
+			// selected.
+		case sel == nil:
 			_, d.Selected = s.defaultRoutes[a.Index]
-		} else {
+		default:
 			d.Selected = sel.matches(a.Name)
 		}
 		if master, ok := byIndex[a.MasterIndex]; ok && d.Selected && isL2Master(master) {
@@ -115,6 +119,9 @@ func addAddresses(rows map[int]*tables.EgressDevice, addrs []netlink.Addr) {
 		ip = ip.Unmap()
 		if !slices.Contains(d.Addresses, ip) {
 			d.Addresses = append(d.Addresses, ip)
+		}
+		if d.Loopback {
+			continue // node addresses, never a SNAT address of its own
 		}
 		switch {
 		case ip.Is4() && !d.SNATv4.IsValid() && isPrimaryV4(a):

@@ -45,6 +45,7 @@ func TestSNATAddresses(t *testing.T) {
 		},
 		addrs: []netlink.Addr{
 			addr(1, "127.0.0.1/8", unix.RT_SCOPE_HOST, 0),
+			addr(1, "10.9.9.9/32", global, 0),
 			addr(2, "169.254.1.1/16", linkSc, 0),
 			addr(2, "10.0.0.5/24", global, 0),
 			addr(2, "10.0.0.6/24", global, unix.IFA_F_SECONDARY),
@@ -64,10 +65,9 @@ func TestSNATAddresses(t *testing.T) {
 			addr(4, "10.2.0.1/32", global, 0),
 		},
 	}
+	// lo carries the default route here: it is still never selected.
+	snap.defaultRoutes = map[int]struct{}{1: {}}
 	rows, _ := desired(snap, nil)
-	if _, ok := rows[1]; ok {
-		t.Fatal("loopback has a row")
-	}
 	check := func(index int, v4, v6 string, addrs ...string) {
 		t.Helper()
 		d := rows[index]
@@ -84,6 +84,19 @@ func TestSNATAddresses(t *testing.T) {
 		if !slices.Equal(got, addrs) {
 			t.Errorf("%s: addresses %v, want %v", d.Name, got, addrs)
 		}
+	}
+	// Loopback's addresses are node addresses (a BGP node's address on lo),
+	// but it masquerades nothing and has no SNAT address.
+	check(1, "", "", "10.9.9.9", "127.0.0.1")
+	if lo := rows[1]; !lo.Loopback || lo.Selected {
+		t.Errorf("lo: Loopback %v Selected %v, want true false", lo.Loopback, lo.Selected)
+	}
+	loSel, err := parseSelector([]string{"lo", "eth+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel, _ := desired(snap, loSel); sel[1].Selected {
+		t.Error("lo is selected by --devices=lo")
 	}
 	check(2, "10.0.0.5", "2001:db8::5", "10.0.0.5", "10.0.0.6", "169.254.1.1", "192.168.1.5",
 		"2001:db8::4", "2001:db8::5", "2001:db8::6", "2001:db8::7", "2001:db8::8", "2001:db8::9", "fe80::1")

@@ -17,8 +17,11 @@
 // The table is marked initialized after the first complete dump, so a
 // reader waiting on Initialized never sees a partial list.
 //
-// Every link except loopback has a row. Selected says whether traffic
-// leaving through the device is masqueraded:
+// Every link has a row. Loopback's is there for its addresses, which are
+// the node's (BGP and anycast nodes hold the node's address on lo, and the
+// routes' src picks it as the source of masqueraded flows): it is never
+// selected and has no SNAT address. Selected says whether traffic leaving
+// through the device is masqueraded:
 //
 //   - with --devices, the devices whose name is listed or starts with a
 //     listed prefix ("eth+" selects eth0, eth1, ...);

@@ -541,9 +541,10 @@ func (a *agent) egressProgramID() ebpf.ProgramID {
 // the programs running) with a NAT table of 64 entries (32 pairs per
 // family); pods then open five times as many new flows per family, TCP and
 // UDP, IPv4 and IPv6: every one is masqueraded, and a connection in use all
-// along keeps working. ipmasq's NAT maps are LRU, so a full table evicts
-// its least recently used entries with no agent; conntrack evicts or
-// expires on its own too.
+// along keeps working. A full table drops a pair that is not assured (the
+// closed TCP flows, the UDP queries and their answers) for each new flow,
+// in the programs, with no agent (conntrack's early drop); the busy
+// established connection is never dropped.
 func TestFullNATTableWithAgentDown(t *testing.T) {
 	const natMax, flows = 64, 320
 	underBoth(t, masqueradePods(fmt.Sprintf("--nat-max-entries=%d", natMax)), func(t *testing.T, s *scenario) {

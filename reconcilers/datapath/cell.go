@@ -57,6 +57,10 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
+	natSize, err := sizeNATMaps(p.Config.NATMaxEntries, meminfoPath, conntrackMaxPath)
+	if err != nil {
+		return err
+	}
 	switch p.Config.TCAttachMode {
 	case AttachAuto, AttachTCX, AttachClsact:
 	default:
@@ -72,6 +76,7 @@ func register(p params) error {
 			if note != "" {
 				p.Log.Info(note)
 			}
+			p.Log.Info("NAT maps sized", "size", natSize.String())
 			nm4, nm6, err := openNonMasq(p.Log, pinDir, p.Agent)
 			if err != nil {
 				return err
@@ -80,7 +85,7 @@ func register(p params) error {
 				PinDir:        pinDir,
 				NonMasqV4:     nm4,
 				NonMasqV6:     nm6,
-				NATMaxEntries: p.Config.NATMaxEntries,
+				NATMaxEntries: natSize.Entries,
 				Logger:        p.Log,
 			})
 			// The programs hold their own references to the tries.

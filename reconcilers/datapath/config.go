@@ -21,7 +21,9 @@ type Config struct {
 	// 1024) when no other flow and no node socket holds that port toward its
 	// destination, as Linux MASQUERADE does; the range serves the others.
 	NATKeepSourcePort bool `mapstructure:"nat-keep-source-port"`
-	// NATMaxEntries sizes each NAT map; a flow takes two entries.
+	// NATMaxEntries sizes each NAT map; a flow takes two entries. 0 (the
+	// default) sizes them from the node's memory and conntrack limit
+	// (sizeNATMaps).
 	NATMaxEntries uint32 `mapstructure:"nat-max-entries"`
 	// NATGCInterval is how often idle NAT entries are expired.
 	NATGCInterval time.Duration `mapstructure:"nat-gc-interval"`
@@ -68,7 +70,7 @@ func (c Config) Lifetimes() (bpf.Lifetimes, error) {
 var DefaultConfig = Config{
 	NATPortRange:      "61000-65535",
 	NATKeepSourcePort: true,
-	NATMaxEntries:     bpf.DefaultNATMaxEntries,
+	NATMaxEntries:     0,
 	NATGCInterval:     10 * time.Second,
 	TCAttachMode:      AttachAuto,
 
@@ -88,15 +90,18 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 		"Source ports (and ICMP echo ids) of masqueraded flows whose own port is taken (see --nat-keep-source-port) and of node flows that clash with a pod's, min-max; reserved from the node's own connections if ip_local_port_range overlaps")
 	flags.Bool("nat-keep-source-port", def.NATKeepSourcePort,
 		"A TCP or UDP flow keeps its own source port (1024 and up) when no other flow and no node socket holds it toward the same destination, as Linux MASQUERADE does; false: every flow gets a port of --nat-port-range")
-	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries; a full map evicts the least recently used entries")
+	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries; a full map drops a pair that is not assured (unanswered, closing, a UDP query) for a new flow, or refuses it. "+
+		"0: two entries per flow the node's conntrack holds, max(Linux's default nf_conntrack_max for the node's memory "+
+		"(MemTotal/128 KiB, at least 1024; 65536 above 1 GiB; 262144 above 4 GiB), /proc/sys/net/netfilter/nf_conntrack_max when present); "+
+		"the maps are preallocated: about 104 bytes (IPv4) and 152 bytes (IPv6) of kernel memory per entry, charged to the agent's cgroup")
 	flags.Duration("nat-gc-interval", def.NATGCInterval, "How often idle NAT entries are expired")
 	flags.String("tc-attach-mode", def.TCAttachMode, "How the programs are attached: auto (tcx where the kernel has it, clsact otherwise), tcx or clsact")
 	flags.Duration("nat-timeout-tcp-syn", def.TimeoutTCPSyn, "Lifetime of a NAT pair whose TCP SYN is not answered")
 	flags.Duration("nat-timeout-tcp-established", def.TimeoutTCPEstablished, "Lifetime of an idle established TCP flow's NAT pair")
 	flags.Duration("nat-timeout-tcp-closing", def.TimeoutTCPClosing, "Lifetime of a TCP flow's NAT pair after a FIN (covers the server's TIME_WAIT)")
 	flags.Duration("nat-timeout-tcp-reset", def.TimeoutTCPReset, "Lifetime of a TCP flow's NAT pair after a RST")
-	flags.Duration("nat-timeout-udp", def.TimeoutUDP, "Lifetime of an idle UDP flow's NAT pair before the remote answers")
-	flags.Duration("nat-timeout-udp-replied", def.TimeoutUDPReplied, "Lifetime of an idle UDP flow's NAT pair once the remote has answered")
+	flags.Duration("nat-timeout-udp", def.TimeoutUDP, "Lifetime of an idle UDP flow's NAT pair before the remote answers, and of a query and its answer")
+	flags.Duration("nat-timeout-udp-replied", def.TimeoutUDPReplied, "Lifetime of an idle UDP stream's NAT pair: answered, and still active 2 s after it started")
 	flags.Duration("nat-timeout-icmp", def.TimeoutICMP, "Lifetime of an idle ICMP echo flow's NAT pair")
 	flags.Duration("nat-timeout-other", def.TimeoutOther, "Lifetime of an idle SCTP or address-only (GRE, ESP, ...) NAT pair")
 }

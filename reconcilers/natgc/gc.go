@@ -228,7 +228,7 @@ func shortestLifetime(l bpf.Lifetimes, proto, flags uint8) time.Duration {
 		}
 	case protoUDP:
 		states = []bpf.NATState{bpf.StateUDPReplied}
-		if flags&bpf.NATFlagSeen == 0 {
+		if flags&bpf.NATFlagStream == 0 {
 			states = append(states, bpf.StateUDP)
 		}
 	default:

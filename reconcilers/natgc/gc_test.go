@@ -32,25 +32,26 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 	ago := func(d time.Duration) uint64 { return now - uint64(d) }
 	const node = "10.0.0.5"
 	keep := map[string]map[bpf.NATKeyV4]bpf.NATValV4{
-		"tcp open, idle 1h":     pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1000, 80, 61000, ago(time.Hour), bpf.NATFlagSeen),
-		"tcp syn, idle 50s":     pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1003, 80, 61004, ago(50*time.Second), 0),
-		"tcp reset, idle 5s":    pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1004, 80, 61005, ago(5*time.Second), bpf.NATFlagRST|bpf.NATFlagSeen),
-		"udp replied, idle 90s": pairEntries(protoUDP, "10.244.1.2", "203.0.113.10", node, 1005, 53, 61006, ago(90*time.Second), bpf.NATFlagSeen),
-		"sctp, idle 5m":         pairEntries(protoSCTP, "10.244.1.2", "203.0.113.10", node, 1006, 38412, 1006, ago(5*time.Minute), 0),
-		"gre, idle 5m":          pairEntries(47, "10.244.1.2", "203.0.113.11", node, 0, 0, 0, ago(5*time.Minute), 0),
-		"tcp closed, idle 30s":  pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1001, 80, 61001, ago(30*time.Second), bpf.NATFlagFIN),
-		"udp, idle 10s":         pairEntries(protoUDP, "10.244.1.2", "203.0.113.10", node, 1002, 53, 61002, ago(10*time.Second), 0),
-		"icmp, idle 5s":         pairEntries(protoICMP, "10.244.1.2", "203.0.113.10", node, 7, 0, 61003, ago(5*time.Second), 0),
+		"tcp open, idle 1h":    pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1000, 80, 61000, ago(time.Hour), bpf.NATFlagSeen),
+		"tcp syn, idle 50s":    pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1003, 80, 61004, ago(50*time.Second), 0),
+		"tcp reset, idle 5s":   pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1004, 80, 61005, ago(5*time.Second), bpf.NATFlagRST|bpf.NATFlagSeen),
+		"udp stream, idle 90s": pairEntries(protoUDP, "10.244.1.2", "203.0.113.10", node, 1005, 53, 61006, ago(90*time.Second), bpf.NATFlagSeen|bpf.NATFlagStream),
+		"sctp, idle 5m":        pairEntries(protoSCTP, "10.244.1.2", "203.0.113.10", node, 1006, 38412, 1006, ago(5*time.Minute), 0),
+		"gre, idle 5m":         pairEntries(47, "10.244.1.2", "203.0.113.11", node, 0, 0, 0, ago(5*time.Minute), 0),
+		"tcp closed, idle 30s": pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1001, 80, 61001, ago(30*time.Second), bpf.NATFlagFIN),
+		"udp, idle 10s":        pairEntries(protoUDP, "10.244.1.2", "203.0.113.10", node, 1002, 53, 61002, ago(10*time.Second), 0),
+		"icmp, idle 5s":        pairEntries(protoICMP, "10.244.1.2", "203.0.113.10", node, 7, 0, 61003, ago(5*time.Second), 0),
 	}
 	drop := map[string]map[bpf.NATKeyV4]bpf.NATValV4{
-		"tcp open, idle 7h":           pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1000, 80, 62000, ago(7*time.Hour), bpf.NATFlagSeen),
-		"tcp syn, idle 70s":           pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1003, 80, 62004, ago(70*time.Second), 0),
-		"udp one way, idle 40s":       pairEntries(protoUDP, "10.244.1.3", "203.0.113.10", node, 1004, 53, 62005, ago(40*time.Second), 0),
-		"sctp, idle 11m":              pairEntries(protoSCTP, "10.244.1.3", "203.0.113.10", node, 1007, 38412, 1007, ago(11*time.Minute), 0),
-		"tcp closed, idle 3m":         pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1001, 80, 62001, ago(3*time.Minute), bpf.NATFlagRST),
-		"udp, idle 2m":                pairEntries(protoUDP, "10.244.1.3", "203.0.113.10", node, 1002, 53, 62002, ago(2*time.Minute), 0),
-		"icmp, idle 1m":               pairEntries(protoICMP, "10.244.1.3", "203.0.113.10", node, 7, 0, 62003, ago(time.Minute), 0),
-		"fresh, but an old SNAT addr": pairEntries(protoTCP, "10.244.1.4", "203.0.113.10", "10.0.0.99", 1000, 80, 63000, ago(time.Second), 0),
+		"tcp open, idle 7h":            pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1000, 80, 62000, ago(7*time.Hour), bpf.NATFlagSeen),
+		"tcp syn, idle 70s":            pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1003, 80, 62004, ago(70*time.Second), 0),
+		"udp one way, idle 40s":        pairEntries(protoUDP, "10.244.1.3", "203.0.113.10", node, 1004, 53, 62005, ago(40*time.Second), 0),
+		"udp query answered, idle 40s": pairEntries(protoUDP, "10.244.1.3", "203.0.113.10", node, 1008, 53, 62006, ago(40*time.Second), bpf.NATFlagSeen),
+		"sctp, idle 11m":               pairEntries(protoSCTP, "10.244.1.3", "203.0.113.10", node, 1007, 38412, 1007, ago(11*time.Minute), 0),
+		"tcp closed, idle 3m":          pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1001, 80, 62001, ago(3*time.Minute), bpf.NATFlagRST),
+		"udp, idle 2m":                 pairEntries(protoUDP, "10.244.1.3", "203.0.113.10", node, 1002, 53, 62002, ago(2*time.Minute), 0),
+		"icmp, idle 1m":                pairEntries(protoICMP, "10.244.1.3", "203.0.113.10", node, 7, 0, 62003, ago(time.Minute), 0),
+		"fresh, but an old SNAT addr":  pairEntries(protoTCP, "10.244.1.4", "203.0.113.10", "10.0.0.99", 1000, 80, 63000, ago(time.Second), 0),
 	}
 	for _, set := range []map[string]map[bpf.NATKeyV4]bpf.NATValV4{keep, drop} {
 		for _, pair := range set {

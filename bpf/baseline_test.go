@@ -1,0 +1,56 @@
+package bpf
+
+import (
+	"flag"
+	"reflect"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// baselineObject is an older build of masq.c, e.g. main's
+// (git show main:bpf/masq_bpfel.o > /tmp/base.o), that the benchmarks also
+// run in the same process, so that a change's per-packet cost is measured
+// against it on the same machine at the same time.
+var baselineObject = flag.String("bpf.baseline", "", "an older masq_bpfel.o the benchmarks also run, as a same-run baseline")
+
+// loadObject loads another build of the programs, unpinned, as a Datapath:
+// the maps both builds have are assigned by name, the others stay nil.
+func loadObject(tb testing.TB, path string, natMax uint32) *Datapath {
+	tb.Helper()
+	spec, err := ebpf.LoadCollectionSpec(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if natMax == 0 {
+		natMax = DefaultNATMaxEntries
+	}
+	spec.Maps[MapNATV4].MaxEntries = natMax
+	spec.Maps[MapNATV6].MaxEntries = natMax
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		tb.Fatalf("load %s: %v", path, err)
+	}
+	tb.Cleanup(coll.Close)
+	d := &Datapath{Egress: coll.Programs["ipmasq_egress"], Ingress: coll.Programs["ipmasq_ingress"],
+		EgressL3: coll.Programs["ipmasq_egress_l3"], IngressL3: coll.Programs["ipmasq_ingress_l3"]}
+	maps := reflect.ValueOf(&d.objs.masqMaps).Elem()
+	for i := range maps.NumField() {
+		if m, ok := coll.Maps[maps.Type().Field(i).Tag.Get("ebpf")]; ok {
+			maps.Field(i).Set(reflect.ValueOf(m))
+		}
+	}
+	d.Maps = d.objs.masqMaps
+	d.objs = masqObjects{} // the collection owns them
+	return d
+}
+
+// benchObjects runs bench on the embedded build and, with -bpf.baseline,
+// on the baseline build, as sub-benchmarks of one run.
+func benchObjects(b *testing.B, o envOptions, bench func(b *testing.B, e *testEnv)) {
+	b.Run("current", func(b *testing.B) { bench(b, newEnv(b, o)) })
+	if *baselineObject != "" {
+		o.object = *baselineObject
+		b.Run("baseline", func(b *testing.B) { bench(b, newEnv(b, o)) })
+	}
+}
