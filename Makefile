@@ -59,7 +59,7 @@ generate:
 	$(GO) generate $(PKGS)
 
 ## bench: benchmarks with their same-run baselines (see docs/benchmarks.md);
-## about 16 minutes, most of it the real-kernel scenarios of internal/e2e
+## about 16 minutes, most of it the real-kernel scenarios of internal/testkit/e2e
 ## (BenchmarkPerDestinationRate sustains 4 conditions for 150 s each)
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 -timeout 60m $(PKGS)

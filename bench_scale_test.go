@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/internal/iprulestest"
+	"github.com/ipmasq/ipmasq/internal/testkit/iprulestest"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
@@ -18,7 +18,7 @@ import (
 // restored from the state file and the seed config (10.0.0.0/8 and
 // link-local), and the benchmark waits until the rule reconciler has made
 // all 20 000 writes into an in-memory target, so that the kernel's own
-// cost (BenchmarkAgentMemory in internal/e2e has it) does not hide ours.
+// cost (BenchmarkAgentMemory in internal/testkit/e2e has it) does not hide ours.
 // The work happens once, whatever b.N; run it with -cpuprofile or
 // -memprofile for the profile of the 10 000-endpoint case.
 func BenchmarkEndpointsStart(b *testing.B) {

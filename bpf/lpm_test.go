@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 )
 
 func TestLPMKeyRoundTrip(t *testing.T) {

@@ -2,7 +2,7 @@ package bpfmap
 
 import (
 	"fmt"
-	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"testing"
 
 	"github.com/cilium/ebpf"

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ipmasq/ipmasq/internal/kubetest"
-	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 )
 
 // TestManifestsAgainstAPIServer runs against one real kube-apiserver:

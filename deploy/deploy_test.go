@@ -27,7 +27,7 @@ import (
 
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/cells/config"
-	"github.com/ipmasq/ipmasq/internal/kubetest"
+	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
 )
 
 // object is one Kubernetes object as decoded from YAML.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/ipmasq/ipmasq/internal/kubetest"
+	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
 	"github.com/ipmasq/ipmasq/uninstall"
 )
 

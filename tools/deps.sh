@@ -9,7 +9,7 @@
 #                                Kubernetes agent's rules run first
 #   etcd-server                  storage of the real kube-apiserver the
 #                                Kubernetes tests start on loopback
-#   containerd, runc,            the real node (internal/kubetest): a
+#   containerd, runc,            the real node (internal/testkit/kubetest): a
 #   containernetworking-plugins  container runtime and CNI plugins
 #   conntrack                    conntrack -L, the reference the NAT listing
 #                                is checked and benchmarked against

@@ -19,7 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ipmasq/ipmasq/cells/devices"
-	"github.com/ipmasq/ipmasq/internal/netnstest"
+	"github.com/ipmasq/ipmasq/internal/testkit/netnstest"
 )
 
 // TestScript runs testdata/*.txtar: each script gets a devices cell

@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/internal/netnstest"
-	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/internal/testkit/netnstest"
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 )
 
 // The listing of n NAT pairs against conntrack -L of n conntrack entries,

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 )
 
 // pinnedNAT loads the datapath with its maps pinned in a private bpffs and

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 )
 

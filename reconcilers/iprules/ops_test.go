@@ -12,7 +12,7 @@ import (
 	"github.com/cilium/statedb"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipmasq/ipmasq/internal/iprulestest"
+	"github.com/ipmasq/ipmasq/internal/testkit/iprulestest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
 )

@@ -18,8 +18,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/ipmasq/ipmasq/internal/kubetest"
-	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"github.com/ipmasq/ipmasq/internal/topology"
 	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/readers/nodeevents"
@@ -38,7 +38,7 @@ type daemonSetAgent struct {
 
 func loadDaemonSet(t *testing.T) daemonSetAgent {
 	t.Helper()
-	data, err := os.ReadFile("../../deploy/daemonset.yaml")
+	data, err := os.ReadFile("../../../deploy/daemonset.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,8 +281,8 @@ func TestKubernetesCluster(t *testing.T) {
 	admin := server.Client(kubetest.AdminToken)
 	// The ServiceAccount (daemonset.yaml) and its ClusterRole and binding
 	// (rbac.yaml): the agents' token has these permissions only.
-	kubetest.ApplyFiles(t, admin, "../../deploy/rbac.yaml")
-	for _, obj := range kubetest.Decode(t, "../../deploy/daemonset.yaml") {
+	kubetest.ApplyFiles(t, admin, "../../../deploy/rbac.yaml")
+	for _, obj := range kubetest.Decode(t, "../../../deploy/daemonset.yaml") {
 		if sa, ok := obj.(*corev1.ServiceAccount); ok {
 			if err := kubetest.Create(admin, sa, false); err != nil {
 				t.Fatal(err)

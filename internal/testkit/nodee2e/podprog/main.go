@@ -1,5 +1,5 @@
 // Command podprog is the workload of the real-node test's pods
-// (internal/nodee2e), a static binary in an image of its own. It is also
+// (internal/testkit/nodee2e), a static binary in an image of its own. It is also
 // the node's sandbox (pause) image.
 //
 //	podprog pause               sleep until SIGTERM (the sandbox image)

@@ -5,7 +5,7 @@
 // ip-masq-agent does it. It reports TCP throughput and new connections per
 // second through the node, and their ratios per round.
 //
-//	go test -run '^$' -bench Datapath -benchtime 1x ./internal/perf/
+//	go test -run '^$' -bench Datapath -benchtime 1x ./internal/testkit/perf/
 //
 // Traffic comes from two small processes, the test binary started again
 // with RoleEnv set: a client in the pod namespace pinned to one CPU and the

@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ipmasq/ipmasq/internal/kubetest"
+	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
 

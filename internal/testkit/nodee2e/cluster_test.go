@@ -19,8 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ipmasq/ipmasq/internal/kubetest"
-	"github.com/ipmasq/ipmasq/internal/privtest"
+	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"github.com/ipmasq/ipmasq/internal/topology"
 	"github.com/ipmasq/ipmasq/ipamapi"
 )
@@ -126,11 +126,11 @@ func (c *cluster) logs() {
 // `make image` (as an operator does), as docker archives.
 func (c *cluster) buildImages() []string {
 	bin := filepath.Join(c.dir, "bin")
-	prog := goBuild(c.t, bin, "github.com/ipmasq/ipmasq/internal/nodee2e/podprog")
+	prog := goBuild(c.t, bin, "github.com/ipmasq/ipmasq/internal/testkit/nodee2e/podprog")
 	pause, pod, agent := filepath.Join(c.dir, "pause.tar"), filepath.Join(c.dir, "pod.tar"), filepath.Join(c.dir, "agent.tar")
 	writeImage(c.t, pause, pauseImage, prog, "podprog", "pause")
 	writeImage(c.t, pod, podImage, prog, "podprog")
-	make := exec.Command("make", "-C", "../..", "image", "IMAGE="+agentImageV1, "IMAGE_TAR="+agent, "BIN="+bin)
+	make := exec.Command("make", "-C", "../../..", "image", "IMAGE="+agentImageV1, "IMAGE_TAR="+agent, "BIN="+bin)
 	if out, err := make.CombinedOutput(); err != nil {
 		c.t.Fatalf("make image: %v\n%s", err, out)
 	}
@@ -243,7 +243,7 @@ func (c *cluster) installCNI() {
 		}
 		c.node.WriteFile("/opt/cni/bin/"+filepath.Base(b), data, 0o755)
 	}
-	shipped, err := os.ReadFile("../../deploy/cni/10-ipmasq.conflist")
+	shipped, err := os.ReadFile("../../../deploy/cni/10-ipmasq.conflist")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,8 +321,8 @@ func (c *cluster) podCIDR() netip.Prefix {
 // deploy/config/configmap.yaml`, then `kubectl apply -k deploy/` with an
 // operator's overlay that sets the image.
 func (c *cluster) deployAgent(image string) {
-	kubetest.ApplyFiles(c.t, c.admin, "../../deploy/config/configmap.yaml")
-	c.apply("../../deploy", image, nil)
+	kubetest.ApplyFiles(c.t, c.admin, "../../../deploy/config/configmap.yaml")
+	c.apply("../../../deploy", image, nil)
 }
 
 // apply renders the kustomization in dir with image and creates its

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/ipmasq/ipmasq/internal/toolbuild"
+	"github.com/ipmasq/ipmasq/internal/testkit/toolbuild"
 )
 
 // Version is the Kubernetes release the tests run against: the version the

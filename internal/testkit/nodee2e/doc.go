@@ -7,5 +7,5 @@
 //
 // Needs root, the Debian packages containerd, runc, iptables and
 // etcd-server, and builds kubelet, kube-scheduler and
-// kube-controller-manager once into the user's cache (internal/kubetest).
+// kube-controller-manager once into the user's cache (internal/testkit/kubetest).
 package nodee2e

@@ -1,7 +1,7 @@
 // Package promtooltest gives tests Prometheus' promtool, built from the
 // tools/promtool module (a module of its own, so that the product's go.mod
 // does not carry the Prometheus server) into the user's cache directory the
-// first time, as internal/kubetest builds kube-apiserver.
+// first time, as internal/testkit/kubetest builds kube-apiserver.
 package promtooltest
 
 import (
@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/ipmasq/ipmasq/internal/toolbuild"
+	"github.com/ipmasq/ipmasq/internal/testkit/toolbuild"
 )
 
 // Module is the Go module promtool is built from.

@@ -37,7 +37,7 @@ var (
 // docs/datapath-benchmarks.md. Each condition runs once, whatever b.N
 // (make bench's -benchtime 20x would otherwise sustain it 21 times).
 //
-//	go test ./internal/e2e/ -run '^$' -bench PerDestinationRate -conntrack.rates=300,1000
+//	go test ./internal/testkit/e2e/ -run '^$' -bench PerDestinationRate -conntrack.rates=300,1000
 func BenchmarkPerDestinationRate(b *testing.B) {
 	var rates []int
 	for _, s := range strings.Split(*flagDestRates, ",") {

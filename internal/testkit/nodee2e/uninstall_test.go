@@ -18,7 +18,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ipmasq/ipmasq/internal/kubetest"
+	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
 )
 
 // ipmasqOnNode lists what of ipmasq the node holds: its pins, the programs
@@ -100,8 +100,8 @@ func testUninstall(t *testing.T, c *cluster, image string) {
 		}
 	}
 	begin := time.Now()
-	c.deleteRendered("../../deploy", image)
-	c.apply("../../deploy/uninstall", image, func(b []byte) []byte {
+	c.deleteRendered("../../../deploy", image)
+	c.apply("../../../deploy/uninstall", image, func(b []byte) []byte {
 		return bytes.ReplaceAll(b, []byte("replace-with-node-name"), []byte(nodeName))
 	})
 	jobs := c.admin.BatchV1().Jobs("kube-system")

@@ -12,7 +12,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/ipmasq/ipmasq/internal/promtooltest"
+	"github.com/ipmasq/ipmasq/internal/testkit/promtooltest"
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
 
