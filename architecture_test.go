@@ -190,8 +190,16 @@ func importAllowed(from, to string) string {
 	if top(from) == "reconcilers" && to != datapathLoader {
 		return "a reconciler does not import another reconciler"
 	}
+	if top(from) == "cells" && from != to && frontEnds[from] != to {
+		return "a writer does not import another writer: share through a table (tables/) or a setting (settings/)"
+	}
 	return ""
 }
+
+// frontEnds are the cells that serve another cell's own methods to the
+// outside, and so import it: the unix-socket API answers with the IPAM's
+// allocations.
+var frontEnds = map[string]string{"cells/api": "cells/ipam"}
 
 func TestArchitecture(t *testing.T) {
 	pkgs := listPackages(t)
@@ -256,6 +264,9 @@ func TestArchitectureRules(t *testing.T) {
 		{"agent", "cmd/ipmasq-agent"},
 		{"reconcilers/iprules", "internal/topology"},
 		{"cells/devices", "nowhere"},
+		{"cells/k8snode", "cells/podcidrs"},
+		{"cells/podcidrs", "cells/ipam"},
+		{"cells/ipam", "cells/api"},
 	}
 	for _, e := range refused {
 		if importAllowed(e[0], e[1]) == "" {

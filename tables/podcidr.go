@@ -147,6 +147,14 @@ func podCIDRPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR], keep func
 	return out
 }
 
+// KubernetesPodCIDRsDone marks the pod-cidrs table initialized for the
+// Node's ranges: the table's owner (cells/podcidrs) provides it, and the
+// Node watcher (cells/k8snode) calls it in the write transaction that
+// first writes the Node's ranges (from the API server or from the copy on
+// disk), so that neither writer imports the other. Without Kubernetes it
+// does nothing.
+type KubernetesPodCIDRsDone func(statedb.WriteTxn)
+
 // ValidatePools checks prefixes that are to become address pools (the
 // --pod-cidr flags, the Node's spec.podCIDRs): each must be masked, must
 // not overlap another, and must leave room for at least one (IPv4, /30) or

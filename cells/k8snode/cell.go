@@ -23,7 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
@@ -48,14 +47,14 @@ type params struct {
 	Client   *kubeclient.Client
 	Agent    settings.Config
 	PodCIDRs statedb.RWTable[*tables.PodCIDR]
-	Done     podcidrs.KubernetesDone
+	Done     tables.KubernetesPodCIDRsDone
 }
 
 type watcher struct {
 	log    *slog.Logger
 	db     *statedb.DB
 	tbl    statedb.RWTable[*tables.PodCIDR]
-	done   podcidrs.KubernetesDone
+	done   tables.KubernetesPodCIDRsDone
 	marked bool
 	node   string
 	agent  settings.Config

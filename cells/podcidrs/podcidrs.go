@@ -9,7 +9,7 @@
 // Rows carry their source (tables.PodCIDRFromFlag, PodCIDRFromClusterCIDR
 // here, PodCIDRFromKubernetes from cells/k8snode): each writer owns its
 // source's rows. With --k8s-node-name the table is initialized only once
-// the Node's ranges are known (KubernetesDone).
+// the Node's ranges are known (tables.KubernetesPodCIDRsDone).
 package podcidrs
 
 import (
@@ -55,12 +55,6 @@ var Cell = cell.Module(
 	),
 )
 
-// KubernetesDone marks the pod-cidrs table initialized for the Node
-// watcher (cells/k8snode): it calls it in the write transaction that first
-// writes the Node's ranges (from the API server or from the copy on disk).
-// Without Kubernetes it does nothing.
-type KubernetesDone func(statedb.WriteTxn)
-
 type params struct {
 	cell.In
 
@@ -96,7 +90,7 @@ func Parse(flag string, values []string, source tables.PodCIDRSource, agent sett
 // never change while the agent runs); with a node name the table waits for
 // the Node watcher's as well, registered here in the same transaction so
 // that no reader sees the table initialized before the Node is known.
-func newTable(p params) (statedb.RWTable[*tables.PodCIDR], KubernetesDone, error) {
+func newTable(p params) (statedb.RWTable[*tables.PodCIDR], tables.KubernetesPodCIDRsDone, error) {
 	agent := p.Agent
 	pools, err := Parse("--pod-cidr", p.Config.PodCIDR, tables.PodCIDRFromFlag, agent)
 	if err != nil {
@@ -123,9 +117,9 @@ func newTable(p params) (statedb.RWTable[*tables.PodCIDR], KubernetesDone, error
 	}
 	wtxn := p.DB.WriteTxn(tbl)
 	done := tbl.RegisterInitializer(wtxn, string(tables.PodCIDRFromFlag))
-	k8sDone := KubernetesDone(func(statedb.WriteTxn) {})
+	k8sDone := tables.KubernetesPodCIDRsDone(func(statedb.WriteTxn) {})
 	if p.Client.Enabled() {
-		k8sDone = KubernetesDone(tbl.RegisterInitializer(wtxn, string(tables.PodCIDRFromKubernetes)))
+		k8sDone = tables.KubernetesPodCIDRsDone(tbl.RegisterInitializer(wtxn, string(tables.PodCIDRFromKubernetes)))
 	}
 	for _, r := range append(pools, cluster...) {
 		if _, _, err := tbl.Insert(wtxn, r); err != nil {
