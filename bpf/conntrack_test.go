@@ -541,7 +541,7 @@ func TestNodeFlowPortHeldFromNAT(t *testing.T) {
 	other := flow{src: pod1, dst: netip.MustParseAddr("1.1.1.1"), proto: protoUDP, sport: 5000, dport: 53}
 	masqueradedRange(t, e.egress(other.packet()), 61000, 61000)
 	// Once the node flow is idle past its lifetime, the port is free again.
-	e.age(DefaultLifetimes.UDPReplied + time.Second)
+	e.age(DefaultLifetimes.UDPStream + time.Second)
 	masqueradedRange(t, e.egress(pod.packet()), 61000, 61000)
 }
 
@@ -629,8 +629,8 @@ func TestUDPLifetimes(t *testing.T) {
 		} else {
 			masqueraded(t, e.egress(q.packet()), q, snat4)
 		}
-		if s := e.udpState(t, q, port); s != StateUDPReplied {
-			t.Fatalf("%s 3 s after the start: %s, want %s (2 min)", dir, s, StateUDPReplied)
+		if s := e.udpState(t, q, port); s != StateUDPStream {
+			t.Fatalf("%s 3 s after the start: %s, want %s (2 min)", dir, s, StateUDPStream)
 		}
 	}
 

@@ -24,9 +24,9 @@ type Lifetimes struct {
 	// UDP: a UDP flow not answered yet, or a query and its answer (as
 	// conntrack's unreplied and replied-once flows).
 	UDP time.Duration
-	// UDPReplied: a UDP stream: answered, and still active 2 s after it
+	// UDPStream: a UDP stream: answered, and still active 2 s after it
 	// started (conntrack's stream_ts).
-	UDPReplied time.Duration
+	UDPStream time.Duration
 	// ICMP: an ICMP echo flow.
 	ICMP time.Duration
 	// Other: SCTP and address-only pairs (GRE, ESP and other protocols).
@@ -46,7 +46,7 @@ var DefaultLifetimes = Lifetimes{
 	TCPClosing:     2 * time.Minute,
 	TCPReset:       10 * time.Second,
 	UDP:            30 * time.Second,
-	UDPReplied:     2 * time.Minute,
+	UDPStream:      2 * time.Minute,
 	ICMP:           30 * time.Second,
 	Other:          10 * time.Minute,
 }
@@ -61,7 +61,7 @@ const (
 	StateTCPClosing     = NATState(masqNatStateNAT_TCP_CLOSING)
 	StateTCPReset       = NATState(masqNatStateNAT_TCP_RESET)
 	StateUDP            = NATState(masqNatStateNAT_UDP)
-	StateUDPReplied     = NATState(masqNatStateNAT_UDP_REPLIED)
+	StateUDPStream      = NATState(masqNatStateNAT_UDP_STREAM)
 	StateICMP           = NATState(masqNatStateNAT_ICMP)
 	StateOther          = NATState(masqNatStateNAT_OTHER)
 	numStates           = NATState(masqNatStateNAT_STATE_MAX)
@@ -69,7 +69,7 @@ const (
 
 var stateNames = [numStates]string{
 	StateTCPSyn: "tcp-syn", StateTCPEstablished: "tcp-established", StateTCPClosing: "tcp-closing",
-	StateTCPReset: "tcp-reset", StateUDP: "udp", StateUDPReplied: "udp-replied", StateICMP: "icmp",
+	StateTCPReset: "tcp-reset", StateUDP: "udp", StateUDPStream: "udp-stream", StateICMP: "icmp",
 	StateOther: "other",
 }
 
@@ -106,7 +106,7 @@ func StateOf(proto, flags uint8) NATState {
 		return StateTCPSyn
 	case ProtoUDP:
 		if flags&NATFlagStream != 0 {
-			return StateUDPReplied
+			return StateUDPStream
 		}
 		return StateUDP
 	case ProtoICMP, ProtoICMPv6:
@@ -123,7 +123,7 @@ func (l Lifetimes) Of(s NATState) time.Duration {
 func (l Lifetimes) array() [numStates]time.Duration {
 	return [numStates]time.Duration{
 		StateTCPSyn: l.TCPSyn, StateTCPEstablished: l.TCPEstablished, StateTCPClosing: l.TCPClosing,
-		StateTCPReset: l.TCPReset, StateUDP: l.UDP, StateUDPReplied: l.UDPReplied, StateICMP: l.ICMP,
+		StateTCPReset: l.TCPReset, StateUDP: l.UDP, StateUDPStream: l.UDPStream, StateICMP: l.ICMP,
 		StateOther: l.Other,
 	}
 }

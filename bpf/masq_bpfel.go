@@ -219,7 +219,7 @@ const (
 	masqNatStateNAT_TCP_CLOSING     masqNatState = 2
 	masqNatStateNAT_TCP_RESET       masqNatState = 3
 	masqNatStateNAT_UDP             masqNatState = 4
-	masqNatStateNAT_UDP_REPLIED     masqNatState = 5
+	masqNatStateNAT_UDP_STREAM      masqNatState = 5
 	masqNatStateNAT_ICMP            masqNatState = 6
 	masqNatStateNAT_OTHER           masqNatState = 7
 	masqNatStateNAT_STATE_MAX       masqNatState = 8

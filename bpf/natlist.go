@@ -244,7 +244,7 @@ func LifetimesOf(config *ebpf.Map) (Lifetimes, error) {
 	}
 	return Lifetimes{
 		TCPSyn: a[StateTCPSyn], TCPEstablished: a[StateTCPEstablished], TCPClosing: a[StateTCPClosing],
-		TCPReset: a[StateTCPReset], UDP: a[StateUDP], UDPReplied: a[StateUDPReplied], ICMP: a[StateICMP],
+		TCPReset: a[StateTCPReset], UDP: a[StateUDP], UDPStream: a[StateUDPStream], ICMP: a[StateICMP],
 		Other: a[StateOther],
 	}, nil
 }

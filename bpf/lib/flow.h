@@ -62,7 +62,7 @@ static __always_inline __u32 nat_state(__u8 proto, __u8 flags)
 			return NAT_TCP_CLOSING;
 		return flags & NAT_F_SEEN ? NAT_TCP_ESTABLISHED : NAT_TCP_SYN;
 	case IPPROTO_UDP:
-		return flags & NAT_F_STREAM ? NAT_UDP_REPLIED : NAT_UDP;
+		return flags & NAT_F_STREAM ? NAT_UDP_STREAM : NAT_UDP;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6:
 		return NAT_ICMP;

@@ -60,8 +60,8 @@ enum nat_state {
 	NAT_TCP_ESTABLISHED,	/* TCP, answered, no FIN or RST */
 	NAT_TCP_CLOSING,	/* TCP, a FIN seen (either side) */
 	NAT_TCP_RESET,		/* TCP, a RST seen */
-	NAT_UDP,		/* UDP, one way so far */
-	NAT_UDP_REPLIED,	/* UDP, answered */
+	NAT_UDP,		/* UDP: a query, answered or not (30 s) */
+	NAT_UDP_STREAM,		/* UDP stream: answered, and active 2 s after it started */
 	NAT_ICMP,		/* ICMP echo */
 	NAT_OTHER,		/* SCTP and address-only pairs (GRE, ESP, ...) */
 	NAT_STATE_MAX,

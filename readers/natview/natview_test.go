@@ -189,7 +189,7 @@ masquerade ipv6 tcp tcp-closing age=20s expires=1m59s [fd00:10:244:1::2]:42000 -
 func TestBadOptions(t *testing.T) {
 	for args, want := range map[string]string{
 		"--proto=tcpx":      `--proto="tcpx": want tcp, udp, icmp, icmpv6, sctp or an IP protocol number (0-255)`,
-		"--state=open":      `--state="open": want one of tcp-syn, tcp-established, tcp-closing, tcp-reset, udp, udp-replied, icmp, other`,
+		"--state=open":      `--state="open": want one of tcp-syn, tcp-established, tcp-closing, tcp-reset, udp, udp-stream, icmp, other`,
 		"--src=10.0.0.300":  `--src="10.0.0.300": want an address or a prefix`,
 		"--dst=10.0.0.0/33": `--dst="10.0.0.0/33": want an address or a prefix`,
 		"-o=yaml":           `--output="yaml": want text or json`,

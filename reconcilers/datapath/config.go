@@ -59,7 +59,7 @@ func (c Config) Lifetimes() (bpf.Lifetimes, error) {
 	}
 	return bpf.Lifetimes{
 		TCPSyn: c.TimeoutTCPSyn, TCPEstablished: c.TimeoutTCPEstablished, TCPClosing: c.TimeoutTCPClosing,
-		TCPReset: c.TimeoutTCPReset, UDP: c.TimeoutUDP, UDPReplied: c.TimeoutUDPReplied, ICMP: c.TimeoutICMP,
+		TCPReset: c.TimeoutTCPReset, UDP: c.TimeoutUDP, UDPStream: c.TimeoutUDPReplied, ICMP: c.TimeoutICMP,
 		Other: c.TimeoutOther,
 	}, nil
 }
@@ -79,7 +79,7 @@ var DefaultConfig = Config{
 	TimeoutTCPClosing:     bpf.DefaultLifetimes.TCPClosing,
 	TimeoutTCPReset:       bpf.DefaultLifetimes.TCPReset,
 	TimeoutUDP:            bpf.DefaultLifetimes.UDP,
-	TimeoutUDPReplied:     bpf.DefaultLifetimes.UDPReplied,
+	TimeoutUDPReplied:     bpf.DefaultLifetimes.UDPStream,
 	TimeoutICMP:           bpf.DefaultLifetimes.ICMP,
 	TimeoutOther:          bpf.DefaultLifetimes.Other,
 }

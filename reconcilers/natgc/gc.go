@@ -227,7 +227,7 @@ func shortestLifetime(l bpf.Lifetimes, proto, flags uint8) time.Duration {
 			}
 		}
 	case protoUDP:
-		states = []bpf.NATState{bpf.StateUDPReplied}
+		states = []bpf.NATState{bpf.StateUDPStream}
 		if flags&bpf.NATFlagStream == 0 {
 			states = append(states, bpf.StateUDP)
 		}

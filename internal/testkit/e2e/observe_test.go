@@ -97,6 +97,10 @@ series:
 	return total
 }
 
+// natCapacity is TestDatapathCountersAndDrops' --nat-max-entries: the
+// metric shows the configured size (the default is the node's).
+const natCapacity = 131072
+
 // TestDatapathCountersAndDrops: real traffic through the node shows under
 // ipmasq_packets_total by device, family, direction and action, and one
 // packet of each drop reason this topology can provoke shows under its
@@ -105,7 +109,8 @@ series:
 func TestDatapathCountersAndDrops(t *testing.T) {
 	// One NAT port: a second flow to the same destination finds none.
 	topo, a, ext := setup(t, masqueradeAll, "--prometheus-serve-addr="+metricsAddr,
-		"--nat-port-range=61000-61000", "--nat-keep-source-port=false")
+		"--nat-port-range=61000-61000", "--nat-keep-source-port=false",
+		fmt.Sprintf("--nat-max-entries=%d", natCapacity))
 	get := func() metrics { _, body := scrape(t, topo.Node, "/metrics"); return parseMetrics(t, body) }
 	eth0 := func(labels ...string) []string { return append([]string{"device", "eth0"}, labels...) }
 
@@ -193,8 +198,8 @@ func TestDatapathCountersAndDrops(t *testing.T) {
 	if got := m.sum("ipmasq_nat_port_search_failures_total", "family", "ipv4"); got != 1 {
 		t.Errorf("port search failures: %v, want 1", got)
 	}
-	if got := m.sum("ipmasq_nat_capacity", "family", "ipv4"); got != 131072 {
-		t.Errorf("NAT capacity of ipv4: %v, want 131072", got)
+	if got := m.sum("ipmasq_nat_capacity", "family", "ipv4"); got != natCapacity {
+		t.Errorf("NAT capacity of ipv4: %v, want %v (--nat-max-entries)", got, natCapacity)
 	}
 	// TCP (closing), UDP (answered), echo, per family: the pairs of the
 	// first scrape (the count is reused for 15 s, so the SCTP pair made
@@ -203,8 +208,8 @@ func TestDatapathCountersAndDrops(t *testing.T) {
 		family, kind, state string
 		want                float64
 	}{
-		{"ipv4", "masquerade", "tcp-closing", 1}, {"ipv4", "masquerade", "udp-replied", 1}, {"ipv4", "masquerade", "icmp", 1},
-		{"ipv6", "masquerade", "tcp-closing", 1}, {"ipv6", "masquerade", "udp-replied", 1}, {"ipv6", "masquerade", "icmp", 1},
+		{"ipv4", "masquerade", "tcp-closing", 1}, {"ipv4", "masquerade", "udp", 1}, {"ipv4", "masquerade", "icmp", 1},
+		{"ipv6", "masquerade", "tcp-closing", 1}, {"ipv6", "masquerade", "udp", 1}, {"ipv6", "masquerade", "icmp", 1},
 	} {
 		if got := m.sum("ipmasq_nat_pairs", "family", c.family, "kind", c.kind, "state", c.state); got != c.want {
 			t.Errorf("NAT pairs %s %s %s: %v, want %v", c.family, c.kind, c.state, got, c.want)
@@ -216,7 +221,7 @@ func TestDatapathCountersAndDrops(t *testing.T) {
 	nat := natCommand(t, a, "--src", "10.244.1.0/24", "--dst", topology.RemoteIP4.String())
 	for _, want := range []string{
 		`^masquerade ipv4 tcp tcp-closing age=\d+s expires=\S+ 10\.244\.1\.2:\d+ -> 203\.0\.113\.10:7000 as 10\.0\.0\.5:61000$`,
-		`^masquerade ipv4 udp udp-replied age=\d+s expires=\S+ 10\.244\.1\.2:\d+ -> 203\.0\.113\.10:7001 as 10\.0\.0\.5:61000$`,
+		`^masquerade ipv4 udp udp age=\d+s expires=\S+ 10\.244\.1\.2:\d+ -> 203\.0\.113\.10:7001 as 10\.0\.0\.5:61000$`,
 		`^masquerade ipv4 icmp icmp age=\d+s expires=\S+ 10\.244\.1\.2:\d+ -> 203\.0\.113\.10:0 as 10\.0\.0\.5:61000$`,
 		`^masquerade ipv4 sctp other age=\d+s expires=\S+ 10\.244\.1\.10:40123 -> 203\.0\.113\.10:38412 as 10\.0\.0\.5:40123$`,
 	} {
@@ -337,7 +342,7 @@ func TestNATListingLikeConntrack(t *testing.T) {
 		want := []conntrackTuple{
 			{"icmp", "10.244.1.2", "203.0.113.10", "10.0.0.5", "icmp"},
 			{"tcp", "10.244.1.2", "203.0.113.10:7000", "10.0.0.5", "tcp-closing"},
-			{"udp", "10.244.1.2", "203.0.113.10:7001", "10.0.0.5", "udp-replied"},
+			{"udp", "10.244.1.2", "203.0.113.10:7001", "10.0.0.5", "udp"},
 		}
 		if !slices.Equal(got, want) {
 			t.Fatalf("flows listed: %v, want %v (reference: %v)", got, want, reference)
@@ -383,9 +388,11 @@ func conntrackFlows(t *testing.T, node *topology.Netns) []conntrackTuple {
 				c.state = "tcp-closing" // FIN_WAIT, CLOSE_WAIT, LAST_ACK, TIME_WAIT
 			}
 		case "udp":
-			c.state = "udp-replied"
-			if strings.Contains(line, "[UNREPLIED]") {
-				c.state = "udp"
+			// A query, answered or not, is ipmasq's "udp"; conntrack
+			// assures a stream (active 2 s after it started).
+			c.state = "udp"
+			if strings.Contains(line, "[ASSURED]") {
+				c.state = "udp-stream"
 			}
 		case "icmp":
 			c.state = "icmp"
