@@ -132,3 +132,58 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectKeepsPairTakenOver: a flow that takes over an expired pair's
+// port between the collector's scan and its delete keeps its new entries
+// (the kernel judges the key again; it used to be deleted by key).
+func TestCollectKeepsPairTakenOver(t *testing.T) {
+	privtest.Require(t)
+	dp, err := bpf.Load(bpf.LoadOptions{NATMaxEntries: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if err := dp.SetLifetimes(bpf.DefaultLifetimes); err != nil {
+		t.Fatal(err)
+	}
+	now := monotonicNow()
+	const node = "10.0.0.5"
+	old := pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1000, 80, 61000, now-uint64(2*time.Minute), 0)
+	for k, v := range old {
+		if err := dp.Maps.NatV4.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The new flow: another pod, the same NAT port, the same reply key.
+	taker := pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 2000, 80, 61000, monotonicNow(), 0)
+	takenOver := false
+	end := func(k bpf.NATKeyV4, force bool) (bpf.GCResult, error) {
+		if !takenOver {
+			takenOver = true
+			for k := range old {
+				if k.Dir == bpf.DirEgress {
+					dp.Maps.NatV4.Delete(k)
+				}
+			}
+			for k, v := range taker {
+				if err := dp.Maps.NatV4.Put(k, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return dp.EndPairV4(k, force)
+	}
+	stats, err := collectV4(dp.Maps.NatV4, end, bpf.DefaultLifetimes, func() uint64 { return now + 1 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Expired != 0 {
+		t.Errorf("ended %d pairs, want 0", stats.Expired)
+	}
+	var v bpf.NATValV4
+	for k := range taker {
+		if err := dp.Maps.NatV4.Lookup(k, &v); err != nil {
+			t.Errorf("the new flow's dir-%d entry: %v", k.Dir, err)
+		}
+	}
+}
