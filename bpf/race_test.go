@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // TestNoRaces races, through BPF_PROG_TEST_RUN, SYNs of many sources on
@@ -191,4 +192,28 @@ func brokenPairs[K natKey, V any](m *ebpf.Map, peer func(K, V) K, name func(K) s
 		bad = append(bad, err)
 	}
 	return bad
+}
+
+// TestPairBeingCreatedNotTaken: a reply entry another CPU has just
+// inserted (its egress entry not yet there), stamped after this CPU read
+// its clock, is not a half pair to take over: time differences are signed.
+func TestPairBeingCreatedNotTaken(t *testing.T) {
+	e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+	later := monoNow() + uint64(10*time.Millisecond)
+	in := NATKeyV4{Src: Addr4(remote4), Dst: Addr4(snat4), Sport: Port(443), Dport: Port(61000), Proto: protoTCP, Dir: DirIngress}
+	if err := e.dp.Maps.NatV4.Put(in, NATValV4{Addr: Addr4(pod1), Port: Port(40000), LastSeenNs: later, CreatedNs: later}); err != nil {
+		t.Fatal(err)
+	}
+	b := flow{src: pod2, dst: remote4, proto: protoTCP, sport: 40001, dport: 443}
+	before := e.counters()
+	if ret, _ := e.run(e.dp.Egress, b.packet()); ret != tcActShot {
+		t.Fatalf("a flow took the port of a pair being created: verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterNoPort: 1})
+}
+
+func monoNow() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
 }
