@@ -21,18 +21,25 @@ func pairEntries(proto uint8, pod, dst, snat string, sport, dport, natPort uint1
 	}
 }
 
-func TestCollectExpiresIdlePairs(t *testing.T) {
+// loadDatapath loads the programs and their maps, unpinned, with the
+// default lifetimes: the kernel judges each candidate again, by its own
+// clock and the lifetimes the programs apply.
+func loadDatapath(t *testing.T) *bpf.Datapath {
+	t.Helper()
 	privtest.Require(t)
 	dp, err := bpf.Load(bpf.LoadOptions{NATMaxEntries: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dp.Close()
-	// The kernel judges each candidate again, by its own clock and the
-	// lifetimes the programs apply.
+	t.Cleanup(func() { dp.Close() })
 	if err := dp.SetLifetimes(bpf.DefaultLifetimes); err != nil {
 		t.Fatal(err)
 	}
+	return dp
+}
+
+func TestCollectExpiresIdlePairs(t *testing.T) {
+	dp := loadDatapath(t)
 	now := monotonicNow()
 	ago := func(d time.Duration) uint64 { return now - uint64(d) }
 	const node = "10.0.0.5"
@@ -137,15 +144,7 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 // port between the collector's scan and its delete keeps its new entries
 // (the kernel judges the key again; it used to be deleted by key).
 func TestCollectKeepsPairTakenOver(t *testing.T) {
-	privtest.Require(t)
-	dp, err := bpf.Load(bpf.LoadOptions{NATMaxEntries: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dp.Close()
-	if err := dp.SetLifetimes(bpf.DefaultLifetimes); err != nil {
-		t.Fatal(err)
-	}
+	dp := loadDatapath(t)
 	now := monotonicNow()
 	const node = "10.0.0.5"
 	old := pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1000, 80, 61000, now-uint64(2*time.Minute), 0)
