@@ -23,7 +23,7 @@ import (
 // flows share a NAT tuple and no pair lost a half. Before the claims
 // (lib/flow.h NAT_CLAIMED) two CPUs could both take over one expired pair,
 // and the collector, which deleted by key, removed reply entries a
-// takeover had just written (main's object with such a collector: 2 to 112
+// takeover had just written (main's object with such a collector: 6 to 112
 // broken pairs in every run of this scenario).
 func TestNoRaces(t *testing.T) {
 	t.Run("ipv4", func(t *testing.T) {
