@@ -45,6 +45,7 @@ const (
 	CounterDropNoPair         = Counter(masqCounterCOUNTER_DROP_NO_PAIR)
 	CounterFormerSource       = Counter(masqCounterCOUNTER_FORMER_SOURCE)
 	CounterNATEarlyDrop       = Counter(masqCounterCOUNTER_NAT_EARLY_DROP)
+	CounterDropPairClaimed    = Counter(masqCounterCOUNTER_DROP_PAIR_CLAIMED)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -84,6 +85,7 @@ var counterNames = [NumCounters]string{
 	CounterDropNoPair:         "drop-no-pair",
 	CounterFormerSource:       "former-source-translated",
 	CounterNATEarlyDrop:       "nat-early-drop",
+	CounterDropPairClaimed:    "drop-pair-claimed",
 }
 
 // String returns the counter's name as shown to operators.
@@ -163,6 +165,8 @@ func (c Counter) Description() string {
 		return "packets of a NAT pair whose source is no longer a masquerade source, translated until the flow ends (also counted in masqueraded)"
 	case CounterNATEarlyDrop:
 		return "NAT pairs not assured (unanswered, closing, UDP queries and their answers, ICMP) dropped, both halves, to admit a new flow into a full table (conntrack's early drop)"
+	case CounterDropPairClaimed:
+		return "dropped: a SYN on a closed or expired NAT pair that another CPU, early drop or the collector was ending or reopening at the same instant (the client retransmits it)"
 	}
 	return ""
 }

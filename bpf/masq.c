@@ -48,6 +48,7 @@
 
 #include "lib/egress.h"
 #include "lib/ingress.h"
+#include "lib/natgc.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -82,4 +83,27 @@ int ipmasq_ingress_l3(struct __sk_buff *skb)
 {
 	packet_begin();
 	return packet_done(skb, DIR_INGRESS, ingress(skb, 0));
+}
+
+/* The agent's collector: end one NAT pair if it is still expired, as the
+ * programs judge and claim pairs (lib/natgc.h). Run with BPF_PROG_TEST_RUN,
+ * the context in and out. */
+SEC("syscall")
+int nat_gc_v4(struct nat_gc_v4_ctx *ctx)
+{
+	struct nat_v4_key k;
+
+	__builtin_memcpy(&k, &ctx->key, sizeof(k));
+	ctx->result = nat_gc_end_v4(&k, ctx->force);
+	return 0;
+}
+
+SEC("syscall")
+int nat_gc_v6(struct nat_gc_v6_ctx *ctx)
+{
+	struct nat_v6_key k;
+
+	__builtin_memcpy(&k, &ctx->key, sizeof(k));
+	ctx->result = nat_gc_end_v6(&k, ctx->force);
+	return 0;
 }

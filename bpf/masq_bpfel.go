@@ -58,7 +58,8 @@ const (
 	masqCounterCOUNTER_DROP_NO_PAIR        masqCounter = 30
 	masqCounterCOUNTER_FORMER_SOURCE       masqCounter = 31
 	masqCounterCOUNTER_NAT_EARLY_DROP      masqCounter = 32
-	masqCounterCOUNTER_MAX                 masqCounter = 33
+	masqCounterCOUNTER_DROP_PAIR_CLAIMED   masqCounter = 33
+	masqCounterCOUNTER_MAX                 masqCounter = 34
 )
 
 type masqCounterFamily uint32
@@ -211,6 +212,14 @@ const (
 	masqNatFlagNAT_F_STORED       masqNatFlag = 63
 )
 
+type masqNatGcResult uint32
+
+const (
+	masqNatGcResultNAT_GC_KEPT  masqNatGcResult = 0
+	masqNatGcResultNAT_GC_ENDED masqNatGcResult = 1
+	masqNatGcResultNAT_GC_GONE  masqNatGcResult = 2
+)
+
 type masqNatState uint32
 
 const (
@@ -302,6 +311,8 @@ const (
 	masqProgIpmasqEgressL3    = "ipmasq_egress_l3"
 	masqProgIpmasqIngress     = "ipmasq_ingress"
 	masqProgIpmasqIngressL3   = "ipmasq_ingress_l3"
+	masqProgNatGcV4           = "nat_gc_v4"
+	masqProgNatGcV6           = "nat_gc_v6"
 	masqVarActionMax          = "action_max"
 	masqVarCounterFamilyOther = "counter_family_other"
 	masqVarCounterMax         = "counter_max"
@@ -310,6 +321,7 @@ const (
 	masqVarMasqCfgFlagsKnown  = "masq_cfg_flags_known"
 	masqVarNatDirLast         = "nat_dir_last"
 	masqVarNatFlagsStored     = "nat_flags_stored"
+	masqVarNatGcResultLast    = "nat_gc_result_last"
 	masqVarNatStateMax        = "nat_state_max"
 )
 
@@ -359,6 +371,8 @@ type masqProgramSpecs struct {
 	IpmasqEgressL3  *ebpf.ProgramSpec `ebpf:"ipmasq_egress_l3"`
 	IpmasqIngress   *ebpf.ProgramSpec `ebpf:"ipmasq_ingress"`
 	IpmasqIngressL3 *ebpf.ProgramSpec `ebpf:"ipmasq_ingress_l3"`
+	NatGcV4         *ebpf.ProgramSpec `ebpf:"nat_gc_v4"`
+	NatGcV6         *ebpf.ProgramSpec `ebpf:"nat_gc_v6"`
 }
 
 // masqMapSpecs contains maps before they are loaded into the kernel.
@@ -398,6 +412,7 @@ type masqVariableSpecs struct {
 	MasqCfgFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
 	NatDirLast         *ebpf.VariableSpec `ebpf:"nat_dir_last"`
 	NatFlagsStored     *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
+	NatGcResultLast    *ebpf.VariableSpec `ebpf:"nat_gc_result_last"`
 	NatStateMax        *ebpf.VariableSpec `ebpf:"nat_state_max"`
 }
 
@@ -478,6 +493,7 @@ type masqVariables struct {
 	MasqCfgFlagsKnown  *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
 	NatDirLast         *ebpf.Variable `ebpf:"nat_dir_last"`
 	NatFlagsStored     *ebpf.Variable `ebpf:"nat_flags_stored"`
+	NatGcResultLast    *ebpf.Variable `ebpf:"nat_gc_result_last"`
 	NatStateMax        *ebpf.Variable `ebpf:"nat_state_max"`
 }
 
@@ -489,6 +505,8 @@ type masqPrograms struct {
 	IpmasqEgressL3  *ebpf.Program `ebpf:"ipmasq_egress_l3"`
 	IpmasqIngress   *ebpf.Program `ebpf:"ipmasq_ingress"`
 	IpmasqIngressL3 *ebpf.Program `ebpf:"ipmasq_ingress_l3"`
+	NatGcV4         *ebpf.Program `ebpf:"nat_gc_v4"`
+	NatGcV6         *ebpf.Program `ebpf:"nat_gc_v6"`
 }
 
 func (p *masqPrograms) Close() error {
@@ -497,6 +515,8 @@ func (p *masqPrograms) Close() error {
 		p.IpmasqEgressL3,
 		p.IpmasqIngress,
 		p.IpmasqIngressL3,
+		p.NatGcV4,
+		p.NatGcV6,
 	)
 }
 

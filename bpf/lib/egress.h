@@ -92,8 +92,16 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	/* Established flows: the decision was taken when the pair was made
 	 * (masq_source_v4 says what happens when a source stops being one). */
 	v = bpf_map_lookup_elem(&nat_v4, &k);
-	if (v && nat_established_v4(&k, v, &p, former))
-		v = NULL;
+	if (v) {
+		int est = nat_established_v4(&k, v, &p, former);
+
+		if (est == NAT_EST_DROP) {
+			count(COUNTER_DROP_PAIR_CLAIMED);
+			return TC_ACT_SHOT;
+		}
+		if (est)
+			v = NULL;
+	}
 	if (v) {
 		nv.addr = v->addr;
 		nv.port = v->port;
@@ -210,8 +218,16 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	k.dport = p.dport;
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&nat_v6, &k);
-	if (v && nat_established_v6(&k, v, &p, former))
-		v = NULL;
+	if (v) {
+		int est = nat_established_v6(&k, v, &p, former);
+
+		if (est == NAT_EST_DROP) {
+			count(COUNTER_DROP_PAIR_CLAIMED);
+			return TC_ACT_SHOT;
+		}
+		if (est)
+			v = NULL;
+	}
 	if (v) {
 		__builtin_memcpy(nv.addr, v->addr, 16);
 		nv.port = v->port;

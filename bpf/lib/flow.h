@@ -18,6 +18,48 @@
 #define NAT_REFRESH_NS	1000000000ULL
 
 /*
+ * Claims. Four parties end or rebuild a pair: a SYN reopening it, a new
+ * flow taking over its port, early drop, and the agent's collector
+ * (nat_gc_v4/v6, run by the agent). Each first claims the pair's reply
+ * (dir 1) entry: a compare-and-swap of its last_seen_ns from the value it
+ * judged to NAT_CLAIMED (or to now, for a reopen). Only one party's swap
+ * from a given value succeeds, and a claimed entry is neither expired nor
+ * reusable for the others, so two CPUs never both take one NAT tuple, and
+ * the collector never deletes a pair a SYN has just reopened or taken. A
+ * half pair (no reply entry) is claimed on its own entry.
+ *
+ * Time differences are signed: now is read before other CPUs may stamp an
+ * entry, so an entry may look stamped in this CPU's future.
+ */
+#define NAT_CLAIMED	0x7fffffffffffffffULL
+
+/* nat_age is how long ago (ns) stamp was, as of now: negative when another
+ * CPU stamped the entry after this one read now, or for a claimed entry. */
+static __always_inline __s64 nat_age(__u64 now, __u64 stamp)
+{
+	return (__s64)(now - stamp);
+}
+
+/* nat_later is the later of two stamps (a claimed one is the latest). */
+static __always_inline __u64 nat_later(__u64 a, __u64 b)
+{
+	return (__s64)(a - b) > 0 ? a : b;
+}
+
+/* nat_claim swaps *stamp from seen (the value the caller judged) to to, and
+ * says whether this caller won. */
+static __always_inline int nat_claim(__u64 *stamp, __u64 seen, __u64 to)
+{
+	return seen != NAT_CLAIMED && __sync_val_compare_and_swap(stamp, seen, to) == seen;
+}
+
+/* nat_stamp reads a stamp once (the judgment and the claim use one value). */
+static __always_inline __u64 nat_stamp(const __u64 *stamp)
+{
+	return *(const volatile __u64 *)stamp;
+}
+
+/*
  * Like conntrack, a pair lives as long as its state allows without a packet:
  * an unanswered SYN briefly, an established TCP flow long, a closing or reset
  * one briefly again. The state is derived from the flags both directions
@@ -82,7 +124,7 @@ static __always_inline __u32 nat_state(__u8 proto, __u8 flags)
 static __always_inline void nat_udp_stream(__u8 proto, __u8 *flags, __u64 created)
 {
 	if (proto == IPPROTO_UDP && (*flags & (NAT_F_SEEN | NAT_F_STREAM)) == NAT_F_SEEN &&
-	    bpf_ktime_get_ns() - created > NAT_STREAM_NS)
+	    nat_age(bpf_ktime_get_ns(), created) > (__s64)NAT_STREAM_NS)
 		*flags |= NAT_F_STREAM;
 }
 
@@ -96,7 +138,7 @@ static __always_inline int nat_expired(const struct masq_config *cfg, __u8 proto
 	if (state >= NAT_STATE_MAX)
 		return 0;
 	lifetime = cfg->timeout_ns[state];
-	return lifetime && now > last && now - last > lifetime;
+	return lifetime && nat_age(now, last) > (__s64)lifetime;
 }
 
 /* nat_closed: both sides sent a FIN, or one a RST (out: the source's side's
@@ -114,10 +156,11 @@ static __always_inline void nat_touch_v4(struct nat_v4_val *v, __u8 flags)
 	 * once, so a closed pair's linger counts from its close. */
 	if (flags & ~v->flags) {
 		v->flags |= flags;
-		v->last_seen_ns = now;
+		if (v->last_seen_ns != NAT_CLAIMED)
+			v->last_seen_ns = now;
 		return;
 	}
-	if (now - v->last_seen_ns > NAT_REFRESH_NS)
+	if (nat_age(now, v->last_seen_ns) > (__s64)NAT_REFRESH_NS)
 		v->last_seen_ns = now;
 }
 
@@ -129,10 +172,11 @@ static __always_inline void nat_touch_v6(struct nat_v6_val *v, __u8 flags)
 	 * once, so a closed pair's linger counts from its close. */
 	if (flags & ~v->flags) {
 		v->flags |= flags;
-		v->last_seen_ns = now;
+		if (v->last_seen_ns != NAT_CLAIMED)
+			v->last_seen_ns = now;
 		return;
 	}
-	if (now - v->last_seen_ns > NAT_REFRESH_NS)
+	if (nat_age(now, v->last_seen_ns) > (__s64)NAT_REFRESH_NS)
 		v->last_seen_ns = now;
 }
 
@@ -184,12 +228,17 @@ static __always_inline void nat_pair_v6(const struct nat_v6_key *k, const struct
 	}
 }
 
+/* nat_established_v4/v6 results besides 0 (translate with the pair). */
+#define NAT_EST_NO_PAIR	1	/* the caller treats the packet as having no pair */
+#define NAT_EST_DROP	2	/* a SYN that lost the pair's claim: dropped (counted), the client retransmits */
+
 /* nat_established_v4 handles an egress packet of a pair whose dir-0 entry v
  * exists. Cheap for most packets; once a second per pair, and for every SYN,
- * it checks the reply entry: one lost (a collector race) is put back, one taken
- * by another flow ends this pair (returns 1: the caller treats the packet
- * as having no pair). A SYN on a closed or expired pair reopens it, unless
- * the source is no longer a masquerade source (former: returns 1). */
+ * it checks the reply entry: one lost is put back, one taken by another
+ * flow ends this pair (NAT_EST_NO_PAIR). A SYN on a closed or expired pair
+ * reopens it once it has claimed it (else NAT_EST_DROP: the pair is being
+ * ended or reopened by another party), unless the source is no longer a
+ * masquerade source (NAT_EST_NO_PAIR). */
 __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val *v,
 				   const struct pkt *p, int former)
 {
@@ -197,14 +246,14 @@ __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val 
 	__u8 flags;
 	struct nat_v4_key peer;
 	struct nat_v4_val *r, nr = {};
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_ns(), rl;
 
 	if (!k || !v || !p)
 		return 0;
 	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
 	/* A new FIN or RST takes the slow path: the first FIN needs the reply
 	 * entry's flags to tell who closed first. */
-	if (!tcp_syn(p) && !(flags & ~v->flags) && now - v->last_seen_ns <= NAT_REFRESH_NS)
+	if (!tcp_syn(p) && !(flags & ~v->flags) && nat_age(now, v->last_seen_ns) <= (__s64)NAT_REFRESH_NS)
 		return 0;
 	nat_pair_v4(k, v, &peer);
 	r = bpf_map_lookup_elem(&nat_v4, &peer);
@@ -223,19 +272,23 @@ __noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val 
 	}
 	if (r->addr != k->src || r->port != k->sport) {
 		bpf_map_delete_elem(&nat_v4, k);
-		return 1;
+		return NAT_EST_NO_PAIR;
 	}
 	nat_udp_stream(k->proto, &r->flags, r->created_ns);
 	cfg = masq_cfg();
+	rl = nat_stamp(&r->last_seen_ns);
 	if (tcp_syn(p) && cfg &&
 	    (nat_closed(v->flags, r->flags) ||
-	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
-			 v->last_seen_ns : r->last_seen_ns, now))) {
+	     nat_expired(cfg, k->proto, v->flags | r->flags, nat_later(v->last_seen_ns, rl), now))) {
 		/* A new flow of the tuple: one of a source that is no longer
 		 * a masquerade source is not masqueraded (conntrack makes a new
 		 * entry, and decides again). */
 		if (former)
-			return 1;
+			return NAT_EST_NO_PAIR;
+		/* The claim: another CPU's takeover, early drop or the
+		 * collector may be ending this pair at the same instant. */
+		if (!nat_claim(&r->last_seen_ns, rl, now))
+			return NAT_EST_DROP;
 		NAT_RESET(v, now);
 		NAT_RESET(r, now);
 		count(COUNTER_NAT_REOPENED);
@@ -257,14 +310,14 @@ __noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val 
 	__u8 flags;
 	struct nat_v6_key peer;
 	struct nat_v6_val *r, nr = {};
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_ns(), rl;
 
 	if (!k || !v || !p)
 		return 0;
 	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
 	/* A new FIN or RST takes the slow path: the first FIN needs the reply
 	 * entry's flags to tell who closed first. */
-	if (!tcp_syn(p) && !(flags & ~v->flags) && now - v->last_seen_ns <= NAT_REFRESH_NS)
+	if (!tcp_syn(p) && !(flags & ~v->flags) && nat_age(now, v->last_seen_ns) <= (__s64)NAT_REFRESH_NS)
 		return 0;
 	nat_pair_v6(k, v, &peer);
 	r = bpf_map_lookup_elem(&nat_v6, &peer);
@@ -283,19 +336,23 @@ __noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val 
 	}
 	if (!addr6_equal(r->addr, k->src) || r->port != k->sport) {
 		bpf_map_delete_elem(&nat_v6, k);
-		return 1;
+		return NAT_EST_NO_PAIR;
 	}
 	nat_udp_stream(k->proto, &r->flags, r->created_ns);
 	cfg = masq_cfg();
+	rl = nat_stamp(&r->last_seen_ns);
 	if (tcp_syn(p) && cfg &&
 	    (nat_closed(v->flags, r->flags) ||
-	     nat_expired(cfg, k->proto, v->flags | r->flags, v->last_seen_ns > r->last_seen_ns ?
-			 v->last_seen_ns : r->last_seen_ns, now))) {
+	     nat_expired(cfg, k->proto, v->flags | r->flags, nat_later(v->last_seen_ns, rl), now))) {
 		/* A new flow of the tuple: one of a source that is no longer
 		 * a masquerade source is not masqueraded (conntrack makes a new
 		 * entry, and decides again). */
 		if (former)
-			return 1;
+			return NAT_EST_NO_PAIR;
+		/* The claim: another CPU's takeover, early drop or the
+		 * collector may be ending this pair at the same instant. */
+		if (!nat_claim(&r->last_seen_ns, rl, now))
+			return NAT_EST_DROP;
 		NAT_RESET(v, now);
 		NAT_RESET(r, now);
 		count(COUNTER_NAT_REOPENED);
@@ -310,40 +367,51 @@ __noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val 
 	return 0;
 }
 
+/* nat_reusable_v4/v6 results besides 0 (not reusable). */
+#define NAT_REUSE_CLAIMED	1	/* claimed: replace the reply entry (BPF_ANY) */
+#define NAT_REUSE_FREE		2	/* gone meanwhile: insert it (BPF_NOEXIST) */
+
 /* nat_reusable_v4 says whether the NAT tuple in (a dir-1 key that exists)
  * may be given to a new flow from src: its pair expired, lost its other
  * half, or is a closed TCP pair (2 s after its close) of the same source
  * address (whose TCP timestamps keep increasing toward this server, so the
  * server's TIME_WAIT socket accepts the new SYN: no PAWS drop) or whose
  * source closed first (the server closed passively: no TIME_WAIT to
- * refuse another source's SYN). The old dir-0 entry is deleted. */
+ * refuse another source's SYN). A reusable pair is claimed (see
+ * NAT_CLAIMED: no other CPU takes it too) and its old dir-0 entry deleted;
+ * the caller then owns the reply entry: it replaces or deletes it. */
 __noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 now)
 {
 	struct masq_config *cfg = masq_cfg();
 	struct nat_v4_key peer;
 	struct nat_v4_val *r, *o;
-	__u64 last;
+	__u64 last, rl, ol;
 
 	if (!in || !cfg)
 		return 0;
 	r = bpf_map_lookup_elem(&nat_v4, in);
 	if (!r)
-		return 1;
+		return NAT_REUSE_FREE;
+	rl = nat_stamp(&r->last_seen_ns);
 	if (r->flags & NAT_F_HOST)
-		return nat_expired(cfg, in->proto, r->flags, r->last_seen_ns, now);
+		return nat_expired(cfg, in->proto, r->flags, rl, now) &&
+		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED);
 	nat_pair_v4(in, r, &peer);
 	o = bpf_map_lookup_elem(&nat_v4, &peer);
 	if (!o || o->addr != in->dst || o->port != in->dport)
 		/* half a pair: reusable unless another CPU is creating it */
-		return now - r->created_ns > NAT_REFRESH_NS;
-	last = o->last_seen_ns > r->last_seen_ns ? o->last_seen_ns : r->last_seen_ns;
-	if (nat_expired(cfg, in->proto, o->flags | r->flags, last, now) ||
-	    (in->proto == IPPROTO_TCP && (r->addr == src || (o->flags & NAT_F_CLOSED_FIRST)) &&
-	     nat_closed(o->flags, r->flags) && now - last > NAT_CLOSED_LINGER_NS)) {
-		bpf_map_delete_elem(&nat_v4, &peer);
-		return 1;
-	}
-	return 0;
+		return nat_age(now, r->created_ns) > (__s64)NAT_REFRESH_NS &&
+		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED);
+	ol = nat_stamp(&o->last_seen_ns);
+	last = nat_later(ol, rl);
+	if (!nat_expired(cfg, in->proto, o->flags | r->flags, last, now) &&
+	    !(in->proto == IPPROTO_TCP && (r->addr == src || (o->flags & NAT_F_CLOSED_FIRST)) &&
+	      nat_closed(o->flags, r->flags) && nat_age(now, last) > (__s64)NAT_CLOSED_LINGER_NS))
+		return 0;
+	if (!nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED))
+		return 0;
+	bpf_map_delete_elem(&nat_v4, &peer);
+	return NAT_REUSE_CLAIMED;
 }
 
 /* Inlined into nat_create_v6: a call of its own would take the IPv6 egress
@@ -354,27 +422,33 @@ static __always_inline int nat_reusable_v6(const struct nat_v6_key *in, const st
 	struct masq_config *cfg = masq_cfg();
 	struct nat_v6_key peer;
 	struct nat_v6_val *r, *o;
-	__u64 last;
+	__u64 rl, ol;
 
 	if (!in || !out || !cfg)
 		return 0;
 	r = bpf_map_lookup_elem(&nat_v6, in);
 	if (!r)
-		return 1;
-	if (r->flags & NAT_F_HOST)
-		return nat_expired(cfg, in->proto, r->flags, r->last_seen_ns, now);
+		return NAT_REUSE_FREE;
+	if (r->flags & NAT_F_HOST) {
+		rl = nat_stamp(&r->last_seen_ns);
+		return nat_expired(cfg, in->proto, r->flags, rl, now) &&
+		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED);
+	}
 	nat_pair_v6(in, r, &peer);
 	o = bpf_map_lookup_elem(&nat_v6, &peer);
 	if (!o || !addr6_equal(o->addr, in->dst) || o->port != in->dport)
-		return now - r->created_ns > NAT_REFRESH_NS;
-	last = o->last_seen_ns > r->last_seen_ns ? o->last_seen_ns : r->last_seen_ns;
-	if (nat_expired(cfg, in->proto, o->flags | r->flags, last, now) ||
-	    (in->proto == IPPROTO_TCP && (addr6_equal(r->addr, out->src) || (o->flags & NAT_F_CLOSED_FIRST)) &&
-	     nat_closed(o->flags, r->flags) && now - last > NAT_CLOSED_LINGER_NS)) {
-		bpf_map_delete_elem(&nat_v6, &peer);
-		return 1;
-	}
-	return 0;
+		return nat_age(now, r->created_ns) > (__s64)NAT_REFRESH_NS &&
+		       nat_claim(&r->last_seen_ns, nat_stamp(&r->last_seen_ns), NAT_CLAIMED);
+	rl = nat_stamp(&r->last_seen_ns);
+	ol = nat_stamp(&o->last_seen_ns);
+	if (!nat_expired(cfg, in->proto, o->flags | r->flags, nat_later(ol, rl), now) &&
+	    !(in->proto == IPPROTO_TCP && (addr6_equal(r->addr, out->src) || (o->flags & NAT_F_CLOSED_FIRST)) &&
+	      nat_closed(o->flags, r->flags) && nat_age(now, nat_later(ol, rl)) > (__s64)NAT_CLOSED_LINGER_NS))
+		return 0;
+	if (!nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED))
+		return 0;
+	bpf_map_delete_elem(&nat_v6, &peer);
+	return NAT_REUSE_CLAIMED;
 }
 
 #endif /* IPMASQ_LIB_FLOW_H */

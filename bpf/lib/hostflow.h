@@ -53,7 +53,7 @@ __noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
 	struct nat_v4_key k = { .dir = DIR_EGRESS };
 	struct nat_v4_val *v, nv = { .flags = NAT_F_HOST };
 	struct masq_config *cfg = masq_cfg();
-	int node;
+	int node, reuse = 0;
 	__u16 port;
 	__u64 now;
 
@@ -91,12 +91,14 @@ __noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
 		/* A translated flow holds the tuple (a pod kept this port, which
 		 * the node's kernel then chose too): the node's flow gets a port
 		 * of the range, as conntrack remaps a clashing tuple. */
-		if (!nat_reusable_v4(&k, p->v4.saddr, now))
+		reuse = nat_reusable_v4(&k, p->v4.saddr, now);
+		if (!reuse)
 			return HOST_PAIR;
 	}
 	if (port < cfg->port_min || port > cfg->port_max) {
-		/* A pair that is over must not catch the node's replies. */
-		if (v)
+		/* A pair that is over must not catch the node's replies
+		 * (claimed: this CPU's to delete). */
+		if (reuse == NAT_REUSE_CLAIMED)
 			bpf_map_delete_elem(&nat_v4, &k);
 		return HOST_PASS;
 	}
@@ -104,8 +106,10 @@ __noinline int host_flow_v4(struct __sk_buff *skb, struct pkt *p)
 	nv.port = p->sport;
 	nv.last_seen_ns = now;
 	nv.created_ns = now;
-	if (bpf_map_update_elem(&nat_v4, &k, &nv, v ? BPF_ANY : BPF_NOEXIST) == 0)
+	if (bpf_map_update_elem(&nat_v4, &k, &nv, reuse == NAT_REUSE_CLAIMED ? BPF_ANY : BPF_NOEXIST) == 0)
 		count(COUNTER_HOST_FLOW_NEW);
+	else if (reuse == NAT_REUSE_CLAIMED)
+		bpf_map_delete_elem(&nat_v4, &k); /* never left claimed */
 	return HOST_PASS;
 }
 
@@ -114,7 +118,7 @@ __noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
 	struct nat_v6_key k = { .dir = DIR_EGRESS }, out;
 	struct nat_v6_val *v, nv = { .flags = NAT_F_HOST };
 	struct masq_config *cfg = masq_cfg();
-	int node;
+	int node, reuse = 0;
 	__u16 port;
 	__u64 now;
 
@@ -149,11 +153,12 @@ __noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
 			return HOST_PASS;
 		}
 		/* See host_flow_v4. */
-		if (!nat_reusable_v6(&k, &out, now))
+		reuse = nat_reusable_v6(&k, &out, now);
+		if (!reuse)
 			return HOST_PAIR;
 	}
 	if (port < cfg->port_min || port > cfg->port_max) {
-		if (v)
+		if (reuse == NAT_REUSE_CLAIMED)
 			bpf_map_delete_elem(&nat_v6, &k);
 		return HOST_PASS;
 	}
@@ -161,8 +166,10 @@ __noinline int host_flow_v6(struct __sk_buff *skb, struct pkt *p)
 	nv.port = p->sport;
 	nv.last_seen_ns = now;
 	nv.created_ns = now;
-	if (bpf_map_update_elem(&nat_v6, &k, &nv, v ? BPF_ANY : BPF_NOEXIST) == 0)
+	if (bpf_map_update_elem(&nat_v6, &k, &nv, reuse == NAT_REUSE_CLAIMED ? BPF_ANY : BPF_NOEXIST) == 0)
 		count(COUNTER_HOST_FLOW_NEW);
+	else if (reuse == NAT_REUSE_CLAIMED)
+		bpf_map_delete_elem(&nat_v6, &k); /* never left claimed */
 	return HOST_PASS;
 }
 

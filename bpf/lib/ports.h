@@ -231,14 +231,25 @@ __noinline enum counter nat_create_v4(struct __sk_buff *skb, const struct nat_v4
 			goto found;
 		if (ret != -EEXIST)
 			return COUNTER_NAT_FULL;
-		if (candidate_reuses(i) && nat_reusable_v4(&in, out->src, now) &&
-		    bpf_map_update_elem(&nat_v4, &in, &rev, BPF_ANY) == 0) {
-			count(COUNTER_NAT_REUSED);
-			goto found;
+		if (!candidate_reuses(i))
+			continue;
+		ret = nat_reusable_v4(&in, out->src, now);
+		if (!ret)
+			continue;
+		/* Claimed: the reply entry is this flow's to replace (and
+		 * never left claimed). Gone meanwhile: others may take it too. */
+		if (ret == NAT_REUSE_CLAIMED) {
+			if (bpf_map_update_elem(&nat_v4, &in, &rev, BPF_ANY) == 0)
+				goto reused;
+			bpf_map_delete_elem(&nat_v4, &in);
+		} else if (bpf_map_update_elem(&nat_v4, &in, &rev, BPF_NOEXIST) == 0) {
+			goto reused;
 		}
 	}
 	return COUNTER_NO_PORT;
 
+reused:
+	count(COUNTER_NAT_REUSED);
 found:
 	if (i == CAND_OWN)
 		count(COUNTER_NAT_PORT_KEPT);
@@ -315,14 +326,25 @@ __noinline enum counter nat_create_v6(struct __sk_buff *skb, const struct nat_v6
 			__builtin_memcpy(res->addr, in.dst, 16);
 			return COUNTER_NAT_FULL;
 		}
-		if (candidate_reuses(i) && nat_reusable_v6(&in, out, now) &&
-		    bpf_map_update_elem(&nat_v6, &in, res, BPF_ANY) == 0) {
-			count(COUNTER_NAT_REUSED);
-			goto found;
+		if (!candidate_reuses(i))
+			continue;
+		ret = nat_reusable_v6(&in, out, now);
+		if (!ret)
+			continue;
+		/* Claimed: the reply entry is this flow's to replace (and
+		 * never left claimed). Gone meanwhile: others may take it too. */
+		if (ret == NAT_REUSE_CLAIMED) {
+			if (bpf_map_update_elem(&nat_v6, &in, res, BPF_ANY) == 0)
+				goto reused;
+			bpf_map_delete_elem(&nat_v6, &in);
+		} else if (bpf_map_update_elem(&nat_v6, &in, res, BPF_NOEXIST) == 0) {
+			goto reused;
 		}
 	}
 	return COUNTER_NO_PORT;
 
+reused:
+	count(COUNTER_NAT_REUSED);
 found:
 	if (i == CAND_OWN)
 		count(COUNTER_NAT_PORT_KEPT);

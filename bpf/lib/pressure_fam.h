@@ -41,12 +41,14 @@ static __noinline int FAM(nat_early_drop)(void)
 		return 0;
 	}
 	v = bpf_map_lookup_elem(&FAM(nat), &ctx.victim);
-	if (v) {
-		FAM(nat_pair)(&ctx.victim, v, &peer);
-		o = bpf_map_lookup_elem(&FAM(nat), &peer);
-		if (o && FAM_ADDR_EQ(o->addr, ctx.victim.dst) && o->port == ctx.victim.dport)
-			bpf_map_delete_elem(&FAM(nat), &peer);
-	}
+	/* Gone or claimed by another party meanwhile (lib/flow.h): room may
+	 * have been made, the caller tries again. */
+	if (!v || !nat_claim(&v->last_seen_ns, nat_stamp(&v->last_seen_ns), NAT_CLAIMED))
+		return 1;
+	FAM(nat_pair)(&ctx.victim, v, &peer);
+	o = bpf_map_lookup_elem(&FAM(nat), &peer);
+	if (o && FAM_ADDR_EQ(o->addr, ctx.victim.dst) && o->port == ctx.victim.dport)
+		bpf_map_delete_elem(&FAM(nat), &peer);
 	bpf_map_delete_elem(&FAM(nat), &ctx.victim);
 	count(COUNTER_NAT_EARLY_DROP);
 	return 1;

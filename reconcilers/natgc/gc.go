@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -35,10 +34,13 @@ func monotonicNow() uint64 {
 // directions of a pair are judged together: a pair has expired when neither
 // direction has seen a packet for the lifetime of the pair's state (the
 // programs apply the same lifetimes on their own, so a late collection never
-// keeps a port or a flow). An entry is read again just before it is deleted,
-// so a packet that arrived since the scan keeps it. Pairs translated to an
-// address the node no longer has (deleted from its device) are removed at
-// once, as MASQUERADE ends such flows: they would keep sending from an
+// keeps a port or a flow). The scan only finds candidates: each is ended by
+// the kernel (bpf.Datapath.EndPairV4/V6), which judges the pair again at
+// that instant and claims it as the programs do before deleting both
+// halves, so a packet, a SYN that reopened the pair or a flow that took its
+// port over since the scan keeps it or its new entries. Pairs translated to
+// an address the node no longer has (deleted from its device) are removed
+// at once, as MASQUERADE ends such flows: they would keep sending from an
 // address nobody answers. Adding or reordering addresses ends nothing.
 type collector struct {
 	log       *slog.Logger
@@ -50,10 +52,15 @@ type collector struct {
 	snat func() (addrs map[netip.Addr]bool, ok bool)
 }
 
-// GCStats says what one collection did.
+// GCStats says what one collection did: entries read, and pairs (or
+// inbound records) ended.
 type GCStats struct {
 	Entries, Expired int
 }
+
+// endFunc ends the pair of a key in the kernel if it is still expired, or
+// whatever its age with force (bpf.Datapath.EndPairV4/V6).
+type endFunc[K any] func(k K, force bool) (bpf.GCResult, error)
 
 func (c *collector) collect(ctx context.Context) error { return c.collectNow() }
 
@@ -68,8 +75,8 @@ func (c *collector) collectNow() error {
 			snat = addrs
 		}
 	}
-	s4, err4 := collectV4(dp.Maps.NatV4, c.lifetimes, monotonicNow, snat)
-	s6, err6 := collectV6(dp.Maps.NatV6, c.lifetimes, monotonicNow, snat)
+	s4, err4 := collectV4(dp.Maps.NatV4, dp.EndPairV4, c.lifetimes, monotonicNow, snat)
+	s6, err6 := collectV6(dp.Maps.NatV6, dp.EndPairV6, c.lifetimes, monotonicNow, snat)
 	if c.log != nil && s4.Expired+s6.Expired > 0 {
 		c.log.Debug("NAT entries expired", "ipv4", s4.Expired, "ipv6", s6.Expired)
 	}
@@ -114,14 +121,16 @@ func describeV6(k bpf.NATKeyV6, v bpf.NATValV6) natEntry[bpf.NATKeyV6] {
 
 // collectV4 expires IPv4 pairs and inbound records that outlived their
 // state's lifetime as of now() (monotonic ns), and pairs whose SNAT address
-// is not in snat (when snat is not nil).
-func collectV4(m *ebpf.Map, l bpf.Lifetimes, now func() uint64, snat map[netip.Addr]bool) (GCStats, error) {
-	return collectMap(m, bpf.MapNATV4, l, now, snat, describeV4)
+// is not in snat (when snat is not nil), through end.
+func collectV4(m *ebpf.Map, end endFunc[bpf.NATKeyV4], l bpf.Lifetimes, now func() uint64,
+	snat map[netip.Addr]bool) (GCStats, error) {
+	return collectMap(m, bpf.MapNATV4, end, l, now, snat, describeV4)
 }
 
 // collectV6 is collectV4 for IPv6.
-func collectV6(m *ebpf.Map, l bpf.Lifetimes, now func() uint64, snat map[netip.Addr]bool) (GCStats, error) {
-	return collectMap(m, bpf.MapNATV6, l, now, snat, describeV6)
+func collectV6(m *ebpf.Map, end endFunc[bpf.NATKeyV6], l bpf.Lifetimes, now func() uint64,
+	snat map[netip.Addr]bool) (GCStats, error) {
+	return collectMap(m, bpf.MapNATV6, end, l, now, snat, describeV6)
 }
 
 // gcChunk is how many entries one batch read returns, and how many expired
@@ -132,12 +141,19 @@ const gcChunk = 4096
 // gcMaxExpiredPerPass bounds the keys a pass holds for deletion.
 const gcMaxExpiredPerPass = 64 * gcChunk
 
-func collectMap[K comparable, V comparable](m *ebpf.Map, name string, l bpf.Lifetimes, clock func() uint64,
-	snat map[netip.Addr]bool, describe func(K, V) natEntry[K]) (GCStats, error) {
+// candidate is a key the scan found expired (or force: its SNAT address
+// is gone).
+type candidate[K any] struct {
+	key   K
+	force bool
+}
+
+func collectMap[K comparable, V comparable](m *ebpf.Map, name string, end endFunc[K], l bpf.Lifetimes,
+	clock func() uint64, snat map[netip.Addr]bool, describe func(K, V) natEntry[K]) (GCStats, error) {
 	now := clock()
 	var (
 		stats   GCStats
-		expired []K
+		expired []candidate[K]
 		cursor  ebpf.MapBatchCursor
 		keys    = make([]K, gcChunk)
 		vals    = make([]V, gcChunk)
@@ -156,42 +172,36 @@ func collectMap[K comparable, V comparable](m *ebpf.Map, name string, l bpf.Life
 			stats.Entries++
 			e := describe(keys[i], vals[i])
 			if e.dir != bpf.DirInbound && snat != nil && !snat[e.snat] {
-				expired = append(expired, keys[i])
+				expired = append(expired, candidate[K]{keys[i], true})
 				continue
 			}
-			if now <= e.lastSeen || time.Duration(now-e.lastSeen) <= shortestLifetime(l, e.proto, e.flags) {
+			if age(now, e.lastSeen) <= shortestLifetime(l, e.proto, e.flags) {
 				continue
 			}
 			if pairExpired(m, l, now, keys[i], e, describe) {
-				expired = append(expired, keys[i])
+				expired = append(expired, candidate[K]{keys[i], false})
 			}
 		}
 		if done {
 			break
 		}
 	}
-	// Read the candidates again: a packet since the scan revives a pair.
-	now = clock()
-	expired = slices.DeleteFunc(expired, func(k K) bool {
-		e, ok := lookupEntry(m, k, describe)
-		if !ok {
-			return true // gone already
-		}
-		if e.dir != bpf.DirInbound && snat != nil && !snat[e.snat] {
-			return false
-		}
-		return !pairExpired(m, l, now, k, e, describe)
-	})
-	stats.Expired = len(expired)
+	// The kernel judges each again and deletes it only if still expired:
+	// never by key from here, where a SYN may have reopened the pair or a
+	// new flow taken its port since the scan. Both halves of a pair are
+	// candidates; the second finds its pair gone.
 	var errs []error
-	for chunk := range slices.Chunk(expired, gcChunk) {
-		if _, err := m.BatchDelete(chunk, nil); err != nil {
-			// Some were gone already (deleted by the programs): one by one.
-			for _, k := range chunk {
-				if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-					errs = append(errs, fmt.Errorf("delete from %s: %w", name, err))
-				}
+	for _, c := range expired {
+		res, err := end(c.key, c.force)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("end a pair of %s: %w", name, err))
+			if len(errs) > 10 {
+				break
 			}
+			continue
+		}
+		if res == bpf.GCEnded {
+			stats.Expired++
 		}
 	}
 	return stats, errors.Join(errs...)
@@ -203,7 +213,10 @@ func pairExpired[K comparable, V comparable](m *ebpf.Map, l bpf.Lifetimes, now u
 	last, flags := e.lastSeen, e.flags
 	if e.peer != k {
 		if p, ok := lookupEntry(m, e.peer, describe); ok {
-			last, flags = max(last, p.lastSeen), flags|p.flags
+			if age(p.lastSeen, last) > 0 {
+				last = p.lastSeen
+			}
+			flags |= p.flags
 		}
 	}
 	return expiredAt(l, now, last, e.proto, flags)
@@ -251,5 +264,12 @@ func lookupEntry[K comparable, V comparable](m *ebpf.Map, k K, describe func(K, 
 
 // expiredAt says whether a pair last seen at last has outlived its state.
 func expiredAt(l bpf.Lifetimes, now, last uint64, proto, flags uint8) bool {
-	return now > last && time.Duration(now-last) > l.Of(bpf.StateOf(proto, flags))
+	return age(now, last) > l.Of(bpf.StateOf(proto, flags))
+}
+
+// age is how long before now a stamp was, signed as the programs compare
+// (nat_age in lib/flow.h): a stamp after now (written since now was read,
+// or a claimed entry's) is negative.
+func age(now, stamp uint64) time.Duration {
+	return time.Duration(int64(now - stamp))
 }

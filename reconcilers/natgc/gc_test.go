@@ -21,14 +21,26 @@ func pairEntries(proto uint8, pod, dst, snat string, sport, dport, natPort uint1
 	}
 }
 
-func TestCollectExpiresIdlePairs(t *testing.T) {
+// loadDatapath loads the programs and their maps, unpinned, with the
+// default lifetimes: the kernel judges each candidate again, by its own
+// clock and the lifetimes the programs apply.
+func loadDatapath(t *testing.T) *bpf.Datapath {
+	t.Helper()
 	privtest.Require(t)
 	dp, err := bpf.Load(bpf.LoadOptions{NATMaxEntries: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dp.Close()
-	now := uint64(10 * time.Hour)
+	t.Cleanup(func() { dp.Close() })
+	if err := dp.SetLifetimes(bpf.DefaultLifetimes); err != nil {
+		t.Fatal(err)
+	}
+	return dp
+}
+
+func TestCollectExpiresIdlePairs(t *testing.T) {
+	dp := loadDatapath(t)
+	now := monotonicNow()
 	ago := func(d time.Duration) uint64 { return now - uint64(d) }
 	const node = "10.0.0.5"
 	keep := map[string]map[bpf.NATKeyV4]bpf.NATValV4{
@@ -83,34 +95,33 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 	}
 	keep["inbound tcp answered, idle 1h"] = inbound(protoTCP, 5000, ago(time.Hour), bpf.NATFlagSeen)
 	drop["inbound tcp unanswered, idle 2m"] = inbound(protoTCP, 5001, ago(2*time.Minute), 0)
-	dropInbound := 1
 
 	// A pair that looks expired when scanned but sees a packet before it
-	// is deleted stays: the collector reads it again first.
+	// is ended stays: the kernel judges it again.
 	revived := pairEntries(protoUDP, "10.244.1.6", "203.0.113.10", node, 1000, 53, 64001, ago(time.Hour), 0)
 	for k, v := range revived {
 		dp.Maps.NatV4.Put(k, v)
 	}
 	keep["revived between scan and delete"] = revived
-	calls := 0
-	clock := func() uint64 {
-		if calls++; calls == 2 {
+	end := func(k bpf.NATKeyV4, force bool) (bpf.GCResult, error) {
+		if _, ok := revived[k]; ok {
 			for k, v := range revived {
 				if k.Dir == bpf.DirIngress {
-					v.LastSeenNs = now
+					v.LastSeenNs = monotonicNow()
 					dp.Maps.NatV4.Put(k, v)
 				}
 			}
 		}
-		return now
+		return dp.EndPairV4(k, force)
 	}
 
-	stats, err := collectV4(dp.Maps.NatV4, bpf.DefaultLifetimes, clock, map[netip.Addr]bool{netip.MustParseAddr(node): true})
+	stats, err := collectV4(dp.Maps.NatV4, end, bpf.DefaultLifetimes, func() uint64 { return now },
+		map[netip.Addr]bool{netip.MustParseAddr(node): true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := 2*len(drop) - dropInbound; stats.Expired != want {
-		t.Errorf("expired %d entries, want %d", stats.Expired, want)
+	if want := len(drop); stats.Expired != want {
+		t.Errorf("ended %d pairs and records, want %d", stats.Expired, want)
 	}
 	var v bpf.NATValV4
 	for name, pair := range keep {
@@ -125,6 +136,53 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 			if err := dp.Maps.NatV4.Lookup(k, &v); err == nil {
 				t.Errorf("%s: entry kept", name)
 			}
+		}
+	}
+}
+
+// TestCollectKeepsPairTakenOver: a flow that takes over an expired pair's
+// port between the collector's scan and its delete keeps its new entries
+// (the kernel judges the key again; it used to be deleted by key).
+func TestCollectKeepsPairTakenOver(t *testing.T) {
+	dp := loadDatapath(t)
+	now := monotonicNow()
+	const node = "10.0.0.5"
+	old := pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1000, 80, 61000, now-uint64(2*time.Minute), 0)
+	for k, v := range old {
+		if err := dp.Maps.NatV4.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The new flow: another pod, the same NAT port, the same reply key.
+	taker := pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 2000, 80, 61000, monotonicNow(), 0)
+	takenOver := false
+	end := func(k bpf.NATKeyV4, force bool) (bpf.GCResult, error) {
+		if !takenOver {
+			takenOver = true
+			for k := range old {
+				if k.Dir == bpf.DirEgress {
+					dp.Maps.NatV4.Delete(k)
+				}
+			}
+			for k, v := range taker {
+				if err := dp.Maps.NatV4.Put(k, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return dp.EndPairV4(k, force)
+	}
+	stats, err := collectV4(dp.Maps.NatV4, end, bpf.DefaultLifetimes, func() uint64 { return now + 1 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Expired != 0 {
+		t.Errorf("ended %d pairs, want 0", stats.Expired)
+	}
+	var v bpf.NATValV4
+	for k := range taker {
+		if err := dp.Maps.NatV4.Lookup(k, &v); err != nil {
+			t.Errorf("the new flow's dir-%d entry: %v", k.Dir, err)
 		}
 	}
 }

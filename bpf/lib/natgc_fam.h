@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The collector's compare-and-delete of natgc.h for one family: a template,
+ * included once with FAMILY 4 and once with FAMILY 6 (see family.h).
+ */
+
+#include "family.h"
+
+/* nat_gc_end_v4/v6 ends the pair of key k if it has expired (or force),
+ * both halves, once claimed: the dir-1 entry of a whole pair (or the entry
+ * itself, alone) is swapped to NAT_CLAIMED from the stamp judged. The
+ * dir-0 entry goes first: until the claimed reply entry goes, no other
+ * flow can take its port, and no SYN reopen the pair. */
+static __always_inline __u32 FAM(nat_gc_end)(const FAM_T(nat, key) *k, __u32 force)
+{
+	struct masq_config *cfg = masq_cfg();
+	FAM_T(nat, key) peer;
+	FAM_T(nat, val) *v, *o;
+	__u64 now = bpf_ktime_get_ns(), vl, ol = 0, last;
+	__u8 flags;
+
+	v = bpf_map_lookup_elem(&FAM(nat), k);
+	if (!v)
+		return NAT_GC_GONE;
+	if (!cfg)
+		return NAT_GC_KEPT;
+	vl = nat_stamp(&v->last_seen_ns);
+	flags = v->flags;
+	o = NULL;
+	if (k->dir != DIR_INBOUND) {
+		FAM(nat_pair)(k, v, &peer);
+		o = bpf_map_lookup_elem(&FAM(nat), &peer);
+		/* the other half only if it points back at k */
+		if (o && (k->dir == DIR_EGRESS ? !FAM_ADDR_EQ(o->addr, k->src) || o->port != k->sport :
+						 !FAM_ADDR_EQ(o->addr, k->dst) || o->port != k->dport))
+			o = NULL;
+	}
+	last = vl;
+	if (o) {
+		ol = nat_stamp(&o->last_seen_ns);
+		flags |= o->flags;
+		last = nat_later(ol, vl);
+	}
+	if (last == NAT_CLAIMED)
+		return NAT_GC_KEPT; /* another party is ending or rebuilding it */
+	if (!force && !nat_expired(cfg, k->proto, flags, last, now))
+		return NAT_GC_KEPT;
+	if (!o) {
+		if (!nat_claim(&v->last_seen_ns, vl, NAT_CLAIMED))
+			return NAT_GC_KEPT;
+		bpf_map_delete_elem(&FAM(nat), k);
+		return NAT_GC_ENDED;
+	}
+	if (k->dir == DIR_INGRESS) {
+		if (!nat_claim(&v->last_seen_ns, vl, NAT_CLAIMED))
+			return NAT_GC_KEPT;
+		bpf_map_delete_elem(&FAM(nat), &peer);
+		bpf_map_delete_elem(&FAM(nat), k);
+		return NAT_GC_ENDED;
+	}
+	if (!nat_claim(&o->last_seen_ns, ol, NAT_CLAIMED))
+		return NAT_GC_KEPT;
+	bpf_map_delete_elem(&FAM(nat), k);
+	bpf_map_delete_elem(&FAM(nat), &peer);
+	return NAT_GC_ENDED;
+}
+
+#undef FAMILY
+#include "family.h"
