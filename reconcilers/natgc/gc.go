@@ -224,32 +224,13 @@ func pairExpired[K comparable, V comparable](m *ebpf.Map, l bpf.Lifetimes, now u
 
 // shortestLifetime is the shortest lifetime a pair can have given the flags
 // one of its entries carries (the other half may add flags): an entry idle
-// for less than that cannot belong to an expired pair.
+// for less than that cannot belong to an expired pair. It is derived from
+// StateOf, whose state is decided by the highest-ranking flag present, so
+// adding one flag at a time reaches every state more flags can reach.
 func shortestLifetime(l bpf.Lifetimes, proto, flags uint8) time.Duration {
-	var states []bpf.NATState
-	switch proto {
-	case protoTCP:
-		states = []bpf.NATState{bpf.StateTCPReset}
-		if flags&bpf.NATFlagRST == 0 {
-			states = append(states, bpf.StateTCPClosing)
-			if flags&bpf.NATFlagFIN == 0 {
-				states = append(states, bpf.StateTCPEstablished)
-				if flags&bpf.NATFlagSeen == 0 {
-					states = append(states, bpf.StateTCPSyn)
-				}
-			}
-		}
-	case protoUDP:
-		states = []bpf.NATState{bpf.StateUDPStream}
-		if flags&bpf.NATFlagStream == 0 {
-			states = append(states, bpf.StateUDP)
-		}
-	default:
-		states = []bpf.NATState{bpf.StateOf(proto, flags)}
-	}
-	shortest := l.Of(states[0])
-	for _, s := range states[1:] {
-		shortest = min(shortest, l.Of(s))
+	shortest := l.Of(bpf.StateOf(proto, flags))
+	for bit := 0; bit < 8; bit++ {
+		shortest = min(shortest, l.Of(bpf.StateOf(proto, flags|1<<bit)))
 	}
 	return shortest
 }

@@ -186,3 +186,21 @@ func TestCollectKeepsPairTakenOver(t *testing.T) {
 		}
 	}
 }
+
+// TestShortestLifetimeCoversEveryReachableState: adding one flag at a time
+// reaches the shortest lifetime that any set of added flags reaches.
+func TestShortestLifetimeCoversEveryReachableState(t *testing.T) {
+	l := bpf.DefaultLifetimes
+	l.TCPReset = time.Second // the shortest of all, so that it must be found
+	for _, proto := range []uint8{protoTCP, protoUDP, bpf.ProtoICMP, 132} {
+		for flags := range 256 {
+			want := time.Duration(1<<63 - 1)
+			for extra := range 256 {
+				want = min(want, l.Of(bpf.StateOf(proto, uint8(flags|extra))))
+			}
+			if got := shortestLifetime(l, proto, uint8(flags)); got != want {
+				t.Errorf("proto %d flags %#x: %v, want %v", proto, flags, got, want)
+			}
+		}
+	}
+}
