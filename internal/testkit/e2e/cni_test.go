@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -19,7 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"github.com/ipmasq/ipmasq/internal/topology"
@@ -244,8 +243,10 @@ func cniTopology(t *testing.T) (node, ext *topology.Netns) {
 	return node, ext
 }
 
-// cniContainer is a named network namespace (/var/run/netns/...), as
-// runtimes hand to CNI plugins: a path, not a file descriptor.
+// cniContainer is a network namespace with a path, as runtimes hand to
+// CNI plugins (a path, not a file descriptor): the namespace bound onto a
+// file of the test's own directory, not a name in the machine's
+// /run/netns.
 type cniContainer struct {
 	path string
 	ns   *topology.Netns
@@ -253,39 +254,20 @@ type cniContainer struct {
 
 func containerNetns(t *testing.T) *cniContainer {
 	t.Helper()
-	name := fmt.Sprintf("ipmasq-e2e-cni-%d", os.Getpid())
-	var h netns.NsHandle
-	err := func() error {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			return err
-		}
-		defer orig.Close()
-		// NewNamed moves the thread into the new namespace.
-		h, err = netns.NewNamed(name)
-		if rerr := netns.Set(orig); rerr != nil {
-			panic(fmt.Sprintf("restore netns: %v", rerr))
-		}
-		return err
-	}()
-	t.Cleanup(func() {
-		if err := netns.DeleteNamed(name); err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("delete netns %s: %v", name, err)
-		}
-	})
-	if err != nil {
-		t.Fatalf("create netns %s: %v", name, err)
-	}
-	nl, err := netlink.NewHandleAt(h)
-	if err != nil {
-		h.Close()
+	h, nl := privtest.NewNetns(t)
+	path := filepath.Join(t.TempDir(), "netns")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ns := &topology.Netns{Name: "container", Handle: h, NL: nl}
-	t.Cleanup(ns.Close)
-	return &cniContainer{path: filepath.Join("/var/run/netns", name), ns: ns}
+	if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", int(h)), path, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind the container's netns onto %s: %v", path, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil {
+			t.Errorf("unbind %s: %v", path, err)
+		}
+	})
+	return &cniContainer{path: path, ns: &topology.Netns{Name: "container", Handle: h, NL: nl}}
 }
 
 // addrs lists the global addresses on the container's eth0 (none when

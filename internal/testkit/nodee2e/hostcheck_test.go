@@ -58,7 +58,7 @@ func snapshotHost(t *testing.T) hostState {
 		s["sysctl "+name] = strings.TrimSpace(string(v))
 	}
 	for _, d := range hostDirs {
-		s["dir "+d] = withoutOtherTests(d, listDir(d, false))
+		s["dir "+d] = listDir(d, false)
 	}
 	hierarchies, err := os.ReadDir("/sys/fs/cgroup")
 	if err != nil {
@@ -91,23 +91,6 @@ func listDir(d string, dirsOnly bool) string {
 			names = append(names, e.Name())
 		}
 	}
-	return strings.Join(names, " ")
-}
-
-// otherTests are name prefixes that other test packages, which `go test
-// ./...` runs beside this one, give what they create in a listed
-// directory (the CNI test's named network namespace): they come and go
-// during this test without the node having anything to do with them.
-var otherTests = map[string]string{"/run/netns": "ipmasq-e2e-"}
-
-// withoutOtherTests drops other test packages' entries from d's listing.
-func withoutOtherTests(d, listing string) string {
-	prefix, ok := otherTests[d]
-	if !ok {
-		return listing
-	}
-	names := strings.Fields(listing)
-	names = slices.DeleteFunc(names, func(n string) bool { return strings.HasPrefix(n, prefix) })
 	return strings.Join(names, " ")
 }
 
