@@ -46,6 +46,7 @@ const (
 	CounterFormerSource       = Counter(masqCounterCOUNTER_FORMER_SOURCE)
 	CounterNATEarlyDrop       = Counter(masqCounterCOUNTER_NAT_EARLY_DROP)
 	CounterDropPairClaimed    = Counter(masqCounterCOUNTER_DROP_PAIR_CLAIMED)
+	CounterUnmasqNew          = Counter(masqCounterCOUNTER_UNMASQ_NEW)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -86,6 +87,7 @@ var counterNames = [NumCounters]string{
 	CounterFormerSource:       "former-source-translated",
 	CounterNATEarlyDrop:       "nat-early-drop",
 	CounterDropPairClaimed:    "drop-pair-claimed",
+	CounterUnmasqNew:          "unmasq-new",
 }
 
 // String returns the counter's name as shown to operators.
@@ -104,7 +106,7 @@ func (c Counter) Description() string {
 	case CounterNATNew:
 		return "new NAT pairs (flows) created"
 	case CounterSkipNonMasqDst:
-		return "not masqueraded: destination in a non-masquerade CIDR"
+		return "not masqueraded: destination in a non-masquerade CIDR when the flow started (a running flow keeps its decision through config changes)"
 	case CounterSkipNodeDst:
 		return "not masqueraded: destination is a node address"
 	case CounterSkipNotSource:
@@ -167,6 +169,8 @@ func (c Counter) Description() string {
 		return "NAT pairs not assured (unanswered, closing, UDP queries and their answers, ICMP) dropped, both halves, to admit a new flow into a full table (conntrack's early drop)"
 	case CounterDropPairClaimed:
 		return "dropped: a SYN on a closed or expired NAT pair that another CPU, early drop or the collector was ending or reopening at the same instant (the client retransmits it)"
+	case CounterUnmasqNew:
+		return "flows from a masquerade source to a non-masquerade destination recorded as unmasqueraded, so that they keep that decision for their life (unmasq_v4/v6)"
 	}
 	return ""
 }

@@ -37,6 +37,16 @@ import (
 // instead (--nat-max-entries, reconcilers/datapath).
 const DefaultNATMaxEntries = 131072
 
+// UnmasqEntries is the size of unmasq_v4 and unmasq_v6 for NAT maps of
+// natMaxEntries: a quarter, so half as many flows as the NAT map holds
+// pairs. The records are an LRU whose loss only means a flow is decided
+// again (lib/unmasq.h): they need not hold every unmasqueraded flow, only
+// those running when the config changes, and cost about 80 (IPv4) and 110
+// (IPv6) bytes each.
+func UnmasqEntries(natMaxEntries uint32) uint32 {
+	return max(natMaxEntries/4, 1024)
+}
+
 // Map names: the pins under the agent's pin directory. They are the names
 // lib/maps.h gives the maps, as bpf2go generated them: declared once, in C.
 const (
@@ -52,6 +62,8 @@ const (
 	MapConfig      = masqMapConfig
 	MapNATV4       = masqMapNatV4
 	MapNATV6       = masqMapNatV6
+	MapUnmasqV4    = masqMapUnmasqV4
+	MapUnmasqV6    = masqMapUnmasqV6
 	MapFragV4      = masqMapFragV4
 	MapFragV6      = masqMapFragV6
 	MapCounters    = masqMapCounters
@@ -115,7 +127,8 @@ type LoadOptions struct {
 	// reconciler), used whatever their max_entries. Nil: an empty private
 	// trie, so every destination of the family is masqueraded.
 	NonMasqV4, NonMasqV6 *ebpf.Map
-	// NATMaxEntries sizes nat_v4 and nat_v6; 0 means DefaultNATMaxEntries.
+	// NATMaxEntries sizes nat_v4 and nat_v6, and through UnmasqEntries
+	// unmasq_v4 and unmasq_v6; 0 means DefaultNATMaxEntries.
 	NATMaxEntries uint32
 	// Logger receives map replacement warnings; nil means slog.Default().
 	Logger *slog.Logger
@@ -133,6 +146,8 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	}
 	spec.Maps[MapNATV4].MaxEntries = opts.NATMaxEntries
 	spec.Maps[MapNATV6].MaxEntries = opts.NATMaxEntries
+	spec.Maps[MapUnmasqV4].MaxEntries = UnmasqEntries(opts.NATMaxEntries)
+	spec.Maps[MapUnmasqV6].MaxEntries = UnmasqEntries(opts.NATMaxEntries)
 
 	if !csumIPv6FlagSupported() {
 		if err := spec.Variables["csum_ipv6_flag"].Set(uint64(0)); err != nil {
@@ -162,9 +177,10 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	if opts.PinDir != "" {
 		for _, name := range pinnedMaps(spec) {
 			open := bpfmap.OpenPinned
-			if name == MapNATV4 || name == MapNATV6 {
+			if name == MapNATV4 || name == MapNATV6 || name == MapUnmasqV4 || name == MapUnmasqV6 {
 				// A resized NAT map keeps its pairs: established flows
-				// survive a changed --nat-max-entries.
+				// survive a changed --nat-max-entries; so do the
+				// decisions of unmasqueraded flows.
 				open = bpfmap.OpenPinnedKeep
 			}
 			m, err := open(opts.Logger, opts.PinDir, spec.Maps[name])

@@ -59,7 +59,8 @@ const (
 	masqCounterCOUNTER_FORMER_SOURCE       masqCounter = 31
 	masqCounterCOUNTER_NAT_EARLY_DROP      masqCounter = 32
 	masqCounterCOUNTER_DROP_PAIR_CLAIMED   masqCounter = 33
-	masqCounterCOUNTER_MAX                 masqCounter = 34
+	masqCounterCOUNTER_UNMASQ_NEW          masqCounter = 34
+	masqCounterCOUNTER_MAX                 masqCounter = 35
 )
 
 type masqCounterFamily uint32
@@ -284,6 +285,13 @@ type masqPktOutcome struct {
 	Zero       masqDevCounterVal
 }
 
+type masqUnmasqVal struct {
+	_          structs.HostLayout
+	LastSeenNs uint64
+	Flags      uint8
+	Pad        [7]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -307,6 +315,8 @@ const (
 	masqMapNonmasqV4          = "nonmasq_v4"
 	masqMapNonmasqV6          = "nonmasq_v6"
 	masqMapPktOutcome         = "pkt_outcome"
+	masqMapUnmasqV4           = "unmasq_v4"
+	masqMapUnmasqV6           = "unmasq_v6"
 	masqProgIpmasqEgress      = "ipmasq_egress"
 	masqProgIpmasqEgressL3    = "ipmasq_egress_l3"
 	masqProgIpmasqIngress     = "ipmasq_ingress"
@@ -398,6 +408,8 @@ type masqMapSpecs struct {
 	NonmasqV4    *ebpf.MapSpec `ebpf:"nonmasq_v4"`
 	NonmasqV6    *ebpf.MapSpec `ebpf:"nonmasq_v6"`
 	PktOutcome   *ebpf.MapSpec `ebpf:"pkt_outcome"`
+	UnmasqV4     *ebpf.MapSpec `ebpf:"unmasq_v4"`
+	UnmasqV6     *ebpf.MapSpec `ebpf:"unmasq_v6"`
 }
 
 // masqVariableSpecs contains global variables before they are loaded into the kernel.
@@ -455,6 +467,8 @@ type masqMaps struct {
 	NonmasqV4    *ebpf.Map `ebpf:"nonmasq_v4"`
 	NonmasqV6    *ebpf.Map `ebpf:"nonmasq_v6"`
 	PktOutcome   *ebpf.Map `ebpf:"pkt_outcome"`
+	UnmasqV4     *ebpf.Map `ebpf:"unmasq_v4"`
+	UnmasqV6     *ebpf.Map `ebpf:"unmasq_v6"`
 }
 
 func (m *masqMaps) Close() error {
@@ -478,6 +492,8 @@ func (m *masqMaps) Close() error {
 		m.NonmasqV4,
 		m.NonmasqV6,
 		m.PktOutcome,
+		m.UnmasqV4,
+		m.UnmasqV6,
 	)
 }
 

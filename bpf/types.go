@@ -24,6 +24,9 @@ type (
 	NATKeyV6 = masqNatV6Key
 	// NATValV6 is a value of nat_v6.
 	NATValV6 = masqNatV6Val
+	// UnmasqVal is a value of unmasq_v4 (key NATKeyV4) and unmasq_v6
+	// (key NATKeyV6): a flow that started unmasqueraded.
+	UnmasqVal = masqUnmasqVal
 )
 
 // NAT directions (NATKey*.Dir): enum nat_dir in lib/types.h.

@@ -15,7 +15,7 @@
 enum counter {
 	COUNTER_MASQUERADED,		/* packets source-translated on egress */
 	COUNTER_NAT_NEW,		/* new NAT pairs created */
-	COUNTER_SKIP_NONMASQ_DST,	/* not masqueraded: destination is a non-masquerade CIDR */
+	COUNTER_SKIP_NONMASQ_DST,	/* not masqueraded: destination was a non-masquerade CIDR when the flow started */
 	COUNTER_SKIP_NODE_DST,		/* not masqueraded: destination is a node address */
 	COUNTER_SKIP_NOT_SOURCE,	/* not masqueraded: source is not a masquerade source */
 	COUNTER_SKIP_NO_SNAT_ADDR,	/* not masqueraded: the device is not (yet) an egress device */
@@ -47,6 +47,7 @@ enum counter {
 	COUNTER_FORMER_SOURCE,		/* packets of a former masquerade source's NAT pair, translated until the flow ends (also in COUNTER_MASQUERADED) */
 	COUNTER_NAT_EARLY_DROP,		/* pairs not assured (unanswered, closing, UDP queries) dropped to admit a new flow into a full NAT map */
 	COUNTER_DROP_PAIR_CLAIMED,	/* dropped: a SYN on a closed or expired pair that another CPU, early drop or the collector was ending or reopening at that instant (the client retransmits) */
+	COUNTER_UNMASQ_NEW,		/* flows from a masquerade source left unmasqueraded (non-masquerade destination) and recorded: the decision is kept for the flow's life (unmasq_v4/v6) */
 	COUNTER_MAX,
 };
 

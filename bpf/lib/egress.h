@@ -27,6 +27,7 @@
 #include "icmp.h"
 #include "icmp_egress.h"
 #include "fixed.h"
+#include "unmasq.h"
 
 #define FAMILY 4
 #include "egress_fam.h"

@@ -108,6 +108,12 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 			count(COUNTER_SKIP_NOT_SOURCE);
 			return TC_ACT_UNSPEC;
 		}
+		/* A flow that started unmasqueraded keeps that decision through
+		 * config changes (unmasq.h). */
+		if (!node && FAM(unmasq_kept)(&k, &p)) {
+			count(COUNTER_SKIP_NONMASQ_DST);
+			return TC_ACT_UNSPEC;
+		}
 		how = egress_no_pair(&p, FAM_IS_V6, node);
 		if (how == NO_PAIR_PASS)
 			return TC_ACT_UNSPEC;
@@ -117,6 +123,8 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 		} else {
 			c = FAM(decide)(skb, &p, rule, &nv.addr);
 			if (c != COUNTER_MASQUERADED) {
+				if (c == COUNTER_SKIP_NONMASQ_DST && how != NO_PAIR_ORPHAN)
+					FAM(unmasq_record)(&k, &p);
 				count(c);
 				return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 			}

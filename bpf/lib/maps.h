@@ -108,6 +108,24 @@ struct {
 	__uint(max_entries, 131072);
 } nat_v6 SEC(".maps");
 
+/* Flows that started unmasqueraded (lib/unmasq.h). LRU: a record lost to
+ * eviction only means its flow is decided again by its next packet, which
+ * matters only if the config changed meanwhile. The loader sizes them to a
+ * quarter of the NAT maps' entries. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct nat_v4_key);
+	__type(value, struct unmasq_val);
+	__uint(max_entries, 32768);
+} unmasq_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct nat_v6_key);
+	__type(value, struct unmasq_val);
+	__uint(max_entries, 32768);
+} unmasq_v6 SEC(".maps");
+
 /* LRU: fragment state needs no collector, a datagram is reassembled (or
  * lost) within seconds. */
 struct {

@@ -143,6 +143,17 @@ struct nat_v6_val {
 	__u64 created_ns;
 };
 
+/* A flow from a masquerade source that started unmasqueraded (its
+ * destination was a non-masquerade one), keyed by its egress tuple like a
+ * NAT pair's dir-0 entry (lib/unmasq.h). flags: NAT_F_FIN, NAT_F_RST and
+ * NAT_F_SEEN (TCP: the source sent more than a SYN) as the source side
+ * showed them, for the lifetime of its state (nat_state). */
+struct unmasq_val {
+	__u64 last_seen_ns;
+	__u8 flags;
+	__u8 pad[7];
+};
+
 /* A fragmented datagram in flight: (src, dst, id, proto, dir) -> the address
  * its non-first fragments are translated to. */
 struct frag_v4_key {
