@@ -36,6 +36,11 @@ func startStream(t *testing.T, pod *topology.Netns, dst netip.Addr) *stream {
 	if seen != topology.NodeIP4.String() && seen != topology.NodeIP6.String() {
 		t.Fatalf("stream not masqueraded: server saw %s", seen)
 	}
+	return newStream(c)
+}
+
+// newStream keeps the TCP connection c to a ServeSource server busy.
+func newStream(c net.Conn) *stream {
 	s := &stream{conn: c, errc: make(chan error, 1)}
 	go func() {
 		chunk := make([]byte, 1024)

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 
@@ -28,6 +29,9 @@ type scenario struct {
 	ext  *servers
 	// agent is the ipmasq agent; nil under Linux MASQUERADE.
 	agent *agent
+	// leaks is the watcher on ext's link (nil with podAddressesOnWire):
+	// a scenario allows the flows that legitimately keep a pod address.
+	leaks *leakWatch
 }
 
 // setupSpec describes the node of a scenario.
@@ -93,18 +97,37 @@ func underBoth(t *testing.T, spec setupSpec, fn func(t *testing.T, s *scenario))
 			return
 		}
 		leaks := watchLeaks(t, topo.Ext, "eth0", topology.PodCIDR4, topology.PodCIDR6, topology.ClientCIDR4, topology.ClientCIDR6)
+		s.leaks = leaks
 		fn(t, s)
 		leaks.check(t)
 	})
 }
 
 // leakWatch records packets seen on a device whose source is one of the
-// masquerade sources.
+// masquerade sources, but those of the flows allowed.
 type leakWatch struct {
 	mu      sync.Mutex
 	leaked  []string
 	sources []netip.Prefix
+	allowed []watchedFlow
 	f       *os.File
+}
+
+// watchedFlow is a flow of a masquerade source, as the watcher sees it.
+type watchedFlow struct {
+	dst   netip.Addr
+	proto byte
+	sport uint16
+}
+
+// allow lets the packets of one flow (TCP or UDP) from a masquerade
+// source to dst with source port sport reach the wire with the source's
+// address: a flow that is not masqueraded on purpose. Call it before the
+// flow's first packet.
+func (w *leakWatch) allow(dst netip.Addr, proto byte, sport uint16) {
+	w.mu.Lock()
+	w.allowed = append(w.allowed, watchedFlow{dst, proto, sport})
+	w.mu.Unlock()
 }
 
 // watchLeaks opens a packet socket on dev in n (network-layer view, so it
@@ -149,15 +172,24 @@ func (w *leakWatch) read(done chan struct{}) {
 		if err != nil {
 			return
 		}
-		var src netip.Addr
+		var src, dst netip.Addr
 		var proto byte
+		l4 := -1 // where the ports are: first fragments and unfragmented packets only
 		switch {
 		case n >= 20 && buf[0]>>4 == 4:
-			src, proto = netip.AddrFrom4([4]byte(buf[12:16])), buf[9]
+			src, dst, proto = netip.AddrFrom4([4]byte(buf[12:16])), netip.AddrFrom4([4]byte(buf[16:20])), buf[9]
+			if buf[6]&0x1f == 0 && buf[7] == 0 {
+				l4 = int(buf[0]&0xf) * 4
+			}
 		case n >= 40 && buf[0]>>4 == 6:
-			src, proto = netip.AddrFrom16([16]byte(buf[8:24])), buf[6]
+			src, dst, proto = netip.AddrFrom16([16]byte(buf[8:24])), netip.AddrFrom16([16]byte(buf[24:40])), buf[6]
+			l4 = 40 // no extension headers in these tests' flows
 		default:
 			continue
+		}
+		var sport uint16
+		if l4 >= 0 && n >= l4+4 {
+			sport = uint16(buf[l4])<<8 | uint16(buf[l4+1])
 		}
 		// The node's own addresses on the pod side are inside the pod
 		// CIDRs but are no pod's: the kernel may pick them as a source
@@ -168,7 +200,9 @@ func (w *leakWatch) read(done chan struct{}) {
 		for _, p := range w.sources {
 			if p.Contains(src) {
 				w.mu.Lock()
-				w.leaked = append(w.leaked, fmt.Sprintf("%s protocol %d, %d bytes", src, proto, n))
+				if !slices.Contains(w.allowed, watchedFlow{dst, proto, sport}) || (proto != unix.IPPROTO_TCP && proto != unix.IPPROTO_UDP) {
+					w.leaked = append(w.leaked, fmt.Sprintf("%s protocol %d port %d to %s, %d bytes", src, proto, sport, dst, n))
+				}
 				w.mu.Unlock()
 			}
 		}

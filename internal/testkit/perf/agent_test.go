@@ -50,17 +50,29 @@ func nonMasqCIDRs(n int) []string {
 	return out
 }
 
+// configCIDRs are the non-masquerade CIDRs of a condition with n: n /24s
+// that miss the destination, and with -perf.unmasqueraded the
+// destination's /24 too.
+func configCIDRs(n int) []string {
+	cidrs := nonMasqCIDRs(n)
+	if *flagUnmasq {
+		cidrs = append(cidrs, netip.PrefixFrom(topology.RemoteIP4, 24).Masked().String())
+	}
+	return cidrs
+}
+
 // runAgent starts ipmasq-agent in the node namespace with a private bpffs
-// and a config of n non-masquerade CIDRs, and waits until its programs are
-// attached to the uplink and the maps hold the whole config. It returns the
-// pinned-map directory.
-func runAgent(b *testing.B, bin string, node *topology.Netns, n int, natMaxEntries int) string {
+// and a config of these non-masquerade CIDRs, and waits until its programs
+// are attached to the uplink and the maps hold the whole config. It returns
+// the pinned-map directory.
+func runAgent(b *testing.B, bin string, node *topology.Netns, cidrs []string, natMaxEntries int) string {
 	b.Helper()
+	n := len(cidrs)
 	dir := b.TempDir()
 	bpfRoot := privtest.MountBPFFS(b)
 	config := filepath.Join(dir, "config", "ip-masq-agent")
 	data, err := json.Marshal(map[string]any{
-		"nonMasqueradeCIDRs": nonMasqCIDRs(n),
+		"nonMasqueradeCIDRs": cidrs,
 		"masqLinkLocal":      false,
 		"masqLinkLocalIPv6":  false,
 	})

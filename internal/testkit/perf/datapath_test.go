@@ -28,6 +28,8 @@ var (
 	flagCIDRs       = flag.String("perf.cidrs", "10,1000,10000", "non-masquerade CIDR counts to compare")
 	flagRestore     = flag.String("perf.iptables-restore", "iptables-restore", "iptables-restore binary for the iptables condition (e.g. iptables-legacy-restore)")
 	flagAgent       = flag.String("perf.agent", "", "a built ipmasq-agent to run (default: build ./cmd/ipmasq-agent)")
+	flagBaseline    = flag.String("perf.baseline-agent", "", "another built ipmasq-agent (e.g. main's) measured beside ipmasq in the same rounds, as ipmasq-baseline")
+	flagUnmasq      = flag.Bool("perf.unmasqueraded", false, "the destination is a non-masquerade one (pod-to-pod traffic through the node: routed back, never translated) under every condition")
 	flagNATEntries  = flag.Int("perf.nat-max-entries", 1<<20, "ipmasq --nat-max-entries: a closed TCP pair is kept 2 minutes, and every run's connections stay in the map")
 )
 
@@ -43,7 +45,7 @@ const (
 // condition is one way of getting the pod's traffic through the node, on
 // its own copy of the topology.
 type condition struct {
-	kind   string // "routing", "ipmasq" or "iptables"
+	kind   string // "routing", "ipmasq", "ipmasq-baseline" or "iptables"
 	cidrs  int
 	topo   *topology.Masquerade
 	client *trafficProc
@@ -131,23 +133,27 @@ func (c *condition) setUp(b *testing.B, agentBin string) {
 	}
 	b.Cleanup(func() { topo.Close() })
 	c.topo = topo
-	switch c.kind {
-	case "routing":
+	if c.kind == "routing" || *flagUnmasq {
 		if err := topo.RouteBack(); err != nil {
 			b.Fatal(err)
 		}
+	}
+	switch c.kind {
 	case "ipmasq":
-		c.pinDir = runAgent(b, agentBin, topo.Node, c.cidrs, *flagNATEntries)
+		c.pinDir = runAgent(b, agentBin, topo.Node, configCIDRs(c.cidrs), *flagNATEntries)
+	case "ipmasq-baseline":
+		c.pinDir = runAgent(b, *flagBaseline, topo.Node, configCIDRs(c.cidrs), *flagNATEntries)
 	case "iptables":
-		installIPMasqAgentRules(b, *flagRestore, topo.Node, nonMasqCIDRs(c.cidrs))
+		installIPMasqAgentRules(b, *flagRestore, topo.Node, configCIDRs(c.cidrs))
 	}
 	server := startTraffic(b, topo.Ext, serverCPU, RoleServer)
 	if line, err := server.out.ReadString('\n'); err != nil || line != "ready\n" {
 		b.Fatalf("%s: server did not start: %q %v", c.name(), line, err)
 	}
 	c.client = startTraffic(b, topo.Pod, clientCPU, RoleClient)
-	// ext has no route back to the pod except under routing: a connection
-	// that completes was masqueraded by the condition's NAT.
+	// ext has no route back to the pod except under routing (and
+	// -perf.unmasqueraded): a connection that completes was masqueraded by
+	// the condition's NAT.
 	if _, err := c.client.do(Request{Op: "check", Addr: topology.RemoteIP4.String()}); err != nil {
 		b.Fatalf("%s: no connection through the node: %v", c.name(), err)
 	}
@@ -175,7 +181,11 @@ func BenchmarkDatapath(b *testing.B) {
 	}
 	conds := []*condition{{kind: "routing"}}
 	for _, n := range counts {
-		conds = append(conds, &condition{kind: "ipmasq", cidrs: n}, &condition{kind: "iptables", cidrs: n})
+		conds = append(conds, &condition{kind: "ipmasq", cidrs: n})
+		if *flagBaseline != "" {
+			conds = append(conds, &condition{kind: "ipmasq-baseline", cidrs: n})
+		}
+		conds = append(conds, &condition{kind: "iptables", cidrs: n})
 	}
 	for _, c := range conds {
 		c.setUp(b, agentBin)
@@ -215,7 +225,7 @@ func report(b *testing.B, conds []*condition) {
 	routing := byName["routing"]
 	var log strings.Builder
 	fmt.Fprintf(&log, "%d rounds; medians; ratios are medians of per-round ratios\n", *flagRounds)
-	fmt.Fprintf(&log, "%-22s %9s %9s %10s %10s %10s %10s  %s\n", "condition", "Gbit/s", "conn/s", "tput/rout", "conn/rout", "tput/ipt", "conn/ipt", "per round conn/s")
+	fmt.Fprintf(&log, "%-27s %9s %9s %10s %10s %10s %10s %10s %10s  %s\n", "condition", "Gbit/s", "conn/s", "tput/rout", "conn/rout", "tput/ipt", "conn/ipt", "tput/base", "conn/base", "per round conn/s")
 	for _, c := range conds {
 		metrics := map[string]float64{
 			"Gbit/s":      median(c.gbps),
@@ -226,23 +236,28 @@ func report(b *testing.B, conds []*condition) {
 			metrics["tput/routing"] = medianRatio(c.gbps, routing.gbps)
 			metrics["conn/routing"] = medianRatio(c.conns, routing.conns)
 		}
-		if c.kind == "ipmasq" {
+		if c.kind == "ipmasq" || c.kind == "ipmasq-baseline" {
 			ipt := byName[fmt.Sprintf("iptables/cidrs=%d", c.cidrs)]
 			metrics["tput/iptables"] = medianRatio(c.gbps, ipt.gbps)
 			metrics["conn/iptables"] = medianRatio(c.conns, ipt.conns)
 		}
-		fmt.Fprintf(&log, "%-22s %9.2f %9.0f %10s %10s %10s %10s  %.0f\n", c.name(), metrics["Gbit/s"], metrics["conn/s"],
+		if base := byName[fmt.Sprintf("ipmasq-baseline/cidrs=%d", c.cidrs)]; c.kind == "ipmasq" && base != nil {
+			metrics["tput/baseline"] = medianRatio(c.gbps, base.gbps)
+			metrics["conn/baseline"] = medianRatio(c.conns, base.conns)
+		}
+		fmt.Fprintf(&log, "%-27s %9.2f %9.0f %10s %10s %10s %10s %10s %10s  %.0f\n", c.name(), metrics["Gbit/s"], metrics["conn/s"],
 			ratioText(metrics, "tput/routing"), ratioText(metrics, "conn/routing"),
-			ratioText(metrics, "tput/iptables"), ratioText(metrics, "conn/iptables"), c.conns)
+			ratioText(metrics, "tput/iptables"), ratioText(metrics, "conn/iptables"),
+			ratioText(metrics, "tput/baseline"), ratioText(metrics, "conn/baseline"), c.conns)
 		if c.pinDir != "" {
 			counters, err := datapathCounters(c.pinDir)
 			if err != nil {
 				b.Errorf("%s: counters: %v", c.name(), err)
 			}
-			fmt.Fprintf(&log, "%22s datapath counters: %v\n", "", counters)
+			fmt.Fprintf(&log, "%27s datapath counters: %v\n", "", counters)
 		}
 		if c.failed > 0 {
-			fmt.Fprintf(&log, "%22s %d connections failed (timeouts: dropped SYNs?)\n", "", c.failed)
+			fmt.Fprintf(&log, "%27s %d connections failed (timeouts: dropped SYNs?)\n", "", c.failed)
 		}
 		b.Run(c.name(), func(b *testing.B) {
 			for unit, v := range metrics {
