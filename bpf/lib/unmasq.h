@@ -56,6 +56,15 @@ static __always_inline __u8 unmasq_flags(const struct pkt *p)
 	return flags;
 }
 
+/* unmasq_now is the records' clock: CLOCK_MONOTONIC at the tick's
+ * resolution, half the cost of bpf_ktime_get_ns on the path of every
+ * packet of an unmasqueraded flow; lifetimes are seconds. Records are
+ * stamped and judged with this clock only. */
+static __always_inline __u64 unmasq_now(void)
+{
+	return bpf_ktime_get_coarse_ns();
+}
+
 #define FAMILY 4
 #include "unmasq_fam.h"
 #define FAMILY 6
