@@ -143,7 +143,8 @@ func (p Pinned) Lifetimes() (Lifetimes, error) {
 	return LifetimesOf(m)
 }
 
-// NATMapFill is the occupancy of one NAT map.
+// NATMapFill is the occupancy of one NAT map (or one map of the records
+// of unmasqueraded flows, see UnmasqFill).
 type NATMapFill struct {
 	// Family is "ipv4" (nat_v4) or "ipv6" (nat_v6).
 	Family string `json:"family"`
@@ -155,14 +156,33 @@ type NATMapFill struct {
 
 // NATFill returns the occupancy of nat_v4 and nat_v6, in that order.
 func (p Pinned) NATFill() ([]NATMapFill, error) {
-	var out []NATMapFill
-	for _, f := range []struct {
-		family, name string
-		count        func(*ebpf.Map) (int, error)
-	}{
+	return p.fill([]mapOfFamily{
 		{"ipv4", MapNATV4, CountEntries[NATKeyV4, NATValV4]},
 		{"ipv6", MapNATV6, CountEntries[NATKeyV6, NATValV6]},
-	} {
+	})
+}
+
+// UnmasqFill returns the occupancy of unmasq_v4 and unmasq_v6, in that
+// order: the records of flows that started unmasqueraded, whose decision
+// they keep (lib/unmasq.h). Entries is one per flow; Capacity is
+// UnmasqEntries of --nat-max-entries. The maps are LRUs: a full one evicts
+// its least recently used record, whose flow is then decided again.
+func (p Pinned) UnmasqFill() ([]NATMapFill, error) {
+	return p.fill([]mapOfFamily{
+		{"ipv4", MapUnmasqV4, CountEntries[NATKeyV4, UnmasqVal]},
+		{"ipv6", MapUnmasqV6, CountEntries[NATKeyV6, UnmasqVal]},
+	})
+}
+
+// mapOfFamily is a map of one family and how to count its entries.
+type mapOfFamily struct {
+	family, name string
+	count        func(*ebpf.Map) (int, error)
+}
+
+func (p Pinned) fill(maps []mapOfFamily) ([]NATMapFill, error) {
+	var out []NATMapFill
+	for _, f := range maps {
 		m, err := p.open(f.name)
 		if err != nil {
 			return nil, err

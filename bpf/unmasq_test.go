@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -111,6 +112,19 @@ func TestUnmasqueradedFlowKeepsDecision(t *testing.T) {
 			unchanged(t, f.packet(), e.egress(f.packet()))
 		}
 	}
+	// Readers see them through the pins: one record per flow.
+	fill, err := (Pinned{Dir: e.pinDir}).UnmasqFill()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []NATMapFill{
+		{Family: "ipv4", Entries: 3, Capacity: int(UnmasqEntries(DefaultNATMaxEntries))},
+		{Family: "ipv6", Entries: 3, Capacity: int(UnmasqEntries(DefaultNATMaxEntries))},
+	}
+	if !slices.Equal(fill, want) {
+		t.Fatalf("UnmasqFill = %+v, want %+v", fill, want)
+	}
+
 	e.setDecision(unmasqDst4, true)
 	e.setDecision(unmasqDst6, true)
 	for _, f := range fs {

@@ -24,6 +24,9 @@ type DatapathSource interface {
 	DevCounters() ([]bpf.DevCounters, error)
 	// NATFill returns the entries and capacity of each NAT map.
 	NATFill() ([]bpf.NATMapFill, error)
+	// UnmasqFill returns the records and capacity of each map of
+	// unmasqueraded flows.
+	UnmasqFill() ([]bpf.NATMapFill, error)
 	// NATPairs visits every NAT pair, inbound record and node flow hold.
 	NATPairs(visit func(*bpf.NATPair) bool) error
 }
@@ -55,6 +58,14 @@ var (
 		[]string{"family"}, nil)
 	natCapacityDesc = prometheus.NewDesc("ipmasq_nat_capacity",
 		"Capacity (entries) of the NAT map of each family (--nat-max-entries); compare with ipmasq_nat_entries.",
+		[]string{"family"}, nil)
+	unmasqFlowsDesc = prometheus.NewDesc("ipmasq_unmasq_flows",
+		"Flows from masquerade sources recorded as unmasqueraded (their destination was a non-masquerade one when they "+
+			"started), per family: they keep that decision through config changes. The records are an LRU: at "+
+			"ipmasq_unmasq_capacity the least recently used is evicted, and its flow decided again by its next packet.",
+		[]string{"family"}, nil)
+	unmasqCapacityDesc = prometheus.NewDesc("ipmasq_unmasq_capacity",
+		"Capacity (records) of the map of unmasqueraded flows of each family: a quarter of --nat-max-entries.",
 		[]string{"family"}, nil)
 	natPairsDesc = prometheus.NewDesc("ipmasq_nat_pairs",
 		"NAT pairs by family, kind (masquerade: translated flows; inbound: flows a remote opened to a masquerade source; "+
@@ -89,7 +100,7 @@ type pairKey struct {
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{datapathPacketsDesc, packetsDesc, dropsDesc, portSearchFailuresDesc,
-		natEntriesDesc, natCapacityDesc, natPairsDesc} {
+		natEntriesDesc, natCapacityDesc, natPairsDesc, unmasqFlowsDesc, unmasqCapacityDesc} {
 		ch <- d
 	}
 }
@@ -107,6 +118,22 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	c.collectDevices(ch)
 	c.collectNAT(ch)
+	c.collectUnmasq(ch)
+}
+
+func (c *datapathCollector) collectUnmasq(ch chan<- prometheus.Metric) {
+	fill, err := c.src.UnmasqFill()
+	switch {
+	case errors.Is(err, bpf.ErrNotPinned):
+		return
+	case err != nil:
+		ch <- prometheus.NewInvalidMetric(unmasqFlowsDesc, fmt.Errorf("read the unmasqueraded flows' records: %w", err))
+		return
+	}
+	for _, m := range fill {
+		ch <- prometheus.MustNewConstMetric(unmasqFlowsDesc, prometheus.GaugeValue, float64(m.Entries), m.Family)
+		ch <- prometheus.MustNewConstMetric(unmasqCapacityDesc, prometheus.GaugeValue, float64(m.Capacity), m.Family)
+	}
 }
 
 func (c *datapathCollector) device(ifindex uint32) string {

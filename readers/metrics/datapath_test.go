@@ -17,7 +17,7 @@ import (
 type fakeDatapath struct {
 	counters         []uint64
 	devs             []bpf.DevCounters
-	fill             []bpf.NATMapFill
+	fill, unmasq     []bpf.NATMapFill
 	pairs            []bpf.NATPair
 	pairReads        int
 	countErr, natErr error
@@ -26,6 +26,7 @@ type fakeDatapath struct {
 func (f *fakeDatapath) Counters() ([]uint64, error)             { return f.counters, f.countErr }
 func (f *fakeDatapath) DevCounters() ([]bpf.DevCounters, error) { return f.devs, f.countErr }
 func (f *fakeDatapath) NATFill() ([]bpf.NATMapFill, error)      { return f.fill, f.natErr }
+func (f *fakeDatapath) UnmasqFill() ([]bpf.NATMapFill, error)   { return f.unmasq, f.natErr }
 func (f *fakeDatapath) NATPairs(visit func(*bpf.NATPair) bool) error {
 	f.pairReads++
 	for i := range f.pairs {
@@ -38,7 +39,8 @@ func (f *fakeDatapath) NATPairs(visit func(*bpf.NATPair) bool) error {
 
 func TestDatapathCollector(t *testing.T) {
 	src := &fakeDatapath{counters: make([]uint64, bpf.NumCounters),
-		fill: []bpf.NATMapFill{{Family: "ipv4", Entries: 10, Capacity: 131072}, {Family: "ipv6", Entries: 4, Capacity: 131072}}}
+		fill:   []bpf.NATMapFill{{Family: "ipv4", Entries: 10, Capacity: 131072}, {Family: "ipv6", Entries: 4, Capacity: 131072}},
+		unmasq: []bpf.NATMapFill{{Family: "ipv4", Entries: 25, Capacity: 32768}, {Family: "ipv6", Entries: 3, Capacity: 32768}}}
 	src.counters[bpf.CounterMasqueraded] = 1000
 	src.counters[bpf.CounterNATNew] = 7
 	src.counters[bpf.CounterNATFull] = 2
@@ -79,6 +81,9 @@ func TestDatapathCollector(t *testing.T) {
 		{"ipmasq_nat_port_search_failures_total", map[string]string{"family": "ipv6"}, 0},
 		{"ipmasq_nat_entries", map[string]string{"family": "ipv4"}, 10},
 		{"ipmasq_nat_capacity", map[string]string{"family": "ipv6"}, 131072},
+		{"ipmasq_unmasq_flows", map[string]string{"family": "ipv4"}, 25},
+		{"ipmasq_unmasq_flows", map[string]string{"family": "ipv6"}, 3},
+		{"ipmasq_unmasq_capacity", map[string]string{"family": "ipv4"}, 32768},
 		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "masquerade", "state": "tcp-established"}, 2},
 		{"ipmasq_nat_pairs", map[string]string{"family": "ipv6", "kind": "masquerade", "state": "udp"}, 1},
 		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "inbound", "state": "tcp-syn"}, 1},
