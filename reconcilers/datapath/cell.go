@@ -62,6 +62,9 @@ func register(p params) error {
 		return err
 	}
 	natSize = natSize.forFamilies(p.Agent.EnableIPv4, p.Agent.EnableIPv6)
+	if p.Config.NATGCInterval <= 0 {
+		return fmt.Errorf("--nat-gc-interval=%s: want a positive duration, e.g. 10s", p.Config.NATGCInterval)
+	}
 	switch p.Config.TCAttachMode {
 	case AttachAuto, AttachTCX, AttachClsact:
 	default:
