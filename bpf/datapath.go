@@ -42,8 +42,8 @@ const DefaultNATMaxEntries = 131072
 // natMaxEntries: a quarter, so half as many flows as the NAT map holds
 // pairs. The records are an LRU whose loss only means a flow is decided
 // again (lib/unmasq.h): they need not hold every unmasqueraded flow, only
-// those running when the config changes, and cost about 80 (IPv4) and 110
-// (IPv6) bytes each.
+// those running when the config changes, and cost 96 (IPv4) and 120 (IPv6)
+// bytes of kernel memory each (bpftool's memlock, preallocated).
 func UnmasqEntries(natMaxEntries uint32) uint32 {
 	return max(natMaxEntries/4, 1024)
 }

@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"bytes"
 	"net/netip"
 	"slices"
 	"testing"
@@ -245,5 +246,33 @@ func TestUnmasqRecordsOnlyFlows(t *testing.T) {
 	unchanged(t, f.packet(), e.egress(f.packet()))
 	if _, ok := e.unmasqRecord(f); ok {
 		t.Fatal("a flow to a node address was recorded")
+	}
+}
+
+// TestUnmasqueradedFlowKeepsFragments: a fragmented datagram of a flow kept
+// unmasqueraded after its destination was masqueraded leaves whole and
+// untranslated, its later fragment included (not dropped as a fragment
+// whose first was not seen).
+func TestUnmasqueradedFlowKeepsFragments(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	f := flow{src: pod1, dst: unmasqDst4, proto: protoUDP, sport: 6000, dport: 514, payload: []byte("first")}
+	unchanged(t, f.packet(), e.egress(f.packet()))
+	e.setDecision(unmasqDst4, true)
+
+	// A UDP datagram of 8+24 bytes split after 16 bytes of UDP.
+	f.payload, f.ipID = bytes.Repeat([]byte("x"), 24), 0x4242
+	l4 := f.l4()
+	first := ether(ipPacket(f.src, f.dst, protoUDP, f.ipID, 0x2000, l4[:16]))
+	second := ether(ipPacket(f.src, f.dst, protoUDP, f.ipID, 16/8, l4[16:]))
+	before := e.counters()
+	unchanged(t, first, e.egress(first))
+	unchanged(t, second, e.egress(second))
+	e.checkCounters(before, map[Counter]uint64{CounterSkipNonMasqDst: 2})
+
+	// Another datagram's orphan fragment to the destination is still
+	// dropped: it may be a masqueraded flow's.
+	orphan := ether(ipPacket(f.src, f.dst, protoUDP, 0x4343, 16/8, l4[16:]))
+	if ret, _ := e.run(e.dp.Egress, orphan); ret != tcActShot {
+		t.Fatalf("orphan fragment verdict %d, want TC_ACT_SHOT", int32(ret))
 	}
 }

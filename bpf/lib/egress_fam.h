@@ -111,6 +111,10 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 		/* A flow that started unmasqueraded keeps that decision through
 		 * config changes (unmasq.h). */
 		if (!node && FAM(unmasq_kept)(&k, &p)) {
+			/* Its later fragments pass too, whatever the config
+			 * says of their destination now (egress_frag_*). */
+			if (p.frag == FRAG_FIRST)
+				FAM(frag_remember)(&p, DIR_EGRESS, FAM_PKT(&p).saddr);
 			count(COUNTER_SKIP_NONMASQ_DST);
 			return TC_ACT_UNSPEC;
 		}

@@ -38,7 +38,8 @@ static __always_inline FAM_T(frag, val) *FAM(frag_lookup)(const struct pkt *p, i
 }
 
 /* egress_frag_v4/v6 handle a non-first fragment from a masquerade source:
- * the L3 rewrite from the first fragment's record. */
+ * the L3 rewrite from the first fragment's record, none when the record
+ * holds the source's own address (a flow kept unmasqueraded). */
 static __always_inline int FAM(egress_frag)(struct __sk_buff *skb, const struct pkt *p,
 					    const struct masq_rule *rule)
 {
@@ -57,6 +58,11 @@ static __always_inline int FAM(egress_frag)(struct __sk_buff *skb, const struct 
 	}
 	FAM_ADDR_COPY(from, FAM_PKT(p).saddr);
 	FAM_ADDR_COPY(to, f->addr);
+	if (FAM_ADDR_EQ(from, to)) {
+		/* the first fragment's flow started unmasqueraded (unmasq.h) */
+		count(COUNTER_SKIP_NONMASQ_DST);
+		return TC_ACT_UNSPEC;
+	}
 	if (FAM_REWRITE(skb, p, saddr, from, to, p->proto, 0, 0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;

@@ -129,6 +129,12 @@ func (s sources) summary() string {
 		} else {
 			fmt.Fprintf(&b, "NAT:        %v\n", err)
 		}
+		if fill, err := (bpf.Pinned{Dir: s.Agent.PinDir()}).UnmasqFill(); err == nil && len(fill) == 2 {
+			fmt.Fprintf(&b, "Unmasq:     %d IPv4 and %d IPv6 flows kept unmasqueraded through config changes (records %d and %d at most, least recently used evicted)\n",
+				fill[0].Entries, fill[1].Entries, fill[0].Capacity, fill[1].Capacity)
+		} else if err != nil {
+			fmt.Fprintf(&b, "Unmasq:     %v\n", err)
+		}
 	}
 	return b.String()
 }
