@@ -15,6 +15,8 @@ var (
 		"BenchmarkDNSBurst: queries per second, each from a fresh socket")
 	flagDNSDuration = flag.Duration("dns.duration", 100*time.Second,
 		"BenchmarkDNSBurst: how long the burst lasts")
+	flagDNSNATMax = flag.Uint("dns.nat-max-entries", 0,
+		"BenchmarkDNSBurst: ipmasq's --nat-max-entries (0: the agent's default, sized from the node); a small table puts the burst under pressure")
 )
 
 // BenchmarkDNSBurst: issue #22's DNS burst with an idle flow. A pod holds
@@ -24,7 +26,8 @@ var (
 // then the idle connection sends another request. Under Linux MASQUERADE
 // (iptables-nft in the node) and ipmasq with default flags, each on a
 // fresh topology, in the same run; -dns.rate and -dns.duration make it
-// shorter. Reported per condition: queries sent and answered (open loop,
+// shorter, -dns.nat-max-entries gives ipmasq a table small enough for the
+// burst to fill. Reported per condition: queries sent and answered (open loop,
 // each sent once, 5 s for its answer), the idle connection answering
 // afterwards from the node's address (1/0), packets with a pod address on
 // ext's link (must be 0), the table's peak (ipmasq: nat_v4 entries;
@@ -90,7 +93,8 @@ func BenchmarkDNSBurst(b *testing.B) {
 
 // dnsBurstTopology builds a fresh topology whose node masquerades the pod
 // CIDRs with Linux MASQUERADE or with ipmasq (name "ipmasq", default
-// flags), and returns ipmasq's agent (nil under MASQUERADE).
+// flags but -dns.nat-max-entries), and returns ipmasq's agent (nil under
+// MASQUERADE).
 func dnsBurstTopology(b *testing.B, name string) (*topology.Masquerade, *agent) {
 	topo, err := topology.NewMasquerade()
 	if err != nil {
@@ -99,6 +103,9 @@ func dnsBurstTopology(b *testing.B, name string) (*topology.Masquerade, *agent) 
 	b.Cleanup(func() { topo.Close() })
 	if name == "ipmasq" {
 		a := newAgent(b, topo.Node, masqueradeAll)
+		if *flagDNSNATMax != 0 {
+			a.args = []string{fmt.Sprintf("--nat-max-entries=%d", *flagDNSNATMax)}
+		}
 		a.start()
 		return topo, a
 	}
