@@ -51,9 +51,19 @@ func ServeTCP(n *Netns, port uint16, handle func(net.Conn)) (net.Listener, error
 // DialSource connects from n to a ServeSource server and returns the
 // connection and the source address the server saw.
 func DialSource(n *Netns, dst netip.AddrPort) (net.Conn, string, error) {
+	return DialSourceFrom(n, 0, dst)
+}
+
+// DialSourceFrom is DialSource from source port sport (0: the kernel's
+// choice).
+func DialSourceFrom(n *Netns, sport uint16, dst netip.AddrPort) (net.Conn, string, error) {
 	var c net.Conn
 	err := n.Do(func() (err error) {
-		c, err = net.DialTimeout("tcp", dst.String(), 3*time.Second)
+		d := net.Dialer{Timeout: 3 * time.Second}
+		if sport != 0 {
+			d.LocalAddr = &net.TCPAddr{Port: int(sport)}
+		}
+		c, err = d.Dial("tcp", dst.String())
 		return err
 	})
 	if err != nil {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"net/netip"
@@ -166,25 +165,10 @@ func (s *udpStream) stop(t *testing.T) {
 	}
 }
 
-// dialSourceFrom is topology.DialSource from a chosen source port.
+// dialSourceFrom connects from the pod's source port sport to the TCP
+// server on dst and returns what the server saw.
 func dialSourceFrom(pod *topology.Netns, sport uint16, dst netip.Addr) (net.Conn, string, error) {
-	var c net.Conn
-	err := pod.Do(func() (err error) {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{Port: int(sport)}, Timeout: 3 * time.Second}
-		c, err = d.Dial("tcp", netip.AddrPortFrom(dst, tcpPort).String())
-		return err
-	})
-	if err != nil {
-		return nil, "", fmt.Errorf("connect from port %d to %s: %w", sport, dst, err)
-	}
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		c.Close()
-		return nil, "", fmt.Errorf("read greeting from %s: %w", dst, err)
-	}
-	c.SetDeadline(time.Time{})
-	return c, strings.TrimSpace(line), nil
+	return topology.DialSourceFrom(pod, sport, netip.AddrPortFrom(dst, tcpPort))
 }
 
 // TestConfigChangeKeepsRunningFlows: the remote's decision changes while
