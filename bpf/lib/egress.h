@@ -93,7 +93,7 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 	 * (masq_source_v4 says what happens when a source stops being one). */
 	v = bpf_map_lookup_elem(&nat_v4, &k);
 	if (v) {
-		int est = nat_established_v4(&k, v, &p, former);
+		int est = nat_established_v4(skb, &k, v, &p, former);
 
 		if (est == NAT_EST_DROP) {
 			count(COUNTER_DROP_PAIR_CLAIMED);
@@ -129,10 +129,11 @@ static __always_inline int egress_v4(struct __sk_buff *skb, __u32 l3_off)
 				return TC_ACT_SHOT;
 			}
 		}
-		c = nat_create_v4(skb, &k, snat, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
+		nv.addr = snat;
+		c = nat_create_v4(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		/* A full table: drop a pair that is not assured, or refuse. */
 		if (c == COUNTER_NAT_FULL && nat_early_drop_v4())
-			c = nat_create_v4(skb, &k, snat, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
+			c = nat_create_v4(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;
@@ -219,7 +220,7 @@ static __always_inline int egress_v6(struct __sk_buff *skb, __u32 l3_off)
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&nat_v6, &k);
 	if (v) {
-		int est = nat_established_v6(&k, v, &p, former);
+		int est = nat_established_v6(skb, &k, v, &p, former);
 
 		if (est == NAT_EST_DROP) {
 			count(COUNTER_DROP_PAIR_CLAIMED);
