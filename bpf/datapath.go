@@ -20,6 +20,7 @@
 package bpf
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -117,6 +118,9 @@ type LoadOptions struct {
 	NonMasqV4, NonMasqV6 *ebpf.Map
 	// NATMaxEntries sizes nat_v4 and nat_v6; 0 means DefaultNATMaxEntries.
 	NATMaxEntries uint32
+	// NATMaxEntriesV4 and NATMaxEntriesV6, when not 0, size one family's
+	// map instead (e.g. a small one for a disabled family).
+	NATMaxEntriesV4, NATMaxEntriesV6 uint32
 	// Logger receives map replacement warnings; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -131,8 +135,8 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	if opts.NATMaxEntries == 0 {
 		opts.NATMaxEntries = DefaultNATMaxEntries
 	}
-	spec.Maps[MapNATV4].MaxEntries = opts.NATMaxEntries
-	spec.Maps[MapNATV6].MaxEntries = opts.NATMaxEntries
+	spec.Maps[MapNATV4].MaxEntries = cmp.Or(opts.NATMaxEntriesV4, opts.NATMaxEntries)
+	spec.Maps[MapNATV6].MaxEntries = cmp.Or(opts.NATMaxEntriesV6, opts.NATMaxEntries)
 
 	if !csumIPv6FlagSupported() {
 		if err := spec.Variables["csum_ipv6_flag"].Set(uint64(0)); err != nil {

@@ -63,6 +63,9 @@ func (c Config) Validate() error {
 	if c.MaxNonMasqCIDRs == 0 {
 		return fmt.Errorf("--max-nonmasq-cidrs=0: the non-masquerade maps need room for at least one prefix")
 	}
+	if c.StateDir == "" {
+		return fmt.Errorf("--state-dir is empty: give the directory of the agent's persistent state, e.g. %s", Default.StateDir)
+	}
 	if c.BPFRoot == "" {
 		return fmt.Errorf("--bpf-root is empty: give the mount point of the BPF filesystem, e.g. /sys/fs/bpf")
 	}

@@ -12,17 +12,18 @@ import (
 // last config file load went.
 const ConfigStatusTableName = "ipmasq-config"
 
-// ConfigSource says what the current masquerade config was built from.
-type ConfigSource string
+// ConfigOrigin says what the current masquerade config was built from (a
+// row's "origin": "source" is a packet's source address in this tree).
+type ConfigOrigin string
 
 const (
-	// SourceNone means no load has succeeded yet.
-	SourceNone ConfigSource = "none"
-	// SourceFile means the config file was loaded.
-	SourceFile ConfigSource = "file"
-	// SourceDefaults means the file is absent or empty, so the reserved
+	// ConfigOriginNone means no load has succeeded yet.
+	ConfigOriginNone ConfigOrigin = "none"
+	// ConfigOriginFile means the config file was loaded.
+	ConfigOriginFile ConfigOrigin = "file"
+	// ConfigOriginDefaults means the file is absent or empty, so the reserved
 	// ranges are in use.
-	SourceDefaults ConfigSource = "defaults"
+	ConfigOriginDefaults ConfigOrigin = "defaults"
 )
 
 // ConfigStatus is the state of the config file: what is applied and why a
@@ -30,8 +31,8 @@ const (
 type ConfigStatus struct {
 	// Path of the config file.
 	Path string `json:"path" yaml:"path"`
-	// Source of the applied config.
-	Source ConfigSource `json:"source" yaml:"source"`
+	// Origin of the applied config.
+	Origin ConfigOrigin `json:"origin" yaml:"origin"`
 	// Generation counts the loads that changed the applied config.
 	Generation uint64 `json:"generation" yaml:"generation"`
 	// LastError is why the newest file content was rejected; empty when
@@ -54,13 +55,13 @@ func (s *ConfigStatus) Healthy() bool { return s.LastError == "" }
 
 // TableHeader implements statedb.TableWritable.
 func (s *ConfigStatus) TableHeader() []string {
-	return []string{"Path", "Source", "Generation", "NoMasqV4", "NoMasqV6", "MasqExceptions", "Rules", "Resync", "LastError"}
+	return []string{"Path", "Origin", "Generation", "NoMasqV4", "NoMasqV6", "MasqExceptions", "Rules", "Resync", "LastError"}
 }
 
 // TableRow implements statedb.TableWritable.
 func (s *ConfigStatus) TableRow() []string {
 	return []string{
-		s.Path, string(s.Source), strconv.FormatUint(s.Generation, 10),
+		s.Path, string(s.Origin), strconv.FormatUint(s.Generation, 10),
 		strconv.Itoa(s.NoMasqV4), strconv.Itoa(s.NoMasqV6),
 		strconv.Itoa(s.MasqExceptions), strconv.Itoa(s.MasqueradeRules),
 		s.ResyncInterval.String(), s.LastError,

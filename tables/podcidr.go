@@ -14,73 +14,73 @@ import (
 // PodCIDRTableName is the name of the table of the node's pod CIDRs.
 const PodCIDRTableName = "pod-cidrs"
 
-// PodCIDRSource says where a pod CIDR came from. Each source has one writer,
-// which owns the rows of its source and registers its own initializer, so
-// readers wait for every source with Table.Initialized.
-type PodCIDRSource string
+// PodCIDROrigin says where a pod CIDR came from. Each origin has one writer,
+// which owns the rows of its origin and registers its own initializer, so
+// readers wait for every origin with Table.Initialized.
+type PodCIDROrigin string
 
 const (
 	// PodCIDRFromFlag is a --pod-cidr value: an IPAM pool and a masquerade
 	// source.
-	PodCIDRFromFlag PodCIDRSource = "flag"
+	PodCIDRFromFlag PodCIDROrigin = "flag"
 	// PodCIDRFromKubernetes is one of the agent's Node's spec.podCIDRs (or
 	// the copy of them kept on disk): an IPAM pool and a masquerade source.
-	PodCIDRFromKubernetes PodCIDRSource = "kubernetes"
+	PodCIDRFromKubernetes PodCIDROrigin = "kubernetes"
 	// PodCIDRFromClusterCIDR is a --cluster-cidr value: the whole cluster's
 	// pod range, a masquerade source only (another CNI may do the IPAM).
-	PodCIDRFromClusterCIDR PodCIDRSource = "cluster-cidr"
+	PodCIDRFromClusterCIDR PodCIDROrigin = "cluster-cidr"
 )
 
 // PodCIDR is one pool of endpoint addresses on this node: IPAM allocates
 // from it, and the datapath masquerades traffic from it.
 type PodCIDR struct {
-	// Prefix is the pool, as its source gave it.
+	// Prefix is the pool, as its origin gave it.
 	Prefix netip.Prefix `json:"prefix" yaml:"prefix"`
-	// Source is where the prefix came from.
-	Source PodCIDRSource `json:"source" yaml:"source"`
-	// Position is the prefix's place in its source's list (the order of the
+	// Origin is where the prefix came from.
+	Origin PodCIDROrigin `json:"origin" yaml:"origin"`
+	// Position is the prefix's place in its origin's list (the order of the
 	// --pod-cidr flags): IPAM fills the pools of a family in this order.
 	Position int `json:"position" yaml:"position"`
 }
 
 // IsPool reports whether IPAM hands out addresses from the prefix.
-func (c *PodCIDR) IsPool() bool { return c.Source != PodCIDRFromClusterCIDR }
+func (c *PodCIDR) IsPool() bool { return c.Origin != PodCIDRFromClusterCIDR }
 
 // TableHeader implements statedb.TableWritable.
-func (c *PodCIDR) TableHeader() []string { return []string{"Prefix", "Source", "Position"} }
+func (c *PodCIDR) TableHeader() []string { return []string{"Prefix", "Origin", "Position"} }
 
 // TableRow implements statedb.TableWritable.
 func (c *PodCIDR) TableRow() []string {
-	return []string{c.Prefix.String(), string(c.Source), strconv.Itoa(c.Position)}
+	return []string{c.Prefix.String(), string(c.Origin), strconv.Itoa(c.Position)}
 }
 
-// PodCIDRKey identifies a row: two sources may name the same prefix.
+// PodCIDRKey identifies a row: two origins may name the same prefix.
 type PodCIDRKey struct {
 	Prefix netip.Prefix
-	Source PodCIDRSource
+	Origin PodCIDROrigin
 }
 
 func (k PodCIDRKey) indexKey() index.Key {
-	return append(index.NetIPPrefix(k.Prefix), index.String(string(k.Source))...)
+	return append(index.NetIPPrefix(k.Prefix), index.String(string(k.Origin))...)
 }
 
 var (
-	// PodCIDRByKey is the primary index: one row per prefix and source.
+	// PodCIDRByKey is the primary index: one row per prefix and origin.
 	PodCIDRByKey = statedb.Index[*PodCIDR, PodCIDRKey]{
 		Name: "key",
 		FromObject: func(c *PodCIDR) index.KeySet {
-			return index.NewKeySet(PodCIDRKey{c.Prefix, c.Source}.indexKey())
+			return index.NewKeySet(PodCIDRKey{c.Prefix, c.Origin}.indexKey())
 		},
 		FromKey: PodCIDRKey.indexKey,
 		Unique:  true,
 	}
-	// PodCIDRBySource lists the rows of one source (its writer's rows).
-	PodCIDRBySource = statedb.Index[*PodCIDR, PodCIDRSource]{
-		Name: "source",
+	// PodCIDRByOrigin lists the rows of one origin (its writer's rows).
+	PodCIDRByOrigin = statedb.Index[*PodCIDR, PodCIDROrigin]{
+		Name: "origin",
 		FromObject: func(c *PodCIDR) index.KeySet {
-			return index.NewKeySet(index.String(string(c.Source)))
+			return index.NewKeySet(index.String(string(c.Origin)))
 		},
-		FromKey:    func(s PodCIDRSource) index.Key { return index.String(string(s)) },
+		FromKey:    func(s PodCIDROrigin) index.Key { return index.String(string(s)) },
 		FromString: index.FromString,
 		Unique:     false,
 	}
@@ -88,44 +88,44 @@ var (
 
 // NewPodCIDRTable creates the pod-cidrs table.
 func NewPodCIDRTable(db *statedb.DB) (statedb.RWTable[*PodCIDR], error) {
-	return statedb.NewTable(db, PodCIDRTableName, PodCIDRByKey, PodCIDRBySource)
+	return statedb.NewTable(db, PodCIDRTableName, PodCIDRByKey, PodCIDRByOrigin)
 }
 
-// PodCIDRPrefixes lists the distinct pod CIDR prefixes of all sources,
-// ordered by position, then source: with only --pod-cidr, the flags' order.
+// PodCIDRPrefixes lists the distinct pod CIDR prefixes of all origins,
+// ordered by position, then origin: with only --pod-cidr, the flags' order.
 // These are the masquerade sources.
 func PodCIDRPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR]) []netip.Prefix {
 	return podCIDRPrefixes(txn, tbl, func(*PodCIDR) bool { return true })
 }
 
 // PoolPrefixes lists the distinct prefixes IPAM allocates from (every
-// source but --cluster-cidr), in the order of PodCIDRPrefixes.
+// origin but --cluster-cidr), in the order of PodCIDRPrefixes.
 func PoolPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR]) []netip.Prefix {
 	return podCIDRPrefixes(txn, tbl, (*PodCIDR).IsPool)
 }
 
-// SetPodCIDRs makes the rows of source exactly prefixes, at positions in
-// their order, leaving the other sources' rows alone. It reports whether
+// SetPodCIDRs makes the rows of origin exactly prefixes, at positions in
+// their order, leaving the other origins' rows alone. It reports whether
 // anything changed.
-func SetPodCIDRs(wtxn statedb.WriteTxn, tbl statedb.RWTable[*PodCIDR], source PodCIDRSource, prefixes []netip.Prefix) bool {
+func SetPodCIDRs(wtxn statedb.WriteTxn, tbl statedb.RWTable[*PodCIDR], origin PodCIDROrigin, prefixes []netip.Prefix) bool {
 	want := map[PodCIDRKey]int{}
 	for i, p := range prefixes {
-		if _, dup := want[PodCIDRKey{p, source}]; !dup {
-			want[PodCIDRKey{p, source}] = i
+		if _, dup := want[PodCIDRKey{p, origin}]; !dup {
+			want[PodCIDRKey{p, origin}] = i
 		}
 	}
 	changed := false
-	for row := range tbl.List(wtxn, PodCIDRBySource.Query(source)) {
-		pos, keep := want[PodCIDRKey{row.Prefix, source}]
+	for row := range tbl.List(wtxn, PodCIDRByOrigin.Query(origin)) {
+		pos, keep := want[PodCIDRKey{row.Prefix, origin}]
 		if !keep || pos != row.Position {
 			tbl.Delete(wtxn, row)
 			changed = true
 			continue
 		}
-		delete(want, PodCIDRKey{row.Prefix, source})
+		delete(want, PodCIDRKey{row.Prefix, origin})
 	}
 	for k, pos := range want {
-		tbl.Insert(wtxn, &PodCIDR{Prefix: k.Prefix, Source: source, Position: pos})
+		tbl.Insert(wtxn, &PodCIDR{Prefix: k.Prefix, Origin: origin, Position: pos})
 		changed = true
 	}
 	return changed
@@ -134,7 +134,7 @@ func SetPodCIDRs(wtxn statedb.WriteTxn, tbl statedb.RWTable[*PodCIDR], source Po
 func podCIDRPrefixes(txn statedb.ReadTxn, tbl statedb.Table[*PodCIDR], keep func(*PodCIDR) bool) []netip.Prefix {
 	rows := statedb.Collect(tbl.All(txn))
 	slices.SortStableFunc(rows, func(a, b *PodCIDR) int {
-		return cmp.Or(cmp.Compare(a.Position, b.Position), cmp.Compare(a.Source, b.Source))
+		return cmp.Or(cmp.Compare(a.Position, b.Position), cmp.Compare(a.Origin, b.Origin))
 	})
 	var out []netip.Prefix
 	seen := map[netip.Prefix]bool{}

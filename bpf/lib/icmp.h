@@ -134,99 +134,83 @@ static __always_inline int icmp_quote_port(struct __sk_buff *skb, __u32 icmp_csu
 	return 0;
 }
 
-static __noinline int icmp_error_v4(struct __sk_buff *skb, const struct pkt *p)
+/*
+ * What differs between the families' ICMP errors, for the templates (here
+ * and in icmp_egress.h): reading the quoted network header, and carrying a
+ * change of a quoted address into the ICMP checksum.
+ */
+
+/* The family's ICMP protocol, and the offset of a field of the network
+ * header at off: for a template (FAM_IS_V6 is its family's). */
+#define ICMP_FAM_PROTO			(FAM_IS_V6 ? IPPROTO_ICMPV6 : IPPROTO_ICMP)
+#define ICMP_FAM_IPHDR_OFF(off, field)	\
+	((off) + (FAM_IS_V6 ? offsetof(struct ipv6hdr, field) : offsetof(struct iphdr, field)))
+
+/* icmp_quote_v4/v6 read the network header an ICMP error quotes at off. A
+ * quote is translated only when it comes from where the error goes (quoted
+ * source = outer destination, here) and holds the L4 header: not an IPv4
+ * non-first fragment, no IPv6 extension headers. They fill k's addresses
+ * (the quoted ones reversed, as the flow's entries have them) and
+ * protocol, and return the quoted L4 header's offset, or 0 for a quote
+ * not translated. */
+static __always_inline __u32 icmp_quote_v4(struct __sk_buff *skb, __u32 off, const addr4_t here,
+					   struct nat_v4_key *k)
 {
-	__u32 inner_off = p->l4_off + 8, inner_l4, port_off, addr_diff = 0;
-	__u32 icmp_csum = p->l4_off + 2;
-	struct nat_v4_key k = { .dir = DIR_INGRESS };
-	struct nat_v4_val *v;
 	struct iphdr ip;
-	__be32 from, to;
-	__be16 pfrom;
 
-	if (bpf_skb_load_bytes(skb, inner_off, &ip, sizeof(ip)) < 0)
-		return TC_ACT_UNSPEC;
-	if (ip.version != 4 || ip.ihl < 5 || ip.saddr != p->v4.daddr ||
+	if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0)
+		return 0;
+	if (ip.version != 4 || ip.ihl < 5 || ip.saddr != here ||
 	    (bpf_ntohs(ip.frag_off) & IP_OFFSET))
-		return TC_ACT_UNSPEC;
-	inner_l4 = inner_off + ip.ihl * 4;
-	k.src = ip.daddr;
-	k.dst = ip.saddr;
-	k.proto = ip.protocol;
-	if (icmp_inner_ports(skb, ip.protocol, inner_l4, &k.sport, &k.dport, &port_off) < 0)
-		return TC_ACT_UNSPEC;
-	v = bpf_map_lookup_elem(&nat_v4, &k);
-	if (!v)
-		return TC_ACT_UNSPEC;
-	from = ip.saddr;
-	to = v->addr;
-	pfrom = k.dport;
-
-	/* outer destination: the IPv4 header checksum only */
-	if (bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), from, to, 4) < 0 ||
-	    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, daddr), &to, 4, 0) < 0)
-		goto err;
-	/* quoted source and quoted header checksum: net zero for the ICMP sum */
-	if (bpf_l3_csum_replace(skb, inner_off + offsetof(struct iphdr, check), from, to, 4) < 0 ||
-	    bpf_skb_store_bytes(skb, inner_off + offsetof(struct iphdr, saddr), &to, 4, 0) < 0)
-		goto err;
-	if (ip.protocol != IPPROTO_ICMP)
-		addr_diff = bpf_csum_diff(&from, 4, &to, 4, 0);
-	if (icmp_quote_port(skb, icmp_csum, ip.protocol, inner_l4, port_off, pfrom, v->port,
-			    addr_diff) < 0)
-		goto err;
-	count(COUNTER_ICMP_ERR_REVERSE);
-	return TC_ACT_UNSPEC;
-err:
-	count(COUNTER_ERROR);
-	return TC_ACT_SHOT;
+		return 0;
+	k->src = ip.daddr;
+	k->dst = ip.saddr;
+	k->proto = ip.protocol;
+	return off + ip.ihl * 4;
 }
 
-static __noinline int icmp_error_v6(struct __sk_buff *skb, const struct pkt *p)
+static __always_inline __u32 icmp_quote_v6(struct __sk_buff *skb, __u32 off, const addr6_t here,
+					   struct nat_v6_key *k)
 {
-	__u32 inner_off = p->l4_off + 8, inner_l4 = inner_off + sizeof(struct ipv6hdr), port_off;
-	__u32 icmp_csum = p->l4_off + 2, diff;
-	struct nat_v6_key k = { .dir = DIR_INGRESS };
-	struct nat_v6_val *v;
 	struct ipv6hdr ip;
-	__u8 from[16], to[16];
-	__be16 pfrom;
 
-	if (bpf_skb_load_bytes(skb, inner_off, &ip, sizeof(ip)) < 0)
-		return TC_ACT_UNSPEC;
-	if (ip.version != 6 || !addr6_equal((const __u8 *)&ip.saddr, p->v6.daddr))
-		return TC_ACT_UNSPEC;
-	/* Quotes with extension headers are not translated. */
-	__builtin_memcpy(k.src, &ip.daddr, 16);
-	__builtin_memcpy(k.dst, &ip.saddr, 16);
-	k.proto = ip.nexthdr;
-	if (icmp_inner_ports(skb, ip.nexthdr, inner_l4, &k.sport, &k.dport, &port_off) < 0)
-		return TC_ACT_UNSPEC;
-	v = bpf_map_lookup_elem(&nat_v6, &k);
-	if (!v)
-		return TC_ACT_UNSPEC;
-	__builtin_memcpy(from, &ip.saddr, 16);
-	__builtin_memcpy(to, v->addr, 16);
-	pfrom = k.dport;
-	diff = bpf_csum_diff((__be32 *)from, 16, (__be32 *)to, 16, 0);
-
-	/* outer destination: in the ICMPv6 pseudo header */
-	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, BPF_F_PSEUDO_HDR | csum_ipv6_flag) < 0 ||
-	    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct ipv6hdr, daddr), to, 16, 0) < 0)
-		goto err;
-	/* quoted source: ICMPv6 payload */
-	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, inner_off + offsetof(struct ipv6hdr, saddr), to, 16, 0) < 0)
-		goto err;
-	/* ICMPv6 quotes have a pseudo header too */
-	if (icmp_quote_port(skb, icmp_csum, ip.nexthdr, inner_l4, port_off, pfrom, v->port,
-			    diff) < 0)
-		goto err;
-	count(COUNTER_ICMP_ERR_REVERSE);
-	return TC_ACT_UNSPEC;
-err:
-	count(COUNTER_ERROR);
-	return TC_ACT_SHOT;
+	if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) < 0)
+		return 0;
+	if (ip.version != 6 || !addr6_equal((const __u8 *)&ip.saddr, here))
+		return 0;
+	__builtin_memcpy(k->src, &ip.daddr, 16);
+	__builtin_memcpy(k->dst, &ip.saddr, 16);
+	k->proto = ip.nexthdr;
+	return off + sizeof(ip);
 }
+
+/* icmp_quote_addr_v4/v6 write to over the quoted address at addr_off. In
+ * IPv4 the quoted header checksum (quote_off: the quoted header) changes by
+ * the opposite amount: net zero for the ICMP checksum. ICMPv6 has no such
+ * field, so diff (from -> to) goes into the ICMPv6 checksum at icmp_csum. */
+static __always_inline int icmp_quote_addr_v4(struct __sk_buff *skb, __u32 icmp_csum,
+					      __u32 quote_off, __u32 addr_off,
+					      const addr4_t from, const addr4_t to, __u32 diff)
+{
+	if (bpf_l3_csum_replace(skb, quote_off + offsetof(struct iphdr, check), from, to, 4) < 0 ||
+	    bpf_skb_store_bytes(skb, addr_off, &to, 4, 0) < 0)
+		return -1;
+	return 0;
+}
+
+static __always_inline int icmp_quote_addr_v6(struct __sk_buff *skb, __u32 icmp_csum,
+					      __u32 quote_off, __u32 addr_off,
+					      const addr6_t from, const addr6_t to, __u32 diff)
+{
+	if (bpf_l4_csum_replace(skb, icmp_csum, 0, diff, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, addr_off, to, 16, 0) < 0)
+		return -1;
+	return 0;
+}
+
+#define FAMILY 4
+#include "icmp_fam.h"
+#define FAMILY 6
+#include "icmp_fam.h"
 
 #endif /* IPMASQ_LIB_ICMP_H */

@@ -47,9 +47,13 @@ var Cell = cell.Module(
 	cell.Invoke(register),
 )
 
-func register(lc cell.Lifecycle, log *slog.Logger, cfg Config, i *ipam.IPAM) {
+func register(lc cell.Lifecycle, log *slog.Logger, cfg Config, i *ipam.IPAM) error {
+	if cfg.APISocket == "" {
+		return fmt.Errorf("--api-socket is empty: give the path of the API's unix socket, e.g. %s", ipamapi.DefaultSocket)
+	}
 	s := &server{log: log, path: cfg.APISocket, ipam: i}
 	lc.Append(cell.Hook{OnStart: s.start, OnStop: s.stop})
+	return nil
 }
 
 type server struct {

@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 
@@ -70,6 +71,9 @@ type loaderParams struct {
 
 // newLoaderFromParams creates the tables and loads the file once.
 func newLoaderFromParams(p loaderParams) (*loader, error) {
+	if p.Config.IPMasqAgentConfigPath == "" {
+		return nil, fmt.Errorf("--ip-masq-agent-config-path is empty: give the config file's path, e.g. %s", DefaultPath)
+	}
 	path, err := filepath.Abs(p.Config.IPMasqAgentConfigPath)
 	if err != nil {
 		return nil, err

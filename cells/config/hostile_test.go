@@ -324,7 +324,7 @@ func runHostileCase(t *testing.T, tc hostileCase) {
 		wantRows = append(wantRows, Entry{Prefix: netip.MustParsePrefix("fe80::/10"), Action: tables.ActionNoMasquerade, Origin: tables.OriginLinkLocal})
 	}
 	hh.waitStatus(t, "the good config", func(st *tables.ConfigStatus) bool {
-		return st.Source == tables.SourceFile && st.LastError == "" && st.Generation > 0
+		return st.Origin == tables.ConfigOriginFile && st.LastError == "" && st.Generation > 0
 	})
 	good := hh.snapshot()
 	if !reflect.DeepEqual(good.cidrs, wantRows) {
@@ -367,7 +367,7 @@ func runHostileCase(t *testing.T, tc hostileCase) {
 		t.Errorf("masquerade-rules changed: %v (revision %d), want %v (revision %d)",
 			after.rules, after.rulesRev, good.rules, good.rulesRev)
 	}
-	if after.status.Generation != good.status.Generation || after.status.Source != good.status.Source ||
+	if after.status.Generation != good.status.Generation || after.status.Origin != good.status.Origin ||
 		after.status.NoMasqV4 != good.status.NoMasqV4 || after.status.NoMasqV6 != good.status.NoMasqV6 {
 		t.Errorf("ipmasq-config status changed beyond LastError: %+v, was %+v", after.status, good.status)
 	}
@@ -383,7 +383,7 @@ func runHostileCase(t *testing.T, tc hostileCase) {
 		hostileWrite(t, path, restored)
 	}
 	hh.waitStatus(t, "the restoring good config", func(st *tables.ConfigStatus) bool {
-		return st.LastError == "" && st.Source == tables.SourceFile && st.NoMasqV4 == 2
+		return st.LastError == "" && st.Origin == tables.ConfigOriginFile && st.NoMasqV4 == 2
 	})
 	// Health is set OK just after the status row is written.
 	hh.waitHealth(t, cell.StatusOK, "")
@@ -424,7 +424,7 @@ func TestHostileSameContentAfterReadError(t *testing.T) {
 	hostileWrite(t, path, []byte(hostileGood))
 	hh := startHostileHive(t, path, false)
 	hh.waitStatus(t, "the good config", func(st *tables.ConfigStatus) bool {
-		return st.Source == tables.SourceFile && st.LastError == ""
+		return st.Origin == tables.ConfigOriginFile && st.LastError == ""
 	})
 	for _, c := range hostileSpecialCases() {
 		if c.name == "symlink loop" {

@@ -48,8 +48,8 @@ type loader struct {
 	// events of one ConfigMap update cost one parse.
 	lastInput string
 	resync    time.Duration
-	// applied is the source of the config in the tables.
-	applied tables.ConfigSource
+	// applied is the origin of the config in the tables.
+	applied tables.ConfigOrigin
 }
 
 // emptyFileSettle is how long, twice over, an empty file must stay empty
@@ -71,7 +71,7 @@ func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.N
 		markCIDRs(wtxn)
 		markRules(wtxn)
 	}
-	status.Insert(wtxn, &tables.ConfigStatus{Path: path, Source: tables.SourceNone})
+	status.Insert(wtxn, &tables.ConfigStatus{Path: path, Origin: tables.ConfigOriginNone})
 	wtxn.Commit()
 	return l
 }
@@ -123,7 +123,7 @@ func (l *loader) load() {
 		l.lastInput = ""
 		l.reject(err)
 		return
-	case len(bytes.TrimSpace(data)) == 0 && l.applied == tables.SourceFile:
+	case len(bytes.TrimSpace(data)) == 0 && l.applied == tables.ConfigOriginFile:
 		// An in-place write truncates before it writes: give the writer a
 		// moment so a half-done save does not apply the defaults.
 		for range 2 {
@@ -215,7 +215,7 @@ func (l *loader) reject(err error) {
 func (l *loader) currentStatus(txn statedb.ReadTxn) *tables.ConfigStatus {
 	st, _, ok := l.status.Get(txn, tables.ConfigStatusByPath.Query(l.path))
 	if !ok {
-		return &tables.ConfigStatus{Path: l.path, Source: tables.SourceNone}
+		return &tables.ConfigStatus{Path: l.path, Origin: tables.ConfigOriginNone}
 	}
 	c := *st
 	return &c
@@ -231,16 +231,16 @@ func (l *loader) apply(file *File, entries []Entry, start time.Time) {
 	// A periodic resync (or a touch of the file) that changes nothing is
 	// logged at debug: at steady state the agent's INFO log stays quiet.
 	// The first load, a change, a recovery from a rejected file and a
-	// change of source (file → defaults) are logged at INFO.
+	// change of origin (file → defaults) are logged at INFO.
 	unchanged := changed == 0 && st.Generation > 0 && st.LastError == ""
-	prevSource := st.Source
+	prevOrigin := st.Origin
 	st.LastError = ""
 	st.LastGoodLoad = time.Now()
-	st.Source = tables.SourceDefaults
+	st.Origin = tables.ConfigOriginDefaults
 	st.MasqueradeRules = 0
 	l.resync = DefaultResyncInterval
 	if file != nil {
-		st.Source = tables.SourceFile
+		st.Origin = tables.ConfigOriginFile
 		st.MasqueradeRules = len(file.MasqueradeRules)
 		if file.ResyncInterval > 0 {
 			l.resync = file.ResyncInterval
@@ -262,7 +262,7 @@ func (l *loader) apply(file *File, entries []Entry, start time.Time) {
 		st.Generation++
 	}
 	l.status.Insert(wtxn, st)
-	l.applied = st.Source
+	l.applied = st.Origin
 	if l.markInitialized != nil {
 		l.markInitialized(wtxn)
 		l.markInitialized = nil
@@ -270,14 +270,14 @@ func (l *loader) apply(file *File, entries []Entry, start time.Time) {
 	wtxn.Commit()
 
 	level := slog.LevelInfo
-	if unchanged && prevSource == st.Source {
+	if unchanged && prevOrigin == st.Origin {
 		level = slog.LevelDebug
 	}
-	l.log.Log(context.Background(), level, "Config applied", "path", l.path, "source", st.Source, "generation", st.Generation,
+	l.log.Log(context.Background(), level, "Config applied", "path", l.path, "origin", st.Origin, "generation", st.Generation,
 		"changedPrefixes", changed, "noMasqIPv4", st.NoMasqV4, "noMasqIPv6", st.NoMasqV6,
 		"masqueradeCIDRs", st.MasqExceptions, "duration", time.Since(start))
 	l.health.OK(fmt.Sprintf("config generation %d from %s (%s): %d IPv4 / %d IPv6 no-masquerade prefixes",
-		st.Generation, l.path, st.Source, st.NoMasqV4, st.NoMasqV6))
+		st.Generation, l.path, st.Origin, st.NoMasqV4, st.NoMasqV6))
 }
 
 // applyCIDRs makes nonmasq-cidrs hold exactly entries and returns how many

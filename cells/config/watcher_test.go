@@ -205,8 +205,8 @@ func TestLoaderFollowsSymlinkedConfig(t *testing.T) {
 			waitFor(t, hh, p)
 		}
 		st := hh.waitStatus(t, "the last update", func(st *tables.ConfigStatus) bool { return st.LastError == "" })
-		if st.Source != tables.SourceFile {
-			t.Fatalf("config source %s, want file", st.Source)
+		if st.Origin != tables.ConfigOriginFile {
+			t.Fatalf("config source %s, want file", st.Origin)
 		}
 	})
 }

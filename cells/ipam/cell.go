@@ -68,6 +68,9 @@ type ipamParams struct {
 // the start, so building the hive (e.g. "ipmasq-agent hive", which prints
 // the cells) leaves the state directory alone.
 func newIPAM(p ipamParams) (*IPAM, error) {
+	if p.Config.IPAMConfigWait < 0 {
+		return nil, fmt.Errorf("--ipam-config-wait=%s: want a duration of 0 or more, e.g. 10s", p.Config.IPAMConfigWait)
+	}
 	endpoints, err := tables.NewEndpointTable(p.DB)
 	if err != nil {
 		return nil, err

@@ -122,9 +122,9 @@ func (i *IPAM) restore() error {
 	if len(problems) > 0 {
 		i.health.Degraded("endpoint state restored with problems", errors.New(strings.Join(problems, "; ")))
 	} else {
-		i.health.OK(fmt.Sprintf("%d endpoint(s) restored from %s", len(eps), report.Source))
+		i.health.OK(fmt.Sprintf("%d endpoint(s) restored from %s", len(eps), report.Origin))
 	}
-	i.log.Info("Endpoints restored", "count", len(eps), "source", report.Source, "replayed", report.Replayed, "file", i.store.Path())
+	i.log.Info("Endpoints restored", "count", len(eps), "origin", report.Origin, "replayed", report.Replayed, "file", i.store.Path())
 
 	// Start from a fresh snapshot and an empty journal. Failing is not
 	// fatal: the journal holds everything, and changes tell whether the

@@ -98,7 +98,7 @@ func TestJournalReplayAfterRestart(t *testing.T) {
 
 	eps, rep := reopen(t, s)
 	sameEndpoints(t, eps, want)
-	if rep.Source != "none" || rep.Replayed != 7 || len(rep.Problems) != 0 {
+	if rep.Origin != "none" || rep.Replayed != 7 || len(rep.Problems) != 0 {
 		t.Errorf("report %+v, want Source none, 7 replayed, no problems", rep)
 	}
 }
@@ -286,7 +286,7 @@ func TestJournalOntoBackup(t *testing.T) {
 	eps, rep := reopen(t, s)
 	sameEndpoints(t, eps, append(sampleA(), ep("10.244.1.9", "y", 0, t0)))
 	all := strings.Join(rep.Problems, "\n")
-	if rep.Source != "backup" || rep.Replayed != 1 || !strings.Contains(all, "records 4 to 4 were only in the bad snapshot and are lost") {
+	if rep.Origin != "backup" || rep.Replayed != 1 || !strings.Contains(all, "records 4 to 4 were only in the bad snapshot and are lost") {
 		t.Errorf("report %+v, want Source backup, 1 replayed, records 4 to 4 lost", rep)
 	}
 }
@@ -327,7 +327,7 @@ func TestCompactionThreshold(t *testing.T) {
 	}
 	eps, rep := reopen(t, s)
 	sameEndpoints(t, eps, append(want, ep("10.244.1.10", "z", 0, t0)))
-	if rep.Source != "file" || rep.Replayed != 1 {
+	if rep.Origin != "file" || rep.Replayed != 1 {
 		t.Errorf("report %+v", rep)
 	}
 
@@ -393,7 +393,7 @@ func TestCompactionCrashStates(t *testing.T) {
 				t.Fatalf("Load: %v", err)
 			}
 			sameEndpoints(t, eps, tt.want)
-			if len(rep.Problems) != 0 || rep.Source != "file" {
+			if len(rep.Problems) != 0 || rep.Origin != "file" {
 				t.Errorf("report %+v, want Source file, no problems", rep)
 			}
 			// The compaction at start finishes the job.
@@ -473,7 +473,7 @@ func TestJournalRemovedUnderStore(t *testing.T) {
 			add(t, s, ep("10.244.1.8", "x", 0, t0))
 			eps, rep := reopen(t, s)
 			sameEndpoints(t, eps, append(sampleA(), ep("10.244.1.8", "x", 0, t0)))
-			if rep.Source != "file" || rep.Replayed != 1 {
+			if rep.Origin != "file" || rep.Replayed != 1 {
 				t.Errorf("report %+v, want the snapshot and 1 record", rep)
 			}
 		})

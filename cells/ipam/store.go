@@ -288,9 +288,9 @@ func syncDir(dir string) error {
 
 // LoadReport says where the endpoints came from and what was wrong.
 type LoadReport struct {
-	// Source is "none" (no snapshot yet), "file" or "backup": the snapshot
+	// Origin is "none" (no snapshot yet), "file" or "backup": the snapshot
 	// the journal was replayed onto.
-	Source string
+	Origin string
 	// Replayed is the number of journal records applied to the snapshot.
 	Replayed int
 	// Problems are what an operator should hear about even though Load
@@ -302,11 +302,11 @@ type LoadReport struct {
 // result the store's state; Add and Delete append to that journal.
 //
 // The snapshot:
-//   - No file and no backup: no endpoints, Source "none".
-//   - A good file: Source "file". The backup is not read.
+//   - No file and no backup: no endpoints, Origin "none".
+//   - A good file: Origin "file". The backup is not read.
 //   - A file that is missing, unreadable, truncated, fails its checksum or
 //     holds invalid endpoints, and a good backup: the backup's endpoints,
-//     Source "backup". A bad file is renamed to
+//     Origin "backup". A bad file is renamed to
 //     endpoints.json.corrupt-<unix-seconds> and kept for inspection; Problems
 //     says what was wrong and what was done.
 //   - Neither usable: an error naming both files and what is wrong with
@@ -340,7 +340,7 @@ func (s *Store) Load() ([]*tables.Endpoint, LoadReport, error) {
 	if err != nil {
 		return nil, LoadReport{}, err
 	}
-	eps, replayed, problems, err := j.replay(base, seq, report.Source)
+	eps, replayed, problems, err := j.replay(base, seq, report.Origin)
 	if err != nil {
 		return nil, LoadReport{}, err
 	}
@@ -379,7 +379,7 @@ func (s *Store) Load() ([]*tables.Endpoint, LoadReport, error) {
 func (s *Store) readSnapshot() (eps []*tables.Endpoint, seq uint64, report LoadReport, putAside error, err error) {
 	eps, seq, fileErr := readState(s.file)
 	if fileErr == nil {
-		return eps, seq, LoadReport{Source: "file"}, nil, nil
+		return eps, seq, LoadReport{Origin: "file"}, nil, nil
 	}
 	var verr *versionError
 	if errors.As(fileErr, &verr) {
@@ -390,12 +390,12 @@ func (s *Store) readSnapshot() (eps []*tables.Endpoint, seq uint64, report LoadR
 	eps, seq, bakErr := readState(s.bak)
 	if bakErr != nil {
 		if fileMissing && errors.Is(bakErr, fs.ErrNotExist) {
-			return []*tables.Endpoint{}, 0, LoadReport{Source: "none"}, nil, nil
+			return []*tables.Endpoint{}, 0, LoadReport{Origin: "none"}, nil, nil
 		}
 		return nil, 0, LoadReport{}, nil, fmt.Errorf("no usable endpoints state, refusing to guess which addresses are allocated: %v; backup %v",
 			describe(s.file, fileErr), describe(s.bak, bakErr))
 	}
-	report = LoadReport{Source: "backup"}
+	report = LoadReport{Origin: "backup"}
 	if fileMissing {
 		report.Problems = append(report.Problems,
 			fmt.Sprintf("%s does not exist; using the backup %s (allocations made since it was written and no longer in the journal, if any, are lost)", s.file, s.bak))

@@ -120,14 +120,14 @@ func TestStoreEmpty(t *testing.T) {
 		t.Errorf("Path() = %s, want %s", s.Path(), want)
 	}
 	eps, rep := load(t, s)
-	if len(eps) != 0 || rep.Source != "none" || len(rep.Problems) != 0 {
+	if len(eps) != 0 || rep.Origin != "none" || len(rep.Problems) != 0 {
 		t.Errorf("Load of an empty dir = %v, %+v; want nothing, Source none", eps, rep)
 	}
 
 	// An empty table saves and loads as such, from the file.
 	save(t, s, nil)
 	eps, rep = load(t, s)
-	if len(eps) != 0 || rep.Source != "file" {
+	if len(eps) != 0 || rep.Origin != "file" {
 		t.Errorf("Load after Save(nil) = %v, %+v; want nothing, Source file", eps, rep)
 	}
 }
@@ -139,7 +139,7 @@ func TestStoreRoundTrip(t *testing.T) {
 	in[0].Created = in[0].Created.In(local) // zones need not survive, instants must
 	save(t, s, in)
 	eps, rep := load(t, s)
-	if rep.Source != "file" || len(rep.Problems) != 0 {
+	if rep.Origin != "file" || len(rep.Problems) != 0 {
 		t.Errorf("report %+v, want Source file and no problems", rep)
 	}
 	sameEndpoints(t, eps, in)
@@ -221,14 +221,14 @@ func TestStoreCrashLeavesTmp(t *testing.T) {
 	s := newStore(t)
 	writeFile(t, s.Path()+".tmp", `{"version": 1, "endpoi`)
 	eps, rep := load(t, s)
-	if len(eps) != 0 || rep.Source != "none" {
+	if len(eps) != 0 || rep.Origin != "none" {
 		t.Errorf("with only a .tmp: %v, %+v; want nothing, Source none", eps, rep)
 	}
 
 	save(t, s, sampleA())
 	writeFile(t, s.Path()+".tmp", `{"version": 1, "endpoi`)
 	eps, rep = load(t, s)
-	if rep.Source != "file" || len(rep.Problems) != 0 {
+	if rep.Origin != "file" || len(rep.Problems) != 0 {
 		t.Errorf("report %+v, want Source file", rep)
 	}
 	sameEndpoints(t, eps, sampleA())
@@ -244,7 +244,7 @@ func TestStoreOnlyBackup(t *testing.T) {
 		t.Fatal(err)
 	}
 	eps, rep := load(t, s)
-	if rep.Source != "backup" || len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0], "endpoints.json does not exist") {
+	if rep.Origin != "backup" || len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0], "endpoints.json does not exist") {
 		t.Errorf("report %+v, want Source backup and a problem about the missing file", rep)
 	}
 	sameEndpoints(t, eps, sampleA())
@@ -252,8 +252,8 @@ func TestStoreOnlyBackup(t *testing.T) {
 	// The next save writes the file and keeps the backup.
 	save(t, s, sampleB())
 	eps, rep = load(t, s)
-	if rep.Source != "file" {
-		t.Errorf("after Save: Source %s, want file", rep.Source)
+	if rep.Origin != "file" {
+		t.Errorf("after Save: Source %s, want file", rep.Origin)
 	}
 	sameEndpoints(t, eps, sampleB())
 }
@@ -294,8 +294,8 @@ func TestStoreCorruptFileUsesBackup(t *testing.T) {
 
 			eps, rep := load(t, s)
 			sameEndpoints(t, eps, sampleA())
-			if rep.Source != "backup" {
-				t.Errorf("Source %q, want backup", rep.Source)
+			if rep.Origin != "backup" {
+				t.Errorf("Source %q, want backup", rep.Origin)
 			}
 			all := strings.Join(rep.Problems, "\n")
 			if !strings.Contains(all, s.Path()+": "+c.problem) {
@@ -320,13 +320,13 @@ func TestStoreCorruptFileUsesBackup(t *testing.T) {
 
 			// Loading again uses the backup again; the next save recovers
 			// and keeps the good backup.
-			if _, rep := load(t, s); rep.Source != "backup" {
-				t.Errorf("second Load: Source %s, want backup", rep.Source)
+			if _, rep := load(t, s); rep.Origin != "backup" {
+				t.Errorf("second Load: Source %s, want backup", rep.Origin)
 			}
 			save(t, s, sampleB())
 			eps, rep = load(t, s)
-			if rep.Source != "file" {
-				t.Errorf("after Save: Source %s, want file", rep.Source)
+			if rep.Origin != "file" {
+				t.Errorf("after Save: Source %s, want file", rep.Origin)
 			}
 			sameEndpoints(t, eps, sampleB())
 			bak, _, err := readState(s.Path() + ".bak")
@@ -417,7 +417,7 @@ func TestStoreInvalidContent(t *testing.T) {
 			writeFile(t, s.Path(), tt.file)
 			eps, rep := load(t, s)
 			sameEndpoints(t, eps, sampleA())
-			if rep.Source != "backup" || len(rep.Problems) == 0 || !strings.Contains(rep.Problems[0], s.Path()+": ") ||
+			if rep.Origin != "backup" || len(rep.Problems) == 0 || !strings.Contains(rep.Problems[0], s.Path()+": ") ||
 				!strings.Contains(rep.Problems[0], tt.problem) {
 				t.Errorf("report %+v, want Source backup and a problem naming the file and saying %q", rep, tt.problem)
 			}
@@ -430,7 +430,7 @@ func TestStoreInvalidContent(t *testing.T) {
 	// A dual-stack owner holds one address of each family.
 	s := newStore(t)
 	writeFile(t, s.Path(), stateWithChecksum(1, `[{"ip":"10.244.1.2","owner":"a",`+created+`},{"ip":"fd00::2","owner":"a",`+created+`}]`))
-	if eps, rep := load(t, s); len(eps) != 2 || rep.Source != "file" {
+	if eps, rep := load(t, s); len(eps) != 2 || rep.Origin != "file" {
 		t.Errorf("dual-stack owner: %v, %+v", eps, rep)
 	}
 }
@@ -475,8 +475,8 @@ func TestStoreSaveRejectsInvalid(t *testing.T) {
 	}
 	// Nothing was written.
 	eps, rep := load(t, s)
-	if rep.Source != "file" {
-		t.Errorf("Source %s, want file", rep.Source)
+	if rep.Origin != "file" {
+		t.Errorf("Source %s, want file", rep.Origin)
 	}
 	sameEndpoints(t, eps, sampleA())
 	if _, err := os.Stat(s.Path() + ".bak"); !os.IsNotExist(err) {

@@ -1,6 +1,6 @@
 // Package k8snode follows the agent's own Node in the API server (a
 // client-go informer selecting it by name) and writes its spec.podCIDRs
-// into the pod-cidrs table (source "kubernetes"): they become the IPAM
+// into the pod-cidrs table (origin "kubernetes"): they become the IPAM
 // pools and the masquerade sources, and a change is followed live.
 //
 // The last ranges seen are kept in <state-dir>/node-pod-cidrs.json and

@@ -6,9 +6,9 @@
 //	--cluster-cidr ──▶ [pod-cidrs cell] ──▶ table pod-cidrs ──▶ masquerade sources only
 //	Node spec.podCIDRs ──▶ [k8s-node cell] ──▶ table pod-cidrs ──▶ IPAM pools, masquerade sources
 //
-// Rows carry their source (tables.PodCIDRFromFlag, PodCIDRFromClusterCIDR
+// Rows carry their origin (tables.PodCIDRFromFlag, PodCIDRFromClusterCIDR
 // here, PodCIDRFromKubernetes from cells/k8snode): each writer owns its
-// source's rows. With --k8s-node-name the table is initialized only once
+// origin's rows. With --k8s-node-name the table is initialized only once
 // the Node's ranges are known (tables.KubernetesPodCIDRsDone).
 package podcidrs
 
@@ -64,9 +64,9 @@ type params struct {
 	Client *kubeclient.Client
 }
 
-// Parse turns flag values into rows of source, in the flags' order. Ranges
+// Parse turns flag values into rows of origin, in the flags' order. Ranges
 // of a disabled family are dropped: the agent does nothing for that family.
-func Parse(flag string, values []string, source tables.PodCIDRSource, agent settings.Config) ([]*tables.PodCIDR, error) {
+func Parse(flag string, values []string, origin tables.PodCIDROrigin, agent settings.Config) ([]*tables.PodCIDR, error) {
 	rows := make([]*tables.PodCIDR, 0, len(values))
 	for i, s := range values {
 		pfx, err := netip.ParsePrefix(s)
@@ -79,7 +79,7 @@ func Parse(flag string, values []string, source tables.PodCIDRSource, agent sett
 		if (pfx.Addr().Is4() && !agent.EnableIPv4) || (pfx.Addr().Is6() && !agent.EnableIPv6) {
 			continue
 		}
-		rows = append(rows, &tables.PodCIDR{Prefix: pfx, Source: source, Position: i})
+		rows = append(rows, &tables.PodCIDR{Prefix: pfx, Origin: origin, Position: i})
 	}
 	return rows, nil
 }

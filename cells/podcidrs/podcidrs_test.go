@@ -32,8 +32,8 @@ func TestTableHoldsFlagsInOrder(t *testing.T) {
 		}
 	}
 	for row := range tbl.All(txn) {
-		if row.Source != tables.PodCIDRFromFlag {
-			t.Errorf("%s: source %q, want %q", row.Prefix, row.Source, tables.PodCIDRFromFlag)
+		if row.Origin != tables.PodCIDRFromFlag {
+			t.Errorf("%s: source %q, want %q", row.Prefix, row.Origin, tables.PodCIDRFromFlag)
 		}
 	}
 }
@@ -65,8 +65,8 @@ func TestPrefixesDistinctAcrossSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	wtxn := db.WriteTxn(tbl)
-	tbl.Insert(wtxn, &tables.PodCIDR{Prefix: netip.MustParsePrefix("10.244.1.0/24"), Source: "node"})
-	tbl.Insert(wtxn, &tables.PodCIDR{Prefix: netip.MustParsePrefix("10.245.0.0/24"), Source: "node", Position: 1})
+	tbl.Insert(wtxn, &tables.PodCIDR{Prefix: netip.MustParsePrefix("10.244.1.0/24"), Origin: "node"})
+	tbl.Insert(wtxn, &tables.PodCIDR{Prefix: netip.MustParsePrefix("10.245.0.0/24"), Origin: "node", Position: 1})
 	wtxn.Commit()
 	txn := db.ReadTxn()
 	if n := tbl.NumObjects(txn); n != 3 {

@@ -31,8 +31,16 @@ var badValues = map[string]string{
 	"bpf-root": "", // filled in: a directory that is not a BPF filesystem
 }
 
-// anyValue are the flags that accept every value: paths the agent creates,
-// and the Kubernetes agent's flags that only warn.
+// alsoBad are more values flags refuse: values that parse but mean nothing
+// the agent can run with (an empty path, a zero interval).
+var alsoBad = map[string][]string{
+	"nat-gc-interval": {"0s", "-1s"}, "ipam-config-wait": {"-1s"},
+	"state-dir": {""}, "api-socket": {""}, "ip-masq-agent-config-path": {""},
+}
+
+// anyValue are the flags that accept every value (every non-empty one, for
+// those in alsoBad): paths the agent creates, and the Kubernetes agent's
+// flags that only warn.
 var anyValue = map[string]string{
 	"api-socket": "a path the agent creates", "state-dir": "a path the agent creates",
 	"shell-sock-path": "a path the agent creates (empty: no shell)", "ip-masq-agent-config-path": "a missing file is waited for",
@@ -58,7 +66,12 @@ func TestEveryBadFlagIsOneLine(t *testing.T) {
 	if err := os.Mkdir(notBPF, 0o700); err != nil {
 		t.Fatal(err)
 	}
+	type badFlag struct{ name, value string }
+	var cases []badFlag
 	flags.VisitAll(func(f *pflag.Flag) {
+		for _, v := range alsoBad[f.Name] {
+			cases = append(cases, badFlag{f.Name, v})
+		}
 		if _, ok := anyValue[f.Name]; ok {
 			return
 		}
@@ -70,7 +83,11 @@ func TestEveryBadFlagIsOneLine(t *testing.T) {
 		if f.Name == "bpf-root" {
 			bad = notBPF
 		}
-		t.Run(f.Name, func(t *testing.T) {
+		cases = append(cases, badFlag{f.Name, bad})
+	})
+	for _, c := range cases {
+		f, bad := flags.Lookup(c.name), c.value
+		t.Run(f.Name+"="+bad, func(t *testing.T) {
 			// Every path in a private directory, and a --bpf-root that is
 			// not a BPF filesystem unless it is the flag under test: a
 			// value the agent wrongly accepts ends at the --bpf-root check,
@@ -100,5 +117,5 @@ func TestEveryBadFlagIsOneLine(t *testing.T) {
 			}
 			t.Log(lines[0])
 		})
-	})
+	}
 }

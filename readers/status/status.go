@@ -52,7 +52,7 @@ func commands(s sources) hive.ScriptCmdsOut {
 				return func(*script.State) (string, string, error) { return out, "", nil }, nil
 			}),
 		"config/status": script.Command(
-			script.CmdUsage{Summary: "The config file's state: source, generation, last good load, last error"},
+			script.CmdUsage{Summary: "The config file's state: origin, generation, last good load, last error"},
 			func(*script.State, ...string) (script.WaitFunc, error) {
 				var b strings.Builder
 				s.writeConfig(&b, s.DB.ReadTxn())
@@ -144,7 +144,7 @@ func (s sources) writeConfig(b *strings.Builder, txn statedb.ReadTxn) {
 			good = st.LastGoodLoad.UTC().Format(time.RFC3339)
 		}
 		fmt.Fprintf(b, "Config:     %s (%s, generation %d, last good load %s, resync %s): %s\n",
-			st.Path, st.Source, st.Generation, good, st.ResyncInterval, state)
+			st.Path, st.Origin, st.Generation, good, st.ResyncInterval, state)
 	}
 }
 

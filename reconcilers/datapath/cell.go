@@ -61,6 +61,10 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
+	natSize = natSize.forFamilies(p.Agent.EnableIPv4, p.Agent.EnableIPv6)
+	if p.Config.NATGCInterval <= 0 {
+		return fmt.Errorf("--nat-gc-interval=%s: want a positive duration, e.g. 10s", p.Config.NATGCInterval)
+	}
 	switch p.Config.TCAttachMode {
 	case AttachAuto, AttachTCX, AttachClsact:
 	default:
@@ -82,11 +86,12 @@ func register(p params) error {
 				return err
 			}
 			dp, err := bpf.Load(bpf.LoadOptions{
-				PinDir:        pinDir,
-				NonMasqV4:     nm4,
-				NonMasqV6:     nm6,
-				NATMaxEntries: natSize.Entries,
-				Logger:        p.Log,
+				PinDir:          pinDir,
+				NonMasqV4:       nm4,
+				NonMasqV6:       nm6,
+				NATMaxEntriesV4: natSize.V4(),
+				NATMaxEntriesV6: natSize.V6(),
+				Logger:          p.Log,
 			})
 			// The programs hold their own references to the tries.
 			closeAll(nm4, nm6)

@@ -1,10 +1,7 @@
 package datapath
 
 import (
-	"context"
-	"iter"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -14,6 +11,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/bpfmap"
 )
 
 // MapOps are the Operations of a reconciler that writes a table into maps
@@ -23,61 +21,13 @@ import (
 // A map reconciler provides MapOps(h, build) in the hive and registers
 // them with Register (see reconcilers/nodeaddrs).
 func MapOps[Obj any](h *Handle, build func(*bpf.Datapath) (reconciler.Operations[Obj], error)) reconciler.Operations[Obj] {
-	return &lazyOps[Obj]{dp: h, build: build}
-}
-
-// lazyOps builds its operations at first use.
-type lazyOps[Obj any] struct {
-	dp    *Handle
-	build func(*bpf.Datapath) (reconciler.Operations[Obj], error)
-
-	mu  sync.Mutex
-	ops reconciler.Operations[Obj]
-}
-
-func (l *lazyOps[Obj]) get() (reconciler.Operations[Obj], error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.ops != nil {
-		return l.ops, nil
-	}
-	dp := l.dp.Get()
-	if dp == nil {
-		return nil, ErrNotLoaded
-	}
-	ops, err := l.build(dp)
-	if err != nil {
-		return nil, err
-	}
-	l.ops = ops
-	return ops, nil
-}
-
-// Update implements reconciler.Operations.
-func (l *lazyOps[Obj]) Update(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, obj Obj) error {
-	ops, err := l.get()
-	if err != nil {
-		return err
-	}
-	return ops.Update(ctx, txn, rev, obj)
-}
-
-// Delete implements reconciler.Operations.
-func (l *lazyOps[Obj]) Delete(ctx context.Context, txn statedb.ReadTxn, rev statedb.Revision, obj Obj) error {
-	ops, err := l.get()
-	if err != nil {
-		return err
-	}
-	return ops.Delete(ctx, txn, rev, obj)
-}
-
-// Prune implements reconciler.Operations.
-func (l *lazyOps[Obj]) Prune(ctx context.Context, txn statedb.ReadTxn, objs iter.Seq2[Obj, statedb.Revision]) error {
-	ops, err := l.get()
-	if err != nil {
-		return err
-	}
-	return ops.Prune(ctx, txn, objs)
+	return bpfmap.NewLazy(func() (reconciler.Operations[Obj], error) {
+		dp := h.Get()
+		if dp == nil {
+			return nil, ErrNotLoaded
+		}
+		return build(dp)
+	})
 }
 
 // ReconcilerParams are what Register needs of the hive besides the table

@@ -52,24 +52,64 @@ func defaultNATEntries(ram, conntrackMax uint64) uint32 {
 	return uint32(min(2*flows, maxNATEntries))
 }
 
+// disabledFamilyNATEntries sizes the NAT map of a disabled family
+// (--enable-ipv4/--enable-ipv6 false): that family has no masquerade
+// source and no masquerade rule, so its map holds no pair, yet the programs
+// look it up, so it exists. Preallocated at the enabled family's size it
+// would take up to 76 MiB of kernel memory, charged to the agent, for
+// nothing. Enabling the family at a restart resizes the map as a changed
+// --nat-max-entries does.
+const disabledFamilyNATEntries = 1024
+
 // natSizing is how the NAT maps' size was decided, for the log.
 type natSizing struct {
 	Entries      uint32
 	Configured   bool
 	RAM          uint64 // bytes
 	ConntrackMax uint64 // 0: not read (no conntrack on the node)
+	// NoIPv4, NoIPv6: the family is disabled, its map has
+	// disabledFamilyNATEntries entries.
+	NoIPv4, NoIPv6 bool
+}
+
+// forFamilies notes which families are disabled.
+func (s natSizing) forFamilies(ipv4, ipv6 bool) natSizing {
+	s.NoIPv4, s.NoIPv6 = !ipv4, !ipv6
+	return s
+}
+
+// V4 and V6 are the sizes of nat_v4 and nat_v6.
+func (s natSizing) V4() uint32 { return s.sizeOf(s.NoIPv4) }
+func (s natSizing) V6() uint32 { return s.sizeOf(s.NoIPv6) }
+
+func (s natSizing) sizeOf(disabled bool) uint32 {
+	if disabled {
+		return disabledFamilyNATEntries
+	}
+	return s.Entries
 }
 
 func (s natSizing) String() string {
+	var why string
 	if s.Configured {
-		return fmt.Sprintf("%d entries per family (--nat-max-entries)", s.Entries)
+		why = fmt.Sprintf("%d entries per family (--nat-max-entries)", s.Entries)
+	} else {
+		ct := "conntrack not loaded"
+		if s.ConntrackMax > 0 {
+			ct = fmt.Sprintf("nf_conntrack_max %d", s.ConntrackMax)
+		}
+		why = fmt.Sprintf("%d entries per family: two per flow of max(Linux's default nf_conntrack_max for %d MiB of memory (%d), %s)",
+			s.Entries, s.RAM>>20, conntrackDefaultMax(s.RAM), ct)
 	}
-	ct := "conntrack not loaded"
-	if s.ConntrackMax > 0 {
-		ct = fmt.Sprintf("nf_conntrack_max %d", s.ConntrackMax)
+	for _, f := range []struct {
+		off       bool
+		name, flg string
+	}{{s.NoIPv4, "nat_v4", "--enable-ipv4"}, {s.NoIPv6, "nat_v6", "--enable-ipv6"}} {
+		if f.off {
+			why += fmt.Sprintf("; %s has %d (%s=false: it holds no pair)", f.name, disabledFamilyNATEntries, f.flg)
+		}
 	}
-	return fmt.Sprintf("%d entries per family: two per flow of max(Linux's default nf_conntrack_max for %d MiB of memory (%d), %s)",
-		s.Entries, s.RAM>>20, conntrackDefaultMax(s.RAM), ct)
+	return why
 }
 
 // sizeNATMaps returns the size of each NAT map: configured when not 0 (kept

@@ -97,3 +97,24 @@ func TestSizeNATMaps(t *testing.T) {
 		t.Errorf("meminfo without MemTotal: %v", err)
 	}
 }
+
+// TestDisabledFamilyNATMapIsSmall: a disabled family's NAT map is
+// disabledFamilyNATEntries, whatever the node or --nat-max-entries says,
+// and the log line says why; the enabled family keeps its size.
+func TestDisabledFamilyNATMapIsSmall(t *testing.T) {
+	s := natSizing{Entries: 524288}
+	if v4, v6 := s.forFamilies(true, true).V4(), s.forFamilies(true, true).V6(); v4 != 524288 || v6 != 524288 {
+		t.Errorf("both families: nat_v4 %d, nat_v6 %d, want 524288 each", v4, v6)
+	}
+	v4only := s.forFamilies(true, false)
+	if v4only.V4() != 524288 || v4only.V6() != disabledFamilyNATEntries {
+		t.Errorf("IPv6 disabled: nat_v4 %d, nat_v6 %d, want 524288 and %d", v4only.V4(), v4only.V6(), disabledFamilyNATEntries)
+	}
+	if !strings.Contains(v4only.String(), "nat_v6 has 1024 (--enable-ipv6=false") {
+		t.Errorf("log line %q does not say nat_v6 is small and why", v4only)
+	}
+	v6only := natSizing{Entries: 64, Configured: true}.forFamilies(false, true)
+	if v6only.V4() != disabledFamilyNATEntries || v6only.V6() != 64 {
+		t.Errorf("IPv4 disabled, --nat-max-entries=64: nat_v4 %d, nat_v6 %d", v6only.V4(), v6only.V6())
+	}
+}

@@ -2,6 +2,7 @@ package nonmasqmaps
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -23,12 +24,12 @@ var Cell = cell.Module(
 	"nonmasq-maps",
 	"Writes the non-masquerade prefixes into the pinned BPF LPM maps",
 
-	cell.ProvidePrivate(newJobGroup, newMapOps),
+	cell.ProvidePrivate(newJobGroup, newLazyOps),
 	// The Operations the reconciler runs, in the hive so that tests
 	// decorate them (fault injection) the way statedb's example does.
 	cell.Provide(
-		func(o *mapOps) reconciler.Operations[*tables.NonMasqCIDR] { return o.ByFamily },
-		func(o *mapOps) reconciler.BatchOperations[*tables.NonMasqCIDR] { return o.ByFamily },
+		func(o *bpfmap.Lazy[*tables.NonMasqCIDR]) reconciler.Operations[*tables.NonMasqCIDR] { return o },
+		func(o *bpfmap.Lazy[*tables.NonMasqCIDR]) reconciler.BatchOperations[*tables.NonMasqCIDR] { return o },
 	),
 	cell.Provide(newHandle, scriptCommands),
 	cell.Invoke(register),
@@ -71,21 +72,29 @@ type registerParams struct {
 	CIDRs     statedb.RWTable[*tables.NonMasqCIDR]
 	Status    statedb.Table[*tables.ConfigStatus]
 	Handle    *Handle
-	MapOps    *mapOps
 	Ops       reconciler.Operations[*tables.NonMasqCIDR]
 	BatchOps  reconciler.BatchOperations[*tables.NonMasqCIDR]
 }
 
-// mapOps are the map operations, set up when the start hook has opened the
-// maps (before the reconciler runs).
-type mapOps struct {
-	*bpfmap.ByFamily[*tables.NonMasqCIDR]
+// errMapsNotOpen fails the map operations until the start hook has opened
+// the maps.
+var errMapsNotOpen = errors.New("nonmasq maps not open yet")
+
+// newLazyOps are the map operations, built from the maps at first use: the
+// start hook opens the maps before the reconciler's jobs (appended to the
+// lifecycle after it) run, as datapath.MapOps does for the loaded
+// datapath's maps.
+func newLazyOps(h *Handle, cidrs statedb.Table[*tables.NonMasqCIDR]) *bpfmap.Lazy[*tables.NonMasqCIDR] {
+	return bpfmap.NewLazy(func() (reconciler.Operations[*tables.NonMasqCIDR], error) {
+		maps := h.Maps()
+		if maps == nil {
+			return nil, errMapsNotOpen
+		}
+		return newOps(maps, cidrs), nil
+	})
 }
 
-func newMapOps() *mapOps { return &mapOps{&bpfmap.ByFamily[*tables.NonMasqCIDR]{}} }
-
 func register(p registerParams) error {
-	o := p.MapOps.ByFamily
 	// The maps are opened when the hive starts, before the reconciler's jobs
 	// (appended to the lifecycle after this hook) run.
 	p.Lifecycle.Append(cell.Hook{
@@ -95,7 +104,6 @@ func register(p registerParams) error {
 				return err
 			}
 			p.Handle.maps = maps
-			*o = *newOps(maps, p.CIDRs)
 			return nil
 		},
 		OnStop: func(cell.HookContext) error {
