@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 )
 
 // The port search (lib/ports.h) and who closed first (lib/flow.h), through
@@ -25,26 +24,6 @@ func putPair4(t *testing.T, e *testEnv, pod, dst netip.Addr, sport, nport uint16
 	if err := e.dp.Maps.NatV4.Put(in, NATValV4{Addr: Addr4(pod), Port: Port(sport), Flags: NATFlagSeen,
 		LastSeenNs: now, CreatedNs: now}); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// clearNAT empties nat_v4.
-func clearNAT(t *testing.T, m *ebpf.Map) {
-	t.Helper()
-	var keys []NATKeyV4
-	var k NATKeyV4
-	var v NATValV4
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range keys {
-		if err := m.Delete(k); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
@@ -72,7 +51,7 @@ func TestSearchFindsLastFreePort(t *testing.T) {
 			t.Fatalf("trial %d: verdict %d with port %d free, want TC_ACT_UNSPEC", trial, int32(ret), free)
 		}
 		fromSNATPort(t, out, snat4, free)
-		clearNAT(t, e.dp.Maps.NatV4)
+		clearMap(t, e.dp.Maps.NatV4)
 	}
 }
 
