@@ -703,3 +703,74 @@ func TestFullTableSparesAssured(t *testing.T) {
 		t.Fatalf("the closed pair's egress half outlived its drop: %v", err)
 	}
 }
+
+// udpQueries sends n UDP queries from pod1 (source ports from sport) and
+// returns them with their NAT ports; answered ones get their answer.
+func udpQueries(t *testing.T, e *testEnv, sport uint16, n int, answered bool) ([]flow, []uint16) {
+	t.Helper()
+	var fs []flow
+	var ports []uint16
+	for i := range n {
+		f := flow{src: pod1, dst: remote4, proto: protoUDP, sport: sport + uint16(i), dport: 53, payload: []byte("q")}
+		port := masqueraded(t, e.egress(f.packet()), f, snat4)
+		if answered {
+			e.ingress(reply(f, snat4, port).packet())
+		}
+		fs, ports = append(fs, f), append(ports, port)
+	}
+	return fs, ports
+}
+
+// stillPaired says whether query f still has its pair: its answer goes back
+// to the pod.
+func stillPaired(t *testing.T, e *testEnv, f flow, port uint16) bool {
+	t.Helper()
+	ret, out := e.run(e.dp.Ingress, reply(f, snat4, port).packet())
+	return ret == tcActUnspec && parse(t, out).dst == pod1
+}
+
+// TestEarlyDropTakesAnsweredBeforeInFlight: in a full table of UDP queries,
+// 12 waiting for their answers and 4 answered, each of 4 new flows drops an
+// answered query's pair, never one whose answer is on its way (the map is
+// walked from its first bucket: the first pair found there is as likely to
+// be a query in flight). The table holds no more pairs than the search
+// weighs (NAT_EARLY_DROP_CANDIDATES), so the outcome does not depend on
+// where the hash puts them.
+func TestEarlyDropTakesAnsweredBeforeInFlight(t *testing.T) {
+	const natMax = 32 // 16 pairs
+	e := newEnv(t, envOptions{natMax: natMax})
+	udpQueries(t, e, 30000, 4, true)
+	inFlight, ports := udpQueries(t, e, 40000, natMax/2-4, false)
+	for i := range 4 {
+		time.Sleep(110 * time.Millisecond) // past a refused search's backoff, if any
+		f := flow{src: pod1, dst: remote4, proto: protoUDP, sport: uint16(50000 + i), dport: 53, payload: []byte("q")}
+		before := e.counters()
+		masqueraded(t, e.egress(f.packet()), f, snat4)
+		e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATEarlyDrop: 1})
+	}
+	for i, f := range inFlight {
+		if !stillPaired(t, e, f, ports[i]) {
+			t.Errorf("query %d (in flight) lost its pair to early drop while answered ones could go", i)
+		}
+	}
+}
+
+// TestEarlyDropTakesTheIdlest: in a full table of unanswered UDP flows,
+// half idle for 10 s and half new, each of 4 new flows drops an idle one
+// (16 pairs: every one is weighed, see above).
+func TestEarlyDropTakesTheIdlest(t *testing.T) {
+	const natMax = 32 // 16 pairs
+	e := newEnv(t, envOptions{natMax: natMax})
+	udpQueries(t, e, 30000, natMax/4, false)
+	e.age(10 * time.Second)
+	young, ports := udpQueries(t, e, 40000, natMax/4, false)
+	for i := range 4 {
+		f := flow{src: pod1, dst: remote4, proto: protoUDP, sport: uint16(50000 + i), dport: 53, payload: []byte("q")}
+		masqueraded(t, e.egress(f.packet()), f, snat4)
+	}
+	for i, f := range young {
+		if !stillPaired(t, e, f, ports[i]) {
+			t.Errorf("new flow %d lost its pair to early drop while flows idle for 10 s could go", i)
+		}
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"testing"
 	"time"
-
 )
 
 // The port search (lib/ports.h) and who closed first (lib/flow.h), through

@@ -64,6 +64,32 @@ static __always_inline int nat_evictable(__u8 proto, __u8 flags)
 	return !(flags & NAT_F_SEEN);
 }
 
+/* nat_done says whether the pair whose reply entry has these flags has
+ * had its exchange: a UDP query answered, an ICMP echo answered, a TCP flow
+ * closing. Early drop takes such a pair before one still waiting for its
+ * answer (a query in flight). */
+static __always_inline int nat_done(__u8 proto, __u8 flags)
+{
+	switch (proto) {
+	case IPPROTO_TCP:
+		return !!(flags & (NAT_F_FIN | NAT_F_RST));
+	case IPPROTO_UDP:
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		return !!(flags & NAT_F_SEEN);
+	}
+	return 0;
+}
+
+/* The search looks at this many pairs that may go and drops the best of
+ * them: a done pair before one in flight, then the one idle longest. The
+ * map is walked from its first bucket on every search, and the first
+ * candidate there is as likely as not a pair made a moment ago (a query
+ * whose answer is on its way): conntrack looks at a few entries from the
+ * new tuple's bucket and drops one of them. A bound keeps the walk short
+ * when most pairs may go. */
+#define NAT_EARLY_DROP_CANDIDATES 16
+
 /* nat_search_allowed says whether a full map may be searched now for a
  * pair to drop; the time differences are signed (another CPU may have
  * moved until past the now this CPU read). */

@@ -109,7 +109,7 @@ type leakWatch struct {
 
 // watchLeaks opens a packet socket on dev in n (network-layer view, so it
 // works on Ethernet and L3 devices alike) until the test ends.
-func watchLeaks(t *testing.T, n *topology.Netns, dev string, sources ...string) *leakWatch {
+func watchLeaks(t testing.TB, n *topology.Netns, dev string, sources ...string) *leakWatch {
 	t.Helper()
 	w := &leakWatch{}
 	for _, s := range sources {
