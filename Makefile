@@ -59,9 +59,10 @@ generate:
 	$(GO) generate $(PKGS)
 
 ## bench: benchmarks with their same-run baselines (see docs/benchmarks.md);
-## about 23 minutes, most of it the real-kernel scenarios of internal/testkit/e2e
-## (BenchmarkPerDestinationRate sustains 4 conditions for 150 s each,
-## BenchmarkDNSBurst 4 for 100 s each)
+## about 33 minutes, most of it the real-kernel scenarios of internal/testkit/e2e
+## (BenchmarkPerDestinationRate sustains 8 conditions for 150 s each: 1 and 50
+## pods, both close orders, MASQUERADE and ipmasq; BenchmarkDNSBurst 4 for
+## 100 s each)
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 -timeout 60m $(PKGS)
 

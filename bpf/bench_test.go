@@ -151,7 +151,8 @@ func benchNewFlow(b *testing.B, e *testEnv, chunk int) {
 	}
 }
 
-func clearMap(b *testing.B, m *ebpf.Map) {
+// clearMap empties nat_v4 map m.
+func clearMap(tb testing.TB, m *ebpf.Map) {
 	var keys []NATKeyV4
 	var k NATKeyV4
 	var v NATValV4
@@ -160,13 +161,13 @@ func clearMap(b *testing.B, m *ebpf.Map) {
 		keys = append(keys, k)
 	}
 	if err := it.Err(); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	if len(keys) == 0 {
 		return
 	}
 	if _, err := m.BatchDelete(keys, nil); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 }
 

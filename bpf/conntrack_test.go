@@ -332,7 +332,8 @@ func TestClientClosedPairGoesToAnyPod(t *testing.T) {
 		r.tcpFlags = tcpSYN | tcpACK
 		e.ingress(r.packet())
 		a.tcpFlags, r.tcpFlags = tcpFIN|tcpACK, tcpFIN|tcpACK
-		e.egress(a.packet()) // the pod's FIN first
+		e.egress(a.packet()) // the pod's FIN first (seq 1000)
+		r.ack = 1001         // the server's FIN acknowledges it
 		e.ingress(r.packet())
 		a.tcpFlags = tcpACK
 		e.egress(a.packet())

@@ -307,6 +307,8 @@ const (
 	masqMapMasqRulesV6        = "masq_rules_v6"
 	masqMapMasqSrcV4          = "masq_src_v4"
 	masqMapMasqSrcV6          = "masq_src_v6"
+	masqMapNatFinV4           = "nat_fin_v4"
+	masqMapNatFinV6           = "nat_fin_v6"
 	masqMapNatFullUntil       = "nat_full_until"
 	masqMapNatV4              = "nat_v4"
 	masqMapNatV6              = "nat_v6"
@@ -400,6 +402,8 @@ type masqMapSpecs struct {
 	MasqRulesV6  *ebpf.MapSpec `ebpf:"masq_rules_v6"`
 	MasqSrcV4    *ebpf.MapSpec `ebpf:"masq_src_v4"`
 	MasqSrcV6    *ebpf.MapSpec `ebpf:"masq_src_v6"`
+	NatFinV4     *ebpf.MapSpec `ebpf:"nat_fin_v4"`
+	NatFinV6     *ebpf.MapSpec `ebpf:"nat_fin_v6"`
 	NatFullUntil *ebpf.MapSpec `ebpf:"nat_full_until"`
 	NatV4        *ebpf.MapSpec `ebpf:"nat_v4"`
 	NatV6        *ebpf.MapSpec `ebpf:"nat_v6"`
@@ -459,6 +463,8 @@ type masqMaps struct {
 	MasqRulesV6  *ebpf.Map `ebpf:"masq_rules_v6"`
 	MasqSrcV4    *ebpf.Map `ebpf:"masq_src_v4"`
 	MasqSrcV6    *ebpf.Map `ebpf:"masq_src_v6"`
+	NatFinV4     *ebpf.Map `ebpf:"nat_fin_v4"`
+	NatFinV6     *ebpf.Map `ebpf:"nat_fin_v6"`
 	NatFullUntil *ebpf.Map `ebpf:"nat_full_until"`
 	NatV4        *ebpf.Map `ebpf:"nat_v4"`
 	NatV6        *ebpf.Map `ebpf:"nat_v6"`
@@ -484,6 +490,8 @@ func (m *masqMaps) Close() error {
 		m.MasqRulesV6,
 		m.MasqSrcV4,
 		m.MasqSrcV6,
+		m.NatFinV4,
+		m.NatFinV6,
 		m.NatFullUntil,
 		m.NatV4,
 		m.NatV6,

@@ -28,6 +28,7 @@ type flow struct {
 	sport, dport uint16 // ICMP echo: sport is the identifier
 	icmpType     uint8  // ICMP/ICMPv6 echo request or reply
 	tcpFlags     uint8  // 0: a SYN, the packet that starts a flow
+	seq, ack     uint32 // TCP: seq 0 is sent as 1000
 	zeroUDPCsum  bool
 	payload      []byte
 	ipID         uint16
@@ -67,7 +68,12 @@ func (f flow) l4() []byte {
 		b = make([]byte, 20)
 		binary.BigEndian.PutUint16(b[0:], f.sport)
 		binary.BigEndian.PutUint16(b[2:], f.dport)
-		binary.BigEndian.PutUint32(b[4:], 1000)
+		seq := f.seq
+		if seq == 0 {
+			seq = 1000
+		}
+		binary.BigEndian.PutUint32(b[4:], seq)
+		binary.BigEndian.PutUint32(b[8:], f.ack)
 		b[12] = 5 << 4
 		b[13] = f.tcpFlags
 		if f.tcpFlags == 0 {

@@ -50,8 +50,9 @@ const (
 	// (a node socket's port in the NAT range), so no NAT pair takes it.
 	NATFlagHost = uint8(masqNatFlagNAT_F_HOST)
 	// NATFlagClosedFirst marks a dir-0 entry whose source sent the
-	// connection's first FIN: the remote closed passively and holds no
-	// TIME_WAIT, so the closed pair's port may go to another source.
+	// connection's first FIN and whose remote's FIN acknowledged it: the
+	// remote closed passively and holds no TIME_WAIT, so the closed pair's
+	// port may go to another source (crossing FINs are not marked).
 	NATFlagClosedFirst = uint8(masqNatFlagNAT_F_CLOSED_FIRST)
 	// NATFlagStream marks a UDP pair's dir-1 entry once the flow was
 	// answered and still active 2 s after it started: a stream, which

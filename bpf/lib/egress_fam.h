@@ -7,19 +7,6 @@
 
 #include "family.h"
 
-/* nat_create_v4 takes the SNAT address by value; nat_create_v6 finds it in
- * res->addr (a global function's pointer must point to a whole struct). */
-static __always_inline enum counter FAM(egress_nat_create)(struct __sk_buff *skb,
-							   const FAM_T(nat, key) *k, __u8 flags,
-							   FAM_T(nat, val) *nv)
-{
-#if FAM_IS_V6
-	return nat_create_v6(skb, k, flags, nv);
-#else
-	return nat_create_v4(skb, k, nv->addr, flags, nv);
-#endif
-}
-
 static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 {
 	FAM_T(nat, key) k = { .dir = DIR_EGRESS };
@@ -88,7 +75,7 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 	 * (masq_source_* says what happens when a source stops being one). */
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
 	if (v) {
-		int est = FAM(nat_established)(&k, v, &p, former);
+		int est = FAM(nat_established)(skb, &k, v, &p, former);
 
 		if (est == NAT_EST_DROP) {
 			count(COUNTER_DROP_PAIR_CLAIMED);
@@ -137,10 +124,10 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 				return TC_ACT_SHOT;
 			}
 		}
-		c = FAM(egress_nat_create)(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
+		c = FAM(nat_create)(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		/* A full table: drop a pair that is not assured, or refuse. */
 		if (c == COUNTER_NAT_FULL && FAM(nat_early_drop)())
-			c = FAM(egress_nat_create)(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
+			c = FAM(nat_create)(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;

@@ -7,6 +7,7 @@
 #include <linux/bpf.h>
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
 #include "types.h"
 #include "counters.h"
 #include "maps.h"
@@ -148,38 +149,6 @@ static __always_inline int nat_closed(__u8 out, __u8 in)
 	return ((out | in) & NAT_F_RST) || ((out & in) & NAT_F_FIN);
 }
 
-static __always_inline void nat_touch_v4(struct nat_v4_val *v, __u8 flags)
-{
-	__u64 now = bpf_ktime_get_ns();
-
-	/* A new flag (a FIN or RST: the pair is closing) stamps the time at
-	 * once, so a closed pair's linger counts from its close. */
-	if (flags & ~v->flags) {
-		v->flags |= flags;
-		if (v->last_seen_ns != NAT_CLAIMED)
-			v->last_seen_ns = now;
-		return;
-	}
-	if (nat_age(now, v->last_seen_ns) > (__s64)NAT_REFRESH_NS)
-		v->last_seen_ns = now;
-}
-
-static __always_inline void nat_touch_v6(struct nat_v6_val *v, __u8 flags)
-{
-	__u64 now = bpf_ktime_get_ns();
-
-	/* A new flag (a FIN or RST: the pair is closing) stamps the time at
-	 * once, so a closed pair's linger counts from its close. */
-	if (flags & ~v->flags) {
-		v->flags |= flags;
-		if (v->last_seen_ns != NAT_CLAIMED)
-			v->last_seen_ns = now;
-		return;
-	}
-	if (nat_age(now, v->last_seen_ns) > (__s64)NAT_REFRESH_NS)
-		v->last_seen_ns = now;
-}
-
 /* Restart an entry's life as a new flow's (a reopened pair). */
 #define NAT_RESET(v, now) do {		\
 	(v)->flags = 0;			\
@@ -187,268 +156,94 @@ static __always_inline void nat_touch_v6(struct nat_v6_val *v, __u8 flags)
 	(v)->last_seen_ns = (now);	\
 } while (0)
 
-/* nat_pair_v4 is the key of the other direction of an entry (dir 0 <-> 1). */
-static __always_inline void nat_pair_v4(const struct nat_v4_key *k, const struct nat_v4_val *v,
-					struct nat_v4_key *peer)
-{
-	__builtin_memset(peer, 0, sizeof(*peer));
-	peer->proto = k->proto;
-	if (k->dir == DIR_EGRESS) {
-		peer->src = k->dst;
-		peer->dst = v->addr;
-		peer->sport = k->dport;
-		peer->dport = v->port;
-		peer->dir = DIR_INGRESS;
-	} else {
-		peer->src = v->addr;
-		peer->dst = k->src;
-		peer->sport = v->port;
-		peer->dport = k->sport;
-		peer->dir = DIR_EGRESS;
-	}
-}
-
-static __always_inline void nat_pair_v6(const struct nat_v6_key *k, const struct nat_v6_val *v,
-					struct nat_v6_key *peer)
-{
-	__builtin_memset(peer, 0, sizeof(*peer));
-	peer->proto = k->proto;
-	if (k->dir == DIR_EGRESS) {
-		__builtin_memcpy(peer->src, k->dst, 16);
-		__builtin_memcpy(peer->dst, v->addr, 16);
-		peer->sport = k->dport;
-		peer->dport = v->port;
-		peer->dir = DIR_INGRESS;
-	} else {
-		__builtin_memcpy(peer->src, v->addr, 16);
-		__builtin_memcpy(peer->dst, k->src, 16);
-		peer->sport = v->port;
-		peer->dport = k->sport;
-		peer->dir = DIR_EGRESS;
-	}
-}
-
 /* nat_established_v4/v6 results besides 0 (translate with the pair). */
 #define NAT_EST_NO_PAIR	1	/* the caller treats the packet as having no pair */
 #define NAT_EST_DROP	2	/* a SYN that lost the pair's claim: dropped (counted), the client retransmits */
-
-/* nat_established_v4 handles an egress packet of a pair whose dir-0 entry v
- * exists. Cheap for most packets; once a second per pair, and for every SYN,
- * it checks the reply entry: one lost is put back, one taken by another
- * flow ends this pair (NAT_EST_NO_PAIR). A SYN on a closed or expired pair
- * reopens it once it has claimed it (else NAT_EST_DROP: the pair is being
- * ended or reopened by another party), unless the source is no longer a
- * masquerade source (NAT_EST_NO_PAIR). */
-__noinline int nat_established_v4(const struct nat_v4_key *k, struct nat_v4_val *v,
-				   const struct pkt *p, int former)
-{
-	struct masq_config *cfg;
-	__u8 flags;
-	struct nat_v4_key peer;
-	struct nat_v4_val *r, nr = {};
-	__u64 now = bpf_ktime_get_ns(), rl;
-
-	if (!k || !v || !p)
-		return 0;
-	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
-	/* A new FIN or RST takes the slow path: the first FIN needs the reply
-	 * entry's flags to tell who closed first. */
-	if (!tcp_syn(p) && !(flags & ~v->flags) && nat_age(now, v->last_seen_ns) <= (__s64)NAT_REFRESH_NS)
-		return 0;
-	nat_pair_v4(k, v, &peer);
-	r = bpf_map_lookup_elem(&nat_v4, &peer);
-	if (!r) {
-		nr.addr = k->src;
-		nr.port = k->sport;
-		nr.last_seen_ns = now;
-		nr.created_ns = v->created_ns;
-		if (bpf_map_update_elem(&nat_v4, &peer, &nr, BPF_NOEXIST) == 0) {
-			nat_touch_v4(v, flags);
-			return 0;
-		}
-		r = bpf_map_lookup_elem(&nat_v4, &peer);
-		if (!r)
-			return 0;
-	}
-	if (r->addr != k->src || r->port != k->sport) {
-		bpf_map_delete_elem(&nat_v4, k);
-		return NAT_EST_NO_PAIR;
-	}
-	nat_udp_stream(k->proto, &r->flags, r->created_ns);
-	cfg = masq_cfg();
-	rl = nat_stamp(&r->last_seen_ns);
-	if (tcp_syn(p) && cfg &&
-	    (nat_closed(v->flags, r->flags) ||
-	     nat_expired(cfg, k->proto, v->flags | r->flags, nat_later(v->last_seen_ns, rl), now))) {
-		/* A new flow of the tuple: one of a source that is no longer
-		 * a masquerade source is not masqueraded (conntrack makes a new
-		 * entry, and decides again). */
-		if (former)
-			return NAT_EST_NO_PAIR;
-		/* The claim: another CPU's takeover, early drop or the
-		 * collector may be ending this pair at the same instant. */
-		if (!nat_claim(&r->last_seen_ns, rl, now))
-			return NAT_EST_DROP;
-		NAT_RESET(v, now);
-		NAT_RESET(r, now);
-		count(COUNTER_NAT_REOPENED);
-		return 0;
-	}
-	/* The source's FIN before any from the remote: the remote closes
-	 * passively and keeps no TIME_WAIT for this tuple. */
-	if ((flags & NAT_F_FIN) && !(v->flags & NAT_F_FIN) && !((r->flags | v->flags) & NAT_F_RST) &&
-	    !(r->flags & NAT_F_FIN))
-		flags |= NAT_F_CLOSED_FIRST;
-	nat_touch_v4(v, flags);
-	return 0;
-}
-
-__noinline int nat_established_v6(const struct nat_v6_key *k, struct nat_v6_val *v,
-				   const struct pkt *p, int former)
-{
-	struct masq_config *cfg;
-	__u8 flags;
-	struct nat_v6_key peer;
-	struct nat_v6_val *r, nr = {};
-	__u64 now = bpf_ktime_get_ns(), rl;
-
-	if (!k || !v || !p)
-		return 0;
-	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
-	/* A new FIN or RST takes the slow path: the first FIN needs the reply
-	 * entry's flags to tell who closed first. */
-	if (!tcp_syn(p) && !(flags & ~v->flags) && nat_age(now, v->last_seen_ns) <= (__s64)NAT_REFRESH_NS)
-		return 0;
-	nat_pair_v6(k, v, &peer);
-	r = bpf_map_lookup_elem(&nat_v6, &peer);
-	if (!r) {
-		__builtin_memcpy(nr.addr, k->src, 16);
-		nr.port = k->sport;
-		nr.last_seen_ns = now;
-		nr.created_ns = v->created_ns;
-		if (bpf_map_update_elem(&nat_v6, &peer, &nr, BPF_NOEXIST) == 0) {
-			nat_touch_v6(v, flags);
-			return 0;
-		}
-		r = bpf_map_lookup_elem(&nat_v6, &peer);
-		if (!r)
-			return 0;
-	}
-	if (!addr6_equal(r->addr, k->src) || r->port != k->sport) {
-		bpf_map_delete_elem(&nat_v6, k);
-		return NAT_EST_NO_PAIR;
-	}
-	nat_udp_stream(k->proto, &r->flags, r->created_ns);
-	cfg = masq_cfg();
-	rl = nat_stamp(&r->last_seen_ns);
-	if (tcp_syn(p) && cfg &&
-	    (nat_closed(v->flags, r->flags) ||
-	     nat_expired(cfg, k->proto, v->flags | r->flags, nat_later(v->last_seen_ns, rl), now))) {
-		/* A new flow of the tuple: one of a source that is no longer
-		 * a masquerade source is not masqueraded (conntrack makes a new
-		 * entry, and decides again). */
-		if (former)
-			return NAT_EST_NO_PAIR;
-		/* The claim: another CPU's takeover, early drop or the
-		 * collector may be ending this pair at the same instant. */
-		if (!nat_claim(&r->last_seen_ns, rl, now))
-			return NAT_EST_DROP;
-		NAT_RESET(v, now);
-		NAT_RESET(r, now);
-		count(COUNTER_NAT_REOPENED);
-		return 0;
-	}
-	/* The source's FIN before any from the remote: the remote closes
-	 * passively and keeps no TIME_WAIT for this tuple. */
-	if ((flags & NAT_F_FIN) && !(v->flags & NAT_F_FIN) && !((r->flags | v->flags) & NAT_F_RST) &&
-	    !(r->flags & NAT_F_FIN))
-		flags |= NAT_F_CLOSED_FIRST;
-	nat_touch_v6(v, flags);
-	return 0;
-}
 
 /* nat_reusable_v4/v6 results besides 0 (not reusable). */
 #define NAT_REUSE_CLAIMED	1	/* claimed: replace the reply entry (BPF_ANY) */
 #define NAT_REUSE_FREE		2	/* gone meanwhile: insert it (BPF_NOEXIST) */
 
-/* nat_reusable_v4 says whether the NAT tuple in (a dir-1 key that exists)
- * may be given to a new flow from src: its pair expired, lost its other
- * half, or is a closed TCP pair (2 s after its close) of the same source
- * address (whose TCP timestamps keep increasing toward this server, so the
- * server's TIME_WAIT socket accepts the new SYN: no PAWS drop) or whose
- * source closed first (the server closed passively: no TIME_WAIT to
- * refuse another source's SYN). A reusable pair is claimed (see
- * NAT_CLAIMED: no other CPU takes it too) and its old dir-0 entry deleted;
- * the caller then owns the reply entry: it replaces or deletes it. */
+/*
+ * Who closed first. A server that closes actively (its FIN before it has
+ * the pod's) keeps the tuple in TIME_WAIT for a minute and refuses another
+ * source's SYN on it (PAWS): the pair's port must not go to another pod
+ * before the closing lifetime ends. Only when the server's FIN acknowledges
+ * the pod's FIN did the server close passively (CLOSE_WAIT, LAST_ACK, no
+ * TIME_WAIT); crossing FINs (each sent before the other arrived) leave both
+ * ends in TIME_WAIT. So the pod's first FIN records where it ends in the
+ * sequence space (nat_fin_v4/v6, keyed by the pair's reply tuple), and the
+ * server's first FIN marks the pair NAT_F_CLOSED_FIRST only when its ACK
+ * covers that FIN.
+ */
+
+/* tcp_fin_end is the sequence number after the FIN segment p (what the
+ * peer's ACK of it carries), read off the packet; 0 when unreadable (the
+ * record is then not made: conservative). */
+static __always_inline __u32 tcp_fin_end(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct {
+		__be32 seq;
+		__be32 ack;
+		__u8 doff;
+	} h;
+	__u32 hlen;
+
+	if (bpf_skb_load_bytes(skb, p->l4_off + 4, &h, 9) < 0)
+		return 0;
+	hlen = (__u32)(h.doff >> 4) * 4;
+	if (skb->len < p->l4_off + hlen)
+		return 0;
+	/* skb->len: a GSO segment's whole payload too */
+	return bpf_ntohl(h.seq) + (skb->len - p->l4_off - hlen) + 1;
+}
+
+/* tcp_ack_of reads the acknowledgment number of TCP segment p. */
+static __always_inline int tcp_ack_of(struct __sk_buff *skb, const struct pkt *p, __u32 *ack)
+{
+	__be32 a;
+
+	if (!(p->tcp_flags & PKT_F_ACK) || bpf_skb_load_bytes(skb, p->l4_off + 8, &a, 4) < 0)
+		return -1;
+	*ack = bpf_ntohl(a);
+	return 0;
+}
+
+#define FAMILY 4
+#include "flow_fam.h"
+#define FAMILY 6
+#include "flow_fam.h"
+
+/* nat_reusable_v4 says whether the NAT tuple in (a dir-1 key) may be given
+ * to a new flow from src: free meanwhile (NAT_REUSE_FREE), or a pair that
+ * is over (nat_takeover_v4, claimed: NAT_REUSE_CLAIMED). Node flows
+ * (hostflow.h) ask it of the tuple they clash with. */
 __noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 now)
 {
-	struct masq_config *cfg = masq_cfg();
-	struct nat_v4_key peer;
-	struct nat_v4_val *r, *o;
-	__u64 last, rl, ol;
+	struct nat_v4_val *r;
 
-	if (!in || !cfg)
+	if (!in)
 		return 0;
 	r = bpf_map_lookup_elem(&nat_v4, in);
 	if (!r)
 		return NAT_REUSE_FREE;
-	rl = nat_stamp(&r->last_seen_ns);
-	if (r->flags & NAT_F_HOST)
-		return nat_expired(cfg, in->proto, r->flags, rl, now) &&
-		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED);
-	nat_pair_v4(in, r, &peer);
-	o = bpf_map_lookup_elem(&nat_v4, &peer);
-	if (!o || o->addr != in->dst || o->port != in->dport)
-		/* half a pair: reusable unless another CPU is creating it */
-		return nat_age(now, r->created_ns) > (__s64)NAT_REFRESH_NS &&
-		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED);
-	ol = nat_stamp(&o->last_seen_ns);
-	last = nat_later(ol, rl);
-	if (!nat_expired(cfg, in->proto, o->flags | r->flags, last, now) &&
-	    !(in->proto == IPPROTO_TCP && (r->addr == src || (o->flags & NAT_F_CLOSED_FIRST)) &&
-	      nat_closed(o->flags, r->flags) && nat_age(now, last) > (__s64)NAT_CLOSED_LINGER_NS))
-		return 0;
-	if (!nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED))
-		return 0;
-	bpf_map_delete_elem(&nat_v4, &peer);
-	return NAT_REUSE_CLAIMED;
+	return nat_takeover_v4(in, r, src, now, 1);
 }
 
-/* Inlined into nat_create_v6: a call of its own would take the IPv6 egress
- * path's stack over 512 bytes. */
+/* nat_reusable_v6 is nat_reusable_v4 for IPv6, of the source of out;
+ * inlined: a call of its own would take the IPv6 egress path's stack over
+ * 512 bytes. */
 static __always_inline int nat_reusable_v6(const struct nat_v6_key *in, const struct nat_v6_key *out,
 					   __u64 now)
 {
-	struct masq_config *cfg = masq_cfg();
-	struct nat_v6_key peer;
-	struct nat_v6_val *r, *o;
-	__u64 rl, ol;
+	struct nat_v6_val *r;
 
-	if (!in || !out || !cfg)
+	if (!in || !out)
 		return 0;
 	r = bpf_map_lookup_elem(&nat_v6, in);
 	if (!r)
 		return NAT_REUSE_FREE;
-	if (r->flags & NAT_F_HOST) {
-		rl = nat_stamp(&r->last_seen_ns);
-		return nat_expired(cfg, in->proto, r->flags, rl, now) &&
-		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED);
-	}
-	nat_pair_v6(in, r, &peer);
-	o = bpf_map_lookup_elem(&nat_v6, &peer);
-	if (!o || !addr6_equal(o->addr, in->dst) || o->port != in->dport)
-		return nat_age(now, r->created_ns) > (__s64)NAT_REFRESH_NS &&
-		       nat_claim(&r->last_seen_ns, nat_stamp(&r->last_seen_ns), NAT_CLAIMED);
-	rl = nat_stamp(&r->last_seen_ns);
-	ol = nat_stamp(&o->last_seen_ns);
-	if (!nat_expired(cfg, in->proto, o->flags | r->flags, nat_later(ol, rl), now) &&
-	    !(in->proto == IPPROTO_TCP && (addr6_equal(r->addr, out->src) || (o->flags & NAT_F_CLOSED_FIRST)) &&
-	      nat_closed(o->flags, r->flags) && nat_age(now, nat_later(ol, rl)) > (__s64)NAT_CLOSED_LINGER_NS))
-		return 0;
-	if (!nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED))
-		return 0;
-	bpf_map_delete_elem(&nat_v6, &peer);
-	return NAT_REUSE_CLAIMED;
+	return nat_takeover_v6(in, r, out->src, now, 1);
 }
 
 #endif /* IPMASQ_LIB_FLOW_H */

@@ -44,6 +44,9 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 		return TC_ACT_UNSPEC;
 	}
 	nat_udp_stream(p.proto, &v->flags, v->created_ns);
+	/* The remote's first FIN: does it acknowledge the source's? */
+	if ((p.tcp_flags & NAT_F_FIN) && !(v->flags & (NAT_F_FIN | NAT_F_HOST)))
+		FAM(nat_reply_fin)(skb, &k, v, &p);
 	FAM(nat_touch)(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	if (v->flags & NAT_F_HOST)
 		return TC_ACT_UNSPEC; /* a node flow's reply */

@@ -126,6 +126,24 @@ struct {
 	__uint(max_entries, 32768);
 } unmasq_v6 SEC(".maps");
 
+/* Where the source's first FIN of a TCP pair ends in the sequence space,
+ * keyed by the pair's reply (dir 1) key, until the remote's FIN says
+ * whether it acknowledges it (who closed first, lib/flow.h). LRU: a record
+ * lost only costs that pair's early reuse by another source. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct nat_v4_key);
+	__type(value, __u32);
+	__uint(max_entries, 16384);
+} nat_fin_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct nat_v6_key);
+	__type(value, __u32);
+	__uint(max_entries, 16384);
+} nat_fin_v6 SEC(".maps");
+
 /* LRU: fragment state needs no collector, a datagram is reassembled (or
  * lost) within seconds. */
 struct {

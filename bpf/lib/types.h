@@ -113,7 +113,7 @@ enum nat_flag {
 	NAT_F_RST = 0x02,		/* this direction sent a RST */
 	NAT_F_SEEN = 0x04,		/* dir 1 and 2: the answering side has sent a packet */
 	NAT_F_HOST = 0x08,		/* dir 1: a node flow's tuple, held so no NAT pair takes it */
-	NAT_F_CLOSED_FIRST = 0x10,	/* dir 0: the source sent the first FIN (the remote holds no TIME_WAIT) */
+	NAT_F_CLOSED_FIRST = 0x10,	/* dir 0: the remote's FIN acknowledged the source's first FIN (it holds no TIME_WAIT) */
 	NAT_F_STREAM = 0x20,		/* dir 1, UDP: answered and still active 2 s after it started (conntrack's stream_ts) */
 	NAT_F_STORED = NAT_F_FIN | NAT_F_RST | NAT_F_SEEN | NAT_F_HOST | NAT_F_CLOSED_FIRST | NAT_F_STREAM,
 };

@@ -87,9 +87,9 @@ var DefaultConfig = Config{
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("nat-port-range", def.NATPortRange,
-		"Source ports (and ICMP echo ids) of masqueraded flows whose own port is taken (see --nat-keep-source-port) and of node flows that clash with a pod's, min-max; reserved from the node's own connections if ip_local_port_range overlaps")
+		"Source ports (and ICMP echo ids) of masqueraded flows whose ports are not kept (see --nat-keep-source-port) and of node flows that clash with a pod's, min-max; reserved from the node's own connections if ip_local_port_range overlaps")
 	flags.Bool("nat-keep-source-port", def.NATKeepSourcePort,
-		"A TCP or UDP flow keeps its own source port (1024 and up) when no other flow and no node socket holds it toward the same destination, as Linux MASQUERADE does; false: every flow gets a port of --nat-port-range")
+		"A TCP or UDP flow keeps its own source port (1024 and up) when no other flow and no node socket holds it toward the same destination, else gets a free one of 1024-65535, as Linux MASQUERADE does; false: every flow gets a port of --nat-port-range (MASQUERADE --to-ports)")
 	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries; a full map drops a pair that is not assured (unanswered, closing, a UDP query) for a new flow, or refuses it. "+
 		"0: two entries per flow the node's conntrack holds, max(Linux's default nf_conntrack_max for the node's memory "+
 		"(MemTotal/128 KiB, at least 1024; 65536 above 1 GiB; 262144 above 4 GiB), /proc/sys/net/netfilter/nf_conntrack_max when present); "+

@@ -23,53 +23,63 @@ var (
 		"BenchmarkPerDestinationRate: new connections per second to try, comma-separated")
 	flagDestDuration = flag.Duration("conntrack.duration", 150*time.Second,
 		"BenchmarkPerDestinationRate: how long each rate is sustained")
-	flagDestPods = flag.Int("conntrack.pods", 1,
-		"BenchmarkPerDestinationRate: pod addresses the connections rotate through (1: the pod's own)")
+	flagDestPods = flag.String("conntrack.pods", "1,50",
+		"BenchmarkPerDestinationRate: pod addresses the connections rotate through (1: the pod's own), comma-separated")
 )
 
 // BenchmarkPerDestinationRate: a pod opens short TCP connections to one
 // server address and port at a fixed rate for a long time (150 s by
 // default, issue #11's figure), client closing first and server closing
 // first, under Linux MASQUERADE and under ipmasq with default flags, in the
-// same run; with -conntrack.pods=N the connections rotate through N pod
-// addresses. Reported per condition: connections that succeeded and failed.
+// same run, from one pod and from 50 (-conntrack.pods: the connections
+// rotate through N pod addresses). Reported per condition: connections
+// that succeeded and failed.
 // The highest rate with 0 failures is the figure in
 // docs/datapath-benchmarks.md. Each condition runs once, whatever b.N
 // (make bench's -benchtime 20x would otherwise sustain it 21 times).
 //
-//	go test ./internal/testkit/e2e/ -run '^$' -bench PerDestinationRate -conntrack.rates=300,1000
+//	go test ./internal/testkit/e2e/ -run '^$' -bench PerDestinationRate -conntrack.rates=300,1000 -conntrack.pods=1
 func BenchmarkPerDestinationRate(b *testing.B) {
-	var rates []int
-	for _, s := range strings.Split(*flagDestRates, ",") {
-		r, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || r <= 0 {
-			b.Fatalf("-conntrack.rates=%q: want positive integers", *flagDestRates)
-		}
-		rates = append(rates, r)
-	}
+	rates := positiveInts(b, "-conntrack.rates", *flagDestRates)
+	pods := positiveInts(b, "-conntrack.pods", *flagDestPods)
 	measured := map[string]destRateResult{}
-	for _, name := range []string{"MASQUERADE", "ipmasq"} {
-		for _, closer := range []byte{topology.ClientClosesFirst, topology.ServerClosesFirst} {
-			for _, rate := range rates {
-				cond := fmt.Sprintf("%s/%s-closes/rate=%d", name, closerName(closer), rate)
-				b.Run(cond, func(b *testing.B) {
-					// The framework calls a sub-benchmark again with a
-					// larger b.N: the figures of the first call stand.
-					res, ok := measured[cond]
-					if !ok {
-						res = perDestinationRate(b, name, closer, rate)
-						measured[cond] = res
-					}
-					b.ReportMetric(float64(res.OK), "ok")
-					b.ReportMetric(float64(res.Failed), "failed")
-					if name == "ipmasq" {
-						b.ReportMetric(float64(res.noPort), "drop-no-free-port")
-					}
-					b.ReportMetric(0, "ns/op")
-				})
+	for _, n := range pods {
+		for _, name := range []string{"MASQUERADE", "ipmasq"} {
+			for _, closer := range []byte{topology.ClientClosesFirst, topology.ServerClosesFirst} {
+				for _, rate := range rates {
+					cond := fmt.Sprintf("pods=%d/%s/%s-closes/rate=%d", n, name, closerName(closer), rate)
+					b.Run(cond, func(b *testing.B) {
+						// The framework calls a sub-benchmark again with a
+						// larger b.N: the figures of the first call stand.
+						res, ok := measured[cond]
+						if !ok {
+							res = perDestinationRate(b, name, closer, rate, n)
+							measured[cond] = res
+						}
+						b.ReportMetric(float64(res.OK), "ok")
+						b.ReportMetric(float64(res.Failed), "failed")
+						if name == "ipmasq" {
+							b.ReportMetric(float64(res.noPort), "drop-no-free-port")
+						}
+						b.ReportMetric(0, "ns/op")
+					})
+				}
 			}
 		}
 	}
+}
+
+// positiveInts parses flag name's comma-separated value.
+func positiveInts(b *testing.B, name, value string) []int {
+	var out []int
+	for _, s := range strings.Split(value, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			b.Fatalf("%s=%q: want positive integers", name, value)
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 // destRateResult is one condition of BenchmarkPerDestinationRate: the
@@ -82,8 +92,8 @@ type destRateResult struct {
 
 // perDestinationRate runs one condition of BenchmarkPerDestinationRate in
 // a topology of its own: Linux MASQUERADE in the node, or the agent
-// (name "ipmasq").
-func perDestinationRate(b *testing.B, name string, closer byte, rate int) destRateResult {
+// (name "ipmasq"), from pods pod addresses.
+func perDestinationRate(b *testing.B, name string, closer byte, rate, pods int) destRateResult {
 	topo, err := topology.NewMasquerade()
 	if err != nil {
 		b.Fatal(err)
@@ -106,8 +116,8 @@ func perDestinationRate(b *testing.B, name string, closer byte, rate int) destRa
 	// picks the port, as a client does); more rotate through bound
 	// addresses.
 	var sources []netip.Addr
-	if *flagDestPods > 1 {
-		sources = podAddresses(b, topo.Pod, *flagDestPods)
+	if pods > 1 {
+		sources = podAddresses(b, topo.Pod, pods)
 	}
 	res := destRateResult{RateResult: topology.ConnectAtRateFrom(topo.Pod, sources,
 		netip.AddrPortFrom(topology.RemoteIP4, shortPort), rate, *flagDestDuration, 5*time.Second, closer)}

@@ -1,0 +1,196 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The pair state of flow.h for one family: a template, included once with
+ * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
+ * uses.
+ */
+
+#include "family.h"
+
+static __always_inline void FAM(nat_touch)(FAM_T(nat, val) *v, __u8 flags)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	/* A new flag (a FIN or RST: the pair is closing) stamps the time at
+	 * once, so a closed pair's linger counts from its close. */
+	if (flags & ~v->flags) {
+		v->flags |= flags;
+		if (v->last_seen_ns != NAT_CLAIMED)
+			v->last_seen_ns = now;
+		return;
+	}
+	if (nat_age(now, v->last_seen_ns) > (__s64)NAT_REFRESH_NS)
+		v->last_seen_ns = now;
+}
+
+/* nat_pair_v4/v6 is the key of the other direction of an entry (dir 0 <-> 1). */
+static __always_inline void FAM(nat_pair)(const FAM_T(nat, key) *k, const FAM_T(nat, val) *v,
+					  FAM_T(nat, key) *peer)
+{
+	__builtin_memset(peer, 0, sizeof(*peer));
+	peer->proto = k->proto;
+	if (k->dir == DIR_EGRESS) {
+		FAM_ADDR_COPY(peer->src, k->dst);
+		FAM_ADDR_COPY(peer->dst, v->addr);
+		peer->sport = k->dport;
+		peer->dport = v->port;
+		peer->dir = DIR_INGRESS;
+	} else {
+		FAM_ADDR_COPY(peer->src, v->addr);
+		FAM_ADDR_COPY(peer->dst, k->src);
+		peer->sport = v->port;
+		peer->dport = k->sport;
+		peer->dir = DIR_EGRESS;
+	}
+}
+
+/* nat_established_v4/v6 handles an egress packet of a pair whose dir-0 entry v
+ * exists. Cheap for most packets; once a second per pair, and for every SYN,
+ * it checks the reply entry: one lost is put back, one taken by another
+ * flow ends this pair (NAT_EST_NO_PAIR). A SYN on a closed or expired pair
+ * reopens it once it has claimed it (else NAT_EST_DROP: the pair is being
+ * ended or reopened by another party), unless the source is no longer a
+ * masquerade source (NAT_EST_NO_PAIR). The source's first FIN, before any
+ * from the remote, records where it ends (see "Who closed first"). */
+__noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key) *k, FAM_T(nat, val) *v,
+				    const struct pkt *p, int former)
+{
+	struct masq_config *cfg;
+	__u8 flags;
+	FAM_T(nat, key) peer;
+	FAM_T(nat, val) *r, nr = {};
+	__u64 now = bpf_ktime_get_ns(), rl;
+	__u32 end;
+
+	if (!skb || !k || !v || !p)
+		return 0;
+	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
+	/* A new FIN or RST takes the slow path: the first FIN needs the reply
+	 * entry's flags to tell who closed first. */
+	if (!tcp_syn(p) && !(flags & ~v->flags) && nat_age(now, v->last_seen_ns) <= (__s64)NAT_REFRESH_NS)
+		return 0;
+	FAM(nat_pair)(k, v, &peer);
+	r = bpf_map_lookup_elem(&FAM(nat), &peer);
+	if (!r) {
+		/* Rebuilt from nothing: no flag of the lost entry (a FIN of an
+		 * earlier connection) carries over. */
+		FAM_ADDR_COPY(nr.addr, k->src);
+		nr.port = k->sport;
+		nr.last_seen_ns = now;
+		nr.created_ns = v->created_ns;
+		if (bpf_map_update_elem(&FAM(nat), &peer, &nr, BPF_NOEXIST) == 0) {
+			FAM(nat_touch)(v, flags);
+			return 0;
+		}
+		r = bpf_map_lookup_elem(&FAM(nat), &peer);
+		if (!r)
+			return 0;
+	}
+	if (!FAM_ADDR_EQ(r->addr, k->src) || r->port != k->sport) {
+		bpf_map_delete_elem(&FAM(nat), k);
+		return NAT_EST_NO_PAIR;
+	}
+	nat_udp_stream(k->proto, &r->flags, r->created_ns);
+	cfg = masq_cfg();
+	rl = nat_stamp(&r->last_seen_ns);
+	if (tcp_syn(p) && cfg &&
+	    (nat_closed(v->flags, r->flags) ||
+	     nat_expired(cfg, k->proto, v->flags | r->flags, nat_later(v->last_seen_ns, rl), now))) {
+		/* A new flow of the tuple: one of a source that is no longer
+		 * a masquerade source is not masqueraded (conntrack makes a new
+		 * entry, and decides again). */
+		if (former)
+			return NAT_EST_NO_PAIR;
+		/* The claim: another CPU's takeover, early drop or the
+		 * collector may be ending this pair at the same instant. */
+		if (!nat_claim(&r->last_seen_ns, rl, now))
+			return NAT_EST_DROP;
+		NAT_RESET(v, now);
+		NAT_RESET(r, now);
+		count(COUNTER_NAT_REOPENED);
+		return 0;
+	}
+	/* The source's FIN before any from the remote: whether the remote
+	 * then closes passively is its FIN's to say (FAM(nat_reply_fin)). */
+	if ((flags & NAT_F_FIN) && k->proto == IPPROTO_TCP && !(v->flags & NAT_F_FIN) &&
+	    !((r->flags | v->flags) & (NAT_F_RST | NAT_F_FIN))) {
+		end = tcp_fin_end(skb, p);
+		if (end)
+			bpf_map_update_elem(&FAM(nat_fin), &peer, &end, BPF_ANY);
+	}
+	FAM(nat_touch)(v, flags);
+	return 0;
+}
+
+/* nat_reply_fin_v4/v6 handles the remote's first FIN on the pair whose
+ * reply entry (key k, value v) it matched: when the source's FIN came first
+ * and this one acknowledges it, the remote closed passively, and the pair
+ * is NAT_F_CLOSED_FIRST (its port may go to another source after the
+ * linger); crossing FINs leave the remote in TIME_WAIT, and no mark.
+ * Returns 0 (a global function returns a scalar). */
+__noinline int FAM(nat_reply_fin)(struct __sk_buff *skb, const FAM_T(nat, key) *k, const FAM_T(nat, val) *v,
+				   const struct pkt *p)
+{
+	FAM_T(nat, key) peer;
+	FAM_T(nat, val) *o;
+	__u32 *end, ack;
+
+	if (!skb || !k || !v || !p)
+		return 0;
+	end = bpf_map_lookup_elem(&FAM(nat_fin), k);
+	if (!end)
+		return 0;
+	FAM(nat_pair)(k, v, &peer);
+	o = bpf_map_lookup_elem(&FAM(nat), &peer);
+	if (o && FAM_ADDR_EQ(o->addr, k->dst) && o->port == k->dport && (o->flags & NAT_F_FIN) &&
+	    !((o->flags | v->flags) & NAT_F_RST) && tcp_ack_of(skb, p, &ack) == 0 &&
+	    (__s32)(ack - *end) >= 0)
+		o->flags |= NAT_F_CLOSED_FIRST;
+	bpf_map_delete_elem(&FAM(nat_fin), k);
+	return 0;
+}
+
+/* nat_takeover_v4/v6 says whether the NAT tuple in, whose reply entry r
+ * exists, may be given to a new flow from src: its pair expired (conntrack
+ * would have let it go), lost its other half, or (closed: the search's
+ * last, harder probes) is a closed TCP pair, 2 s after its close, of the
+ * same source address (whose TCP timestamps keep increasing toward this
+ * server, so the server's TIME_WAIT socket accepts the new SYN: no PAWS
+ * drop) or whose source closed first (NAT_F_CLOSED_FIRST: the server closed
+ * passively and holds no TIME_WAIT). A reusable pair is claimed (see
+ * NAT_CLAIMED: no other CPU takes it too) and its old dir-0 entry deleted;
+ * the caller then owns the reply entry: it replaces or deletes it. */
+static __always_inline int FAM(nat_takeover)(const FAM_T(nat, key) *in, FAM_T(nat, val) *r,
+					     const FAM_ADDR src, __u64 now, int closed)
+{
+	struct masq_config *cfg = masq_cfg();
+	FAM_T(nat, key) peer;
+	FAM_T(nat, val) *o;
+	__u64 last, rl, ol;
+
+	if (!cfg)
+		return 0;
+	rl = nat_stamp(&r->last_seen_ns);
+	if (r->flags & NAT_F_HOST)
+		return nat_expired(cfg, in->proto, r->flags, rl, now) &&
+		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED) ? NAT_REUSE_CLAIMED : 0;
+	FAM(nat_pair)(in, r, &peer);
+	o = bpf_map_lookup_elem(&FAM(nat), &peer);
+	if (!o || !FAM_ADDR_EQ(o->addr, in->dst) || o->port != in->dport)
+		/* half a pair: reusable unless another CPU is creating it */
+		return nat_age(now, r->created_ns) > (__s64)NAT_REFRESH_NS &&
+		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED) ? NAT_REUSE_CLAIMED : 0;
+	ol = nat_stamp(&o->last_seen_ns);
+	last = nat_later(ol, rl);
+	if (!nat_expired(cfg, in->proto, o->flags | r->flags, last, now) &&
+	    !(closed && in->proto == IPPROTO_TCP && (FAM_ADDR_EQ(r->addr, src) || (o->flags & NAT_F_CLOSED_FIRST)) &&
+	      nat_closed(o->flags, r->flags) && nat_age(now, last) > (__s64)NAT_CLOSED_LINGER_NS))
+		return 0;
+	if (!nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED))
+		return 0;
+	bpf_map_delete_elem(&FAM(nat), &peer);
+	return NAT_REUSE_CLAIMED;
+}
+
+#undef FAMILY
+#include "family.h"
