@@ -217,3 +217,29 @@ func monoNow() uint64 {
 	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return uint64(ts.Nano())
 }
+
+// TestCollectKeepsPairBeingCreated: a reply entry whose egress entry is not
+// there yet, made within the second, is a pair another CPU is making (the
+// reply entry goes in first): the collector keeps it even when its lifetime
+// is over, and ends it once it is older than that. Ending it left the
+// other CPU's egress entry alone (TestNoRaces, with 20 µs lifetimes: about
+// one run in fifteen).
+func TestCollectKeepsPairBeingCreated(t *testing.T) {
+	e := raceEnv(t) // unanswered SYNs live 20 µs
+	in := NATKeyV4{Src: Addr4(remote4), Dst: Addr4(snat4), Sport: Port(443), Dport: Port(61000), Proto: protoTCP, Dir: DirIngress}
+	now := monoNow()
+	if err := e.dp.Maps.NatV4.Put(in, NATValV4{Addr: Addr4(pod1), Port: Port(40000), LastSeenNs: now, CreatedNs: now}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Millisecond)
+	if res, err := e.dp.EndPairV4(in, false); err != nil || res != GCKept {
+		t.Fatalf("a pair being made, 1 ms old: %v %v, want kept", res, err)
+	}
+	old := now - uint64(2*time.Second)
+	if err := e.dp.Maps.NatV4.Put(in, NATValV4{Addr: Addr4(pod1), Port: Port(40000), LastSeenNs: old, CreatedNs: old}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.dp.EndPairV4(in, false); err != nil || res != GCEnded {
+		t.Fatalf("a reply entry alone for 2 s: %v %v, want ended", res, err)
+	}
+}

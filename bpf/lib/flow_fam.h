@@ -79,6 +79,14 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 		nr.last_seen_ns = now;
 		nr.created_ns = v->created_ns;
 		if (bpf_map_update_elem(&FAM(nat), &peer, &nr, BPF_NOEXIST) == 0) {
+			/* Whoever ends a pair deletes its egress entry before
+			 * its reply entry: with the reply entry gone, the
+			 * egress entry (v may be a pointer to it, deleted) may
+			 * be gone too, and the rebuilt entry would be alone. */
+			if (!bpf_map_lookup_elem(&FAM(nat), k)) {
+				bpf_map_delete_elem(&FAM(nat), &peer);
+				return NAT_EST_NO_PAIR;
+			}
 			FAM(nat_touch)(v, flags);
 			return 0;
 		}

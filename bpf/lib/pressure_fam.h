@@ -83,13 +83,22 @@ static __noinline int FAM(nat_early_drop)(void)
 		return 0;
 	}
 	v = bpf_map_lookup_elem(&FAM(nat), &ctx.victim);
-	/* Gone or claimed by another party meanwhile (lib/flow.h): room may
-	 * have been made, the caller tries again. */
-	if (!v || !nat_claim(&v->last_seen_ns, nat_stamp(&v->last_seen_ns), NAT_CLAIMED))
-		return 1;
+	if (!v)
+		return 1; /* gone meanwhile: room may have been made, the caller tries again */
 	FAM(nat_pair)(&ctx.victim, v, &peer);
 	o = bpf_map_lookup_elem(&FAM(nat), &peer);
-	if (o && FAM_ADDR_EQ(o->addr, ctx.victim.dst) && o->port == ctx.victim.dport)
+	if (o && !(FAM_ADDR_EQ(o->addr, ctx.victim.dst) && o->port == ctx.victim.dport))
+		o = NULL;
+	/* A reply entry without its egress entry, made within the second,
+	 * is a pair another CPU is making (the reply entry goes in first):
+	 * not taken, as a takeover does not take it (nat_reusable). */
+	if (!o && nat_age(now, v->created_ns) <= (__s64)NAT_REFRESH_NS)
+		return 0;
+	/* Claimed by another party meanwhile (lib/flow.h): room may have
+	 * been made, the caller tries again. */
+	if (!nat_claim(&v->last_seen_ns, nat_stamp(&v->last_seen_ns), NAT_CLAIMED))
+		return 1;
+	if (o)
 		bpf_map_delete_elem(&FAM(nat), &peer);
 	bpf_map_delete_elem(&FAM(nat), &ctx.victim);
 	count(COUNTER_NAT_EARLY_DROP);
