@@ -225,18 +225,25 @@ func TestMasqRuleChanges(t *testing.T) {
 	h.tcpFlags = tcpACK
 	untouched(t, e, h, CounterSkipNotSource)
 	// Once the running flow has closed, a new SYN of its tuple is a new
-	// flow: not masqueraded any more.
+	// flow: not masqueraded any more, and the closed pair ends, so that
+	// the new flow's next segments are not translated by it either (as
+	// conntrack replaces the closed entry).
 	f.tcpFlags = tcpFIN | tcpACK
 	masqueraded(t, e.egress(f.packet()), f, ruleTo4)
 	r := reply(f, ruleTo4, natPort)
 	r.tcpFlags = tcpFIN | tcpACK
 	e.ingress(r.packet())
-	f.tcpFlags = tcpSYN
-	untouched(t, e, f, CounterSkipNotSource)
 	var v NATValV4
 	k := NATKeyV4{Src: Addr4(client4), Dst: Addr4(remote4), Sport: Port(40000), Dport: Port(443), Proto: protoTCP, Dir: DirEgress}
 	if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil {
-		t.Fatalf("NAT pair gone with the rule: %v", err)
+		t.Fatalf("NAT pair gone with the rule, before its flow ended: %v", err)
+	}
+	f.tcpFlags = tcpSYN
+	untouched(t, e, f, CounterSkipNotSource)
+	f.tcpFlags = tcpACK
+	untouched(t, e, f, CounterSkipNotSource)
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("the closed pair outlived the new flow of its tuple: %v", err)
 	}
 	if err := e.dp.DeleteMasqRule(loIfindex, clients4); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Fatalf("deleting a missing rule: %v, want ErrKeyNotExist", err)

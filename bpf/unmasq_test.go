@@ -2,9 +2,12 @@ package bpf
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/cilium/ebpf"
 )
 
 // The decision of a flow that started unmasqueraded is kept for its life
@@ -274,5 +277,50 @@ func TestUnmasqueradedFlowKeepsFragments(t *testing.T) {
 	orphan := ether(ipPacket(f.src, f.dst, protoUDP, 0x4343, 16/8, l4[16:]))
 	if ret, _ := e.run(e.dp.Egress, orphan); ret != tcActShot {
 		t.Fatalf("orphan fragment verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+}
+
+// TestReopeningSYNDecidedAgain: a masqueraded TCP flow closes; the config
+// then no longer masquerades its destination; a new SYN of the same tuple
+// is a new flow (conntrack replaces the closed entry and decides again):
+// it leaves untranslated, is recorded as unmasqueraded, its next segment
+// is untranslated too, and the closed pair is gone. While the destination
+// is still masqueraded, the same SYN reopens the pair with its port.
+func TestReopeningSYNDecidedAgain(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setDecision(unmasqDst4, true)
+	f := flow{src: pod1, dst: unmasqDst4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	closeFlow := func(port uint16) {
+		t.Helper()
+		f.tcpFlags = tcpFIN | tcpACK
+		masqueraded(t, e.egress(f.packet()), f, snat4)
+		r := reply(f, snat4, port)
+		r.tcpFlags = tcpFIN | tcpACK
+		e.ingress(r.packet())
+		f.tcpFlags = tcpSYN
+	}
+	port := masqueraded(t, e.egress(f.packet()), f, snat4)
+	e.ingress(reply(f, snat4, port).packet())
+	closeFlow(port)
+	before := e.counters()
+	if got := masqueraded(t, e.egress(f.packet()), f, snat4); got != port {
+		t.Fatalf("reopened with port %d, was %d", got, port)
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATReopened: 1})
+	closeFlow(port)
+
+	e.setDecision(unmasqDst4, false)
+	before = e.counters()
+	unchanged(t, f.packet(), e.egress(f.packet()))
+	e.checkCounters(before, map[Counter]uint64{CounterSkipNonMasqDst: 1, CounterUnmasqNew: 1})
+	f.tcpFlags = tcpACK
+	unchanged(t, f.packet(), e.egress(f.packet()))
+	k := NATKeyV4{Src: Addr4(pod1), Dst: Addr4(unmasqDst4), Sport: Port(40000), Dport: Port(443), Proto: protoTCP, Dir: DirEgress}
+	var v NATValV4
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("the closed pair outlived the new flow of its tuple: %v", err)
+	}
+	if n := e.natCount(false); n[DirIngress] != 0 {
+		t.Fatalf("%d reply entries left, want none", n[DirIngress])
 	}
 }

@@ -75,7 +75,12 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 	 * (masq_source_* says what happens when a source stops being one). */
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
 	if (v) {
-		int est = FAM(nat_established)(skb, &k, v, &p, former);
+		/* A pod's SYN may open a new flow of the tuple (the pair
+		 * closed or expired): decided again, so one the config no
+		 * longer masquerades does not reopen the pair. */
+		int renew = former || (!node && tcp_syn(&p) &&
+				       FAM(decide)(skb, &p, rule, &nv.addr) != COUNTER_MASQUERADED);
+		int est = FAM(nat_established)(skb, &k, v, &p, renew);
 
 		if (est == NAT_EST_DROP) {
 			count(COUNTER_DROP_PAIR_CLAIMED);

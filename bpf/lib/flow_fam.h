@@ -49,11 +49,15 @@ static __always_inline void FAM(nat_pair)(const FAM_T(nat, key) *k, const FAM_T(
  * it checks the reply entry: one lost is put back, one taken by another
  * flow ends this pair (NAT_EST_NO_PAIR). A SYN on a closed or expired pair
  * reopens it once it has claimed it (else NAT_EST_DROP: the pair is being
- * ended or reopened by another party), unless the source is no longer a
- * masquerade source (NAT_EST_NO_PAIR). The source's first FIN, before any
+ * ended or reopened by another party), unless the tuple's new flow would
+ * not be masqueraded now (renew: the source is no longer a masquerade
+ * source, or the config no longer masquerades the destination): then the
+ * claimed pair is ended, both halves, and the packet has no pair
+ * (NAT_EST_NO_PAIR), as conntrack makes a new entry and decides again. The
+ * source's first FIN, before any
  * from the remote, records where it ends (see "Who closed first"). */
 __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key) *k, FAM_T(nat, val) *v,
-				    const struct pkt *p, int former)
+				    const struct pkt *p, int renew)
 {
 	struct masq_config *cfg;
 	__u8 flags;
@@ -104,15 +108,18 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 	if (tcp_syn(p) && cfg &&
 	    (nat_closed(v->flags, r->flags) ||
 	     nat_expired(cfg, k->proto, v->flags | r->flags, nat_later(v->last_seen_ns, rl), now))) {
-		/* A new flow of the tuple: one of a source that is no longer
-		 * a masquerade source is not masqueraded (conntrack makes a new
-		 * entry, and decides again). */
-		if (former)
-			return NAT_EST_NO_PAIR;
 		/* The claim: another CPU's takeover, early drop or the
 		 * collector may be ending this pair at the same instant. */
-		if (!nat_claim(&r->last_seen_ns, rl, now))
+		if (!nat_claim(&r->last_seen_ns, rl, renew ? NAT_CLAIMED : now))
 			return NAT_EST_DROP;
+		/* A new flow of the tuple that is not masqueraded now: the old
+		 * pair goes (its egress entry would translate the new flow's
+		 * next packets). */
+		if (renew) {
+			bpf_map_delete_elem(&FAM(nat), k);
+			bpf_map_delete_elem(&FAM(nat), &peer);
+			return NAT_EST_NO_PAIR;
+		}
 		NAT_RESET(v, now);
 		NAT_RESET(r, now);
 		count(COUNTER_NAT_REOPENED);
