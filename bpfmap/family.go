@@ -116,7 +116,7 @@ func (b *ByFamily[Obj]) batch(ctx context.Context, txn statedb.ReadTxn, batch []
 		if n4 == 0 {
 			one = b.V6
 		}
-		b.run(ctx, txn, one, batch, update)
+		runBatch(ctx, txn, one, batch, update)
 		return
 	}
 	v4, v6 := make([]reconciler.BatchEntry[Obj], 0, n4), make([]reconciler.BatchEntry[Obj], 0, len(batch)-n4)
@@ -138,7 +138,7 @@ func (b *ByFamily[Obj]) batch(ctx context.Context, txn statedb.ReadTxn, batch []
 		if len(part) == 0 {
 			return
 		}
-		b.run(ctx, txn, ops, part, update)
+		runBatch(ctx, txn, ops, part, update)
 		for j, i := range idx {
 			batch[i].Result = part[j].Result
 		}
@@ -147,22 +147,22 @@ func (b *ByFamily[Obj]) batch(ctx context.Context, txn statedb.ReadTxn, batch []
 	run(b.V6, v6, i6)
 }
 
-// run hands part, rows of one family, to that family's operations, as one
-// batch where they have batch operations.
-func (b *ByFamily[Obj]) run(ctx context.Context, txn statedb.ReadTxn, ops reconciler.Operations[Obj], part []reconciler.BatchEntry[Obj], update bool) {
+// runBatch hands batch to ops as one batch where ops has batch operations,
+// entry by entry otherwise.
+func runBatch[Obj any](ctx context.Context, txn statedb.ReadTxn, ops reconciler.Operations[Obj], batch []reconciler.BatchEntry[Obj], update bool) {
 	if bops, ok := ops.(reconciler.BatchOperations[Obj]); ok {
 		if update {
-			bops.UpdateBatch(ctx, txn, part)
+			bops.UpdateBatch(ctx, txn, batch)
 		} else {
-			bops.DeleteBatch(ctx, txn, part)
+			bops.DeleteBatch(ctx, txn, batch)
 		}
 		return
 	}
-	for j := range part {
+	for i := range batch {
 		if update {
-			part[j].Result = ops.Update(ctx, txn, part[j].Revision, part[j].Object)
+			batch[i].Result = ops.Update(ctx, txn, batch[i].Revision, batch[i].Object)
 		} else {
-			part[j].Result = ops.Delete(ctx, txn, part[j].Revision, part[j].Object)
+			batch[i].Result = ops.Delete(ctx, txn, batch[i].Revision, batch[i].Object)
 		}
 	}
 }

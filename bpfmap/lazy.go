@@ -95,19 +95,5 @@ func (l *Lazy[Obj]) batch(ctx context.Context, txn statedb.ReadTxn, batch []reco
 		}
 		return
 	}
-	if b, ok := ops.(reconciler.BatchOperations[Obj]); ok {
-		if update {
-			b.UpdateBatch(ctx, txn, batch)
-		} else {
-			b.DeleteBatch(ctx, txn, batch)
-		}
-		return
-	}
-	for i := range batch {
-		if update {
-			batch[i].Result = ops.Update(ctx, txn, batch[i].Revision, batch[i].Object)
-		} else {
-			batch[i].Result = ops.Delete(ctx, txn, batch[i].Revision, batch[i].Object)
-		}
-	}
+	runBatch(ctx, txn, ops, batch, update)
 }
