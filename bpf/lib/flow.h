@@ -60,6 +60,15 @@ static __always_inline __u64 nat_stamp(const __u64 *stamp)
 	return *(const volatile __u64 *)stamp;
 }
 
+/* nat_being_made says whether a reply entry without its egress entry,
+ * created at created, may be a pair another CPU is making (the reply entry
+ * goes in first): for a second it is not taken over, collected or dropped,
+ * whatever its lifetime says. */
+static __always_inline int nat_being_made(__u64 now, __u64 created)
+{
+	return nat_age(now, created) <= (__s64)NAT_REFRESH_NS;
+}
+
 /*
  * Like conntrack, a pair lives as long as its state allows without a packet:
  * an unanswered SYN briefly, an established TCP flow long, a closing or reset

@@ -193,7 +193,7 @@ static __always_inline int FAM(nat_takeover)(const FAM_T(nat, key) *in, FAM_T(na
 	o = bpf_map_lookup_elem(&FAM(nat), &peer);
 	if (!o || !FAM_ADDR_EQ(o->addr, in->dst) || o->port != in->dport)
 		/* half a pair: reusable unless another CPU is creating it */
-		return nat_age(now, r->created_ns) > (__s64)NAT_REFRESH_NS &&
+		return !nat_being_made(now, r->created_ns) &&
 		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED) ? NAT_REUSE_CLAIMED : 0;
 	ol = nat_stamp(&o->last_seen_ns);
 	last = nat_later(ol, rl);

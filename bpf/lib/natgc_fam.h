@@ -46,10 +46,7 @@ static __always_inline __u32 FAM(nat_gc_end)(const FAM_T(nat, key) *k, __u32 for
 	if (!force && !nat_expired(cfg, k->proto, flags, last, now))
 		return NAT_GC_KEPT;
 	if (!o) {
-		/* A reply entry without its egress entry may be a pair being
-		 * made (the reply entry goes in first): kept for a second, as
-		 * a takeover keeps it (nat_reusable), whatever its lifetime. */
-		if (k->dir == DIR_INGRESS && !force && nat_age(now, v->created_ns) <= (__s64)NAT_REFRESH_NS)
+		if (k->dir == DIR_INGRESS && !force && nat_being_made(now, v->created_ns))
 			return NAT_GC_KEPT;
 		if (!nat_claim(&v->last_seen_ns, vl, NAT_CLAIMED))
 			return NAT_GC_KEPT;

@@ -89,10 +89,7 @@ static __noinline int FAM(nat_early_drop)(void)
 	o = bpf_map_lookup_elem(&FAM(nat), &peer);
 	if (o && !(FAM_ADDR_EQ(o->addr, ctx.victim.dst) && o->port == ctx.victim.dport))
 		o = NULL;
-	/* A reply entry without its egress entry, made within the second,
-	 * is a pair another CPU is making (the reply entry goes in first):
-	 * not taken, as a takeover does not take it (nat_reusable). */
-	if (!o && nat_age(now, v->created_ns) <= (__s64)NAT_REFRESH_NS)
+	if (!o && nat_being_made(now, v->created_ns))
 		return 0;
 	/* Claimed by another party meanwhile (lib/flow.h): room may have
 	 * been made, the caller tries again. */
