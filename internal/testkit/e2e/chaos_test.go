@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -105,25 +104,7 @@ func (tl *timeline) where(at time.Time) string {
 // udpOnce sends one datagram from a new pod socket and waits for the
 // answer: no retry, so a datagram that left unmasqueraded is a lost flow.
 func udpOnce(pod *topology.Netns, dst netip.Addr) (string, error) {
-	var c net.Conn
-	err := pod.Do(func() (err error) {
-		c, err = net.Dial("udp", netip.AddrPortFrom(dst, udpPort).String())
-		return err
-	})
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte("who am i")); err != nil {
-		return "", err
-	}
-	buf := make([]byte, 128)
-	n, err := c.Read(buf)
-	if err != nil {
-		return "", err
-	}
-	return string(buf[:n]), nil
+	return udpAsk(pod, dst, 1, 2*time.Second)
 }
 
 // TestRestartChaos: the agent killed (SIGKILL) at random points of its

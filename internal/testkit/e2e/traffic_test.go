@@ -158,6 +158,12 @@ func tcpSource(pod *topology.Netns, dst netip.Addr) (string, error) {
 // udpSource sends one datagram from a new pod socket (a new flow) and
 // returns what the server saw.
 func udpSource(pod *topology.Netns, dst netip.Addr) (string, error) {
+	return udpAsk(pod, dst, 3, time.Second)
+}
+
+// udpAsk sends a datagram from a new pod socket, up to tries times, each
+// waiting wait for the answer, and returns the answer (what the server saw).
+func udpAsk(pod *topology.Netns, dst netip.Addr, tries int, wait time.Duration) (string, error) {
 	var c net.Conn
 	err := pod.Do(func() (err error) {
 		c, err = net.Dial("udp", netip.AddrPortFrom(dst, udpPort).String())
@@ -168,17 +174,17 @@ func udpSource(pod *topology.Netns, dst netip.Addr) (string, error) {
 	}
 	defer c.Close()
 	buf := make([]byte, 128)
-	for try := 0; try < 3; try++ {
-		c.SetDeadline(time.Now().Add(time.Second))
+	for try := 0; try < tries; try++ {
+		c.SetDeadline(time.Now().Add(wait))
 		if _, err := c.Write([]byte("who am i")); err != nil {
 			return "", err
 		}
-		n, err := c.Read(buf)
-		if err == nil {
+		var n int
+		if n, err = c.Read(buf); err == nil {
 			return string(buf[:n]), nil
 		}
 	}
-	return "", fmt.Errorf("no UDP answer from %s", dst)
+	return "", fmt.Errorf("no UDP answer from %s: %w", dst, err)
 }
 
 // ping sends one ICMP echo request from the pod and waits for its reply.
