@@ -44,12 +44,17 @@ type node struct {
 	dir    string
 	anchor *exec.Cmd // sleeps in the namespaces and holds the mount namespace
 	procs  map[string]*exec.Cmd
+	// cgroupRoot is the kubelet's cgroupRoot: the node's pods and their
+	// QoS cgroups live under it in every hierarchy, not in a "kubepods"
+	// the machine's own kubelet may use; stop removes it.
+	cgroupRoot string
 }
 
 // startNode creates the node's namespaces; nothing runs in them yet.
 func startNode(t *testing.T, netns *topology.Netns) *node {
 	t.Helper()
-	n := &node{t: t, dir: t.TempDir(), procs: map[string]*exec.Cmd{}}
+	n := &node{t: t, dir: t.TempDir(), procs: map[string]*exec.Cmd{},
+		cgroupRoot: fmt.Sprintf("ipmasq-nodee2e-%d", os.Getpid())}
 	n.anchor = exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "infinity")
 	n.anchor.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := netns.Start(n.anchor); err != nil {
@@ -274,7 +279,10 @@ syncFrequency: 10s
 // startKubelet registers the node with the API server.
 func (n *node) startKubelet(api *kubetest.Server, bin string) {
 	n.t.Helper()
-	n.WriteFile("/etc/kubernetes/kubelet.yaml", []byte(kubeletConfig), 0o644)
+	if err := makeCgroups(n.cgroupRoot); err != nil {
+		n.t.Fatal(err)
+	}
+	n.WriteFile("/etc/kubernetes/kubelet.yaml", []byte(kubeletConfig+"cgroupRoot: /"+n.cgroupRoot+"\n"), 0o644)
 	n.WriteFile("/etc/kubernetes/resolv.conf", []byte("nameserver 127.0.0.1\n"), 0o644)
 	kubeconfig := filepath.Join(n.dir, "kubelet.kubeconfig")
 	api.WriteKubeconfig(kubeconfig, kubetest.AdminToken)
@@ -284,7 +292,7 @@ func (n *node) startKubelet(api *kubetest.Server, bin string) {
 
 // stop deletes every pod through the API (so the kubelet runs CNI DEL),
 // then stops the kubelet, containerd, the shims and any container left,
-// and removes the kubelet's cgroups.
+// and removes the node's cgroup root (never a "kubepods" of the machine).
 func (n *node) stop(c kubernetes.Interface) {
 	ctx := context.Background()
 	orphan := metav1.DeletePropagationOrphan
@@ -312,7 +320,7 @@ func (n *node) stop(c kubernetes.Interface) {
 	n.Stop("kubelet")
 	n.Stop("containerd")
 	killMountNamespace(n.Pid())
-	killCgroups("kubepods")
+	killCgroups(n.cgroupRoot)
 }
 
 // podsLeft names the pods the API server still has.
@@ -342,6 +350,28 @@ func killMountNamespace(anchor int) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
+}
+
+// makeCgroups creates the cgroup top in every hierarchy (the kubelet
+// refuses a cgroupRoot that does not exist); a cpuset gets its parent's
+// CPUs and memory nodes, without which no task may join it.
+func makeCgroups(top string) error {
+	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*/cgroup.procs")
+	for _, procs := range hierarchies {
+		parent := filepath.Dir(procs)
+		d := filepath.Join(parent, top)
+		if err := os.Mkdir(d, 0o755); err != nil && !os.IsExist(err) {
+			return fmt.Errorf("cgroup %s: %w", d, err)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if v, err := os.ReadFile(filepath.Join(parent, f)); err == nil {
+				if err := os.WriteFile(filepath.Join(d, f), v, 0o644); err != nil {
+					return fmt.Errorf("cgroup %s: %w", filepath.Join(d, f), err)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // killCgroups kills what is left in the cgroup top of every hierarchy and
