@@ -124,31 +124,34 @@ func TestRestartKeepsStreams(t *testing.T) {
 // is translated back to the pod, whose kernel lowers the path MTU, so a
 // large TCP transfer to the far host completes instead of stalling.
 func TestPathMTU(t *testing.T) {
-	topo, _, _ := setup(t, masqueradeAll)
-	for _, far := range []netip.Addr{topology.FarIP4, topology.FarIP6} {
-		var c net.Conn
-		err := topo.Pod.Do(func() (err error) {
-			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(far, sinkPort).String(), 3*time.Second)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
+	underBoth(t, masqueradePods(), func(t *testing.T, s *scenario) {
+		topo := s.topo
+		startServers(t, topo.Far, topology.FarIP4, topology.FarIP6)
+		for _, far := range []netip.Addr{topology.FarIP4, topology.FarIP6} {
+			var c net.Conn
+			err := topo.Pod.Do(func() (err error) {
+				c, err = net.DialTimeout("tcp", netip.AddrPortFrom(far, sinkPort).String(), 3*time.Second)
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload := bytes.Repeat([]byte("ipmasq pmtu "), 20000) // 240 KB in full-size segments
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := c.Write(payload); err != nil {
+				t.Fatalf("%s: write: %v", far, err)
+			}
+			c.(*net.TCPConn).CloseWrite()
+			answer, err := io.ReadAll(c)
+			if err != nil || string(answer) != fmt.Sprintf("%d\n", len(payload)) {
+				t.Fatalf("%s: large transfer stalled or was cut (path MTU discovery broken?): %q %v", far, answer, err)
+			}
+			if mtu := pathMTU(t, c, far); mtu != topology.FarMTU {
+				t.Fatalf("%s: pod's path MTU is %d, want %d (the ICMP error did not reach the pod)", far, mtu, topology.FarMTU)
+			}
+			c.Close()
 		}
-		payload := bytes.Repeat([]byte("ipmasq pmtu "), 20000) // 240 KB in full-size segments
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := c.Write(payload); err != nil {
-			t.Fatalf("%s: write: %v", far, err)
-		}
-		c.(*net.TCPConn).CloseWrite()
-		answer, err := io.ReadAll(c)
-		if err != nil || string(answer) != fmt.Sprintf("%d\n", len(payload)) {
-			t.Fatalf("%s: large transfer stalled or was cut (path MTU discovery broken?): %q %v", far, answer, err)
-		}
-		if mtu := pathMTU(t, c, far); mtu != topology.FarMTU {
-			t.Fatalf("%s: pod's path MTU is %d, want %d (the ICMP error did not reach the pod)", far, mtu, topology.FarMTU)
-		}
-		c.Close()
-	}
+	})
 }
 
 func pathMTU(t *testing.T, c net.Conn, dst netip.Addr) int {

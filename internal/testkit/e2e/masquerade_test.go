@@ -75,16 +75,18 @@ func checkSource(t *testing.T, topo *topology.Masquerade, ext *servers, dst, wan
 }
 
 func TestMasqueradeIPv4(t *testing.T) {
-	topo, _, ext := setup(t, masqueradeAll)
-	// ext has no route to the pod CIDR: only masqueraded traffic works.
-	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 20)
-	checkSource(t, topo, ext, topology.ExtIP4, topology.NodeIP4, 5)
+	underBoth(t, masqueradePods(), func(t *testing.T, s *scenario) {
+		// ext has no route to the pod CIDR: only masqueraded traffic works.
+		checkSource(t, s.topo, s.ext, topology.RemoteIP4, topology.NodeIP4, 20)
+		checkSource(t, s.topo, s.ext, topology.ExtIP4, topology.NodeIP4, 5)
+	})
 }
 
 func TestMasqueradeIPv6(t *testing.T) {
-	topo, _, ext := setup(t, masqueradeAll)
-	checkSource(t, topo, ext, topology.RemoteIP6, topology.NodeIP6, 20)
-	checkSource(t, topo, ext, topology.ExtIP6, topology.NodeIP6, 5)
+	underBoth(t, masqueradePods(), func(t *testing.T, s *scenario) {
+		checkSource(t, s.topo, s.ext, topology.RemoteIP6, topology.NodeIP6, 20)
+		checkSource(t, s.topo, s.ext, topology.ExtIP6, topology.NodeIP6, 5)
+	})
 }
 
 // TestNonMasqueradeDestination: a destination inside nonMasqueradeCIDRs sees
@@ -118,34 +120,36 @@ func TestNonMasqueradeDestination(t *testing.T) {
 // TestHostTrafficUntouched: the node's own connections, outgoing and
 // incoming, pass the programs unchanged while pods are masqueraded.
 func TestHostTrafficUntouched(t *testing.T) {
-	topo, _, ext := setup(t, masqueradeAll)
-	for _, dst := range []netip.Addr{topology.RemoteIP4, topology.RemoteIP6} {
-		want := topology.NodeIP4
-		if dst.Is6() {
-			want = topology.NodeIP6
-		}
-		for i := range 10 {
-			if seen, err := tcpSource(topo.Node, dst); err != nil || seen != want.String() {
-				t.Fatalf("node's own TCP flow %d to %s: %q %v", i, dst, seen, err)
+	underBoth(t, masqueradePods(), func(t *testing.T, s *scenario) {
+		topo, ext := s.topo, s.ext
+		for _, dst := range []netip.Addr{topology.RemoteIP4, topology.RemoteIP6} {
+			want := topology.NodeIP4
+			if dst.Is6() {
+				want = topology.NodeIP6
 			}
-			if seen, err := udpSource(topo.Node, dst); err != nil || seen != want.String() {
-				t.Fatalf("node's own UDP flow %d to %s: %q %v", i, dst, seen, err)
+			for i := range 10 {
+				if seen, err := tcpSource(topo.Node, dst); err != nil || seen != want.String() {
+					t.Fatalf("node's own TCP flow %d to %s: %q %v", i, dst, seen, err)
+				}
+				if seen, err := udpSource(topo.Node, dst); err != nil || seen != want.String() {
+					t.Fatalf("node's own UDP flow %d to %s: %q %v", i, dst, seen, err)
+				}
 			}
 		}
-	}
-	// Incoming: ext connects to a server on the node.
-	startServers(t, topo.Node, topology.NodeIP4, topology.NodeIP6)
-	for _, dst := range []netip.Addr{topology.NodeIP4, topology.NodeIP6} {
-		want := topology.ExtIP4
-		if dst.Is6() {
-			want = topology.ExtIP6
+		// Incoming: ext connects to a server on the node.
+		startServers(t, topo.Node, topology.NodeIP4, topology.NodeIP6)
+		for _, dst := range []netip.Addr{topology.NodeIP4, topology.NodeIP6} {
+			want := topology.ExtIP4
+			if dst.Is6() {
+				want = topology.ExtIP6
+			}
+			if seen, err := tcpSource(topo.Ext, dst); err != nil || seen != want.String() {
+				t.Fatalf("incoming connection to the node %s: %q %v", dst, seen, err)
+			}
 		}
-		if seen, err := tcpSource(topo.Ext, dst); err != nil || seen != want.String() {
-			t.Fatalf("incoming connection to the node %s: %q %v", dst, seen, err)
-		}
-	}
-	// And pods are still masqueraded.
-	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 2)
+		// And pods are still masqueraded.
+		checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 2)
+	})
 }
 
 // TestStatusAndShell: "ipmasq-agent status" and "ipmasq-agent shell <cmd>"
