@@ -3,6 +3,8 @@ package nodee2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"strings"
@@ -101,12 +103,17 @@ func testUninstall(t *testing.T, c *cluster, image string) {
 	}
 	begin := time.Now()
 	c.deleteRendered("../../../deploy", image)
+	// docs/deploy.md's loop: the node's name, and 16 hex digits of its
+	// SHA-256 in the Job's name.
+	sum := sha256.Sum256([]byte(nodeName))
+	jobName := "ipmasq-uninstall-" + hex.EncodeToString(sum[:])[:16]
 	c.apply("../../../deploy/uninstall", image, func(b []byte) []byte {
-		return bytes.ReplaceAll(b, []byte("replace-with-node-name"), []byte(nodeName))
+		b = bytes.ReplaceAll(b, []byte("replace-with-node-name"), []byte(nodeName))
+		return bytes.ReplaceAll(b, []byte("ipmasq-uninstall-replace-with-node-id"), []byte(jobName))
 	})
 	jobs := c.admin.BatchV1().Jobs("kube-system")
 	c.eventually(3*time.Minute, "the uninstall Job complete", func() error {
-		j, err := jobs.Get(context.Background(), "ipmasq-uninstall-"+nodeName, metav1.GetOptions{})
+		j, err := jobs.Get(context.Background(), jobName, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
