@@ -412,9 +412,25 @@ func rulesTarget(t testing.TB, args []string, ns netns.NsHandle) ([]string, ipru
 }
 
 // tunCommands add L3 devices (no link-layer header) to the test's network
-// namespace; they go away when the test ends.
+// namespace, and send from it; the devices go away when the test ends.
 func tunCommands(t testing.TB, n *topology.Netns) map[string]script.Cmd {
 	return map[string]script.Cmd{
+		"netns/udp-send": script.Command(
+			script.CmdUsage{Summary: "Send one UDP datagram from the test netns (through its routes and devices)", Args: "addr:port"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				return nil, n.Do(func() error {
+					c, err := net.Dial("udp", args[0])
+					if err != nil {
+						return err
+					}
+					defer c.Close()
+					_, err = c.Write([]byte("ipmasq"))
+					return err
+				})
+			}),
 		"netns/tun-uplink": script.Command(
 			script.CmdUsage{Summary: "Give the test netns an L3 uplink: tun device <name>, up, with the address and a default route through it", Args: "name cidr"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {

@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -150,4 +151,34 @@ func (p Pinned) DevCounters() ([]DevCounters, error) {
 	}
 	defer m.Close()
 	return ReadDevCounters(m)
+}
+
+// ForgetDevCounters deletes dev_counters' entries of the devices for which
+// keep returns false: the tc attachment's owner calls it when it detaches
+// from a device, so that a device that is gone (or no longer selected)
+// leaves the metrics instead of lingering there as ifindex-N, and a new
+// device that gets its index later starts from zero.
+func ForgetDevCounters(m *ebpf.Map, keep func(ifindex uint32) bool) error {
+	var (
+		k     masqDevCounterKey
+		stale []masqDevCounterKey
+	)
+	// Keys only: the values (per-CPU arrays) are not needed to decide.
+	it := m.Iterate()
+	var perCPU []masqDevCounterVal
+	for it.Next(&k, &perCPU) {
+		if !keep(k.Ifindex) {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read %s: %w", MapDevCounters, err)
+	}
+	var errs []error
+	for _, k := range stale {
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("delete %s entry of ifindex %d: %w", MapDevCounters, k.Ifindex, err))
+		}
+	}
+	return errors.Join(errs...)
 }

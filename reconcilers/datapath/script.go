@@ -14,9 +14,25 @@ import (
 // datapath (datapath/nat, which only reads the pins, is readers/natview's;
 // datapath/gc is reconcilers/natgc's):
 //
-//	datapath/counters  the datapath's counters, summed over CPUs
+//	datapath/counters      the datapath's counters, summed over CPUs
+//	datapath/dev-counters  the per-device outcomes, one line per device, family and direction
 func scriptCommands(l *Handle) hive.ScriptCmdsOut {
 	return hive.NewScriptCmds(map[string]script.Cmd{
+		"datapath/dev-counters": script.Command(
+			script.CmdUsage{Summary: "Show the per-device packet outcomes (summed over CPUs): ifindex, family, direction, passed, translated, dropped"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				dp := l.Get()
+				if dp == nil {
+					return nil, ErrNotLoaded
+				}
+				devs, err := bpf.ReadDevCounters(dp.Maps.DevCounters)
+				var b strings.Builder
+				for _, d := range devs {
+					fmt.Fprintf(&b, "ifindex=%d %s %s passed=%d translated=%d dropped=%d\n", d.Ifindex, d.Family, d.Direction,
+						d.Packets[bpf.ActionPassed], d.Packets[bpf.ActionTranslated], d.Packets[bpf.ActionDropped])
+				}
+				return func(*script.State) (string, string, error) { return b.String(), "", err }, nil
+			}),
 		"datapath/counters": script.Command(
 			script.CmdUsage{Summary: "Show the datapath counters (summed over CPUs)"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {

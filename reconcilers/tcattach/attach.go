@@ -161,6 +161,8 @@ func (o *attachOps) Delete(_ context.Context, _ statedb.ReadTxn, _ statedb.Revis
 		if err := dp.Maps.EgressDevs.Delete(uint32(d.Index)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("%s: delete egress_devs entry: %w", d.Name, err))
 		}
+		// After the detach: no program counts for it any more.
+		errs = append(errs, bpf.ForgetDevCounters(dp.Maps.DevCounters, func(ifindex uint32) bool { return ifindex != uint32(d.Index) }))
 	}
 	return errors.Join(errs...)
 }
@@ -203,6 +205,7 @@ func (o *attachOps) Prune(_ context.Context, _ statedb.ReadTxn, objs iter.Seq2[*
 				errs = append(errs, err)
 			}
 		}
+		errs = append(errs, bpf.ForgetDevCounters(dp.Maps.DevCounters, func(ifindex uint32) bool { return want[int(ifindex)] }))
 	}
 	return errors.Join(errs...)
 }
