@@ -3,6 +3,9 @@
  * The decision of decision.h for one family: a template, included once
  * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers
  * it uses.
+ *
+ * Defines: is_masq_source_v4, is_masq_source_v6, masq_source_v4,
+ * masq_source_v6, fib_source_v4, fib_source_v6, decide_v4, decide_v6.
  */
 
 #include "family.h"

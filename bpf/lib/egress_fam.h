@@ -3,6 +3,8 @@
  * The egress path of egress.h for one family: a template, included once
  * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers
  * it uses.
+ *
+ * Defines: egress_v4, egress_v6.
  */
 
 #include "family.h"

@@ -7,6 +7,9 @@
  * has included what the template uses. The template includes this file
  * first, which defines the macros below for that family, and again at its
  * end after "#undef FAMILY", which removes them. Hence no include guard.
+ * Since the names it makes appear nowhere by name, a template lists them
+ * in its header comment ("Defines: egress_v4, egress_v6."), so that grep
+ * finds it; TestTemplatesNameWhatTheyDefine keeps the list exact.
  *
  *   FAM(name)            name_v4 / name_v6: the family's functions and maps
  *   FAM_T(a, b)          struct a_v4_b / struct a_v6_b: its keys and values

@@ -3,6 +3,10 @@
  * The fixed pairs of fixed.h for one family: a template, included once with
  * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
+ *
+ * Defines: nat_create_fixed_v4, nat_create_fixed_v6, egress_fixed_v4,
+ * egress_fixed_v6, ingress_fixed_v4, ingress_fixed_v6,
+ * egress_untranslatable_v4, egress_untranslatable_v6.
  */
 
 #include "family.h"

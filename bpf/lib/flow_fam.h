@@ -3,6 +3,10 @@
  * The pair state of flow.h for one family: a template, included once with
  * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
+ *
+ * Defines: nat_touch_v4, nat_touch_v6, nat_pair_v4, nat_pair_v6,
+ * nat_established_v4, nat_established_v6, nat_reply_fin_v4,
+ * nat_reply_fin_v6, nat_takeover_v4, nat_takeover_v6.
  */
 
 #include "family.h"

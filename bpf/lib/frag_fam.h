@@ -3,6 +3,10 @@
  * The fragments of frag.h for one family: a template, included once with
  * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
+ *
+ * Defines: frag_key_v4, frag_key_v6, frag_remember_v4, frag_remember_v6,
+ * frag_lookup_v4, frag_lookup_v6, egress_frag_v4, egress_frag_v6,
+ * ingress_frag_v4, ingress_frag_v6.
  */
 
 #include "family.h"

@@ -3,6 +3,8 @@
  * The node's own flows of hostflow.h for one family: a template, included
  * once with FAMILY 4 and once with FAMILY 6 (see family.h), after the
  * headers it uses.
+ *
+ * Defines: host_flow_v4, host_flow_v6.
  */
 
 #include "family.h"

@@ -3,6 +3,8 @@
  * ICMP errors on ingress (icmp.h) for one family: a template, included once
  * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
+ *
+ * Defines: icmp_error_v4, icmp_error_v6.
  */
 
 #include "family.h"

@@ -3,6 +3,9 @@
  * The inbound flows of inbound.h for one family: a template, included once
  * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
+ *
+ * Defines: inbound_key_v4, inbound_key_v6, inbound_track_v4,
+ * inbound_track_v6, inbound_reply_v4, inbound_reply_v6.
  */
 
 #include "family.h"

@@ -3,6 +3,8 @@
  * The ingress path of ingress.h for one family: a template, included once
  * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers
  * it uses.
+ *
+ * Defines: ingress_v4, ingress_v6.
  */
 
 #include "family.h"

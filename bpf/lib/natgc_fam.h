@@ -2,6 +2,8 @@
 /*
  * The collector's compare-and-delete of natgc.h for one family: a template,
  * included once with FAMILY 4 and once with FAMILY 6 (see family.h).
+ *
+ * Defines: nat_gc_end_v4, nat_gc_end_v6.
  */
 
 #include "family.h"

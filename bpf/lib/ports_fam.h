@@ -3,6 +3,9 @@
  * The port search of ports.h for one family: a template, included once
  * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers
  * it uses.
+ *
+ * Defines: node_socket_v4, node_socket_v6, nat_try_v4, nat_try_v6,
+ * nat_create_v4, nat_create_v6.
  */
 
 #include "family.h"

@@ -3,6 +3,10 @@
  * Early drop of pressure.h for one family: a template, included once with
  * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
+ *
+ * Defines: struct early_drop_v4_ctx, struct early_drop_v6_ctx,
+ * early_drop_consider_v4, early_drop_consider_v6, early_drop_cb_v4,
+ * early_drop_cb_v6, nat_early_drop_v4, nat_early_drop_v6.
  */
 
 #include "family.h"

@@ -3,6 +3,9 @@
  * The records of unmasq.h for one family: a template, included once with
  * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
+ *
+ * Defines: unmasq_kept_v4, unmasq_kept_v6, unmasq_record_v4,
+ * unmasq_record_v6.
  */
 
 #include "family.h"
