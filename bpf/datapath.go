@@ -101,6 +101,10 @@ func OpenNonMasq(log *slog.Logger, pinDir, name string, maxEntries uint32) (*ebp
 // Maps are the datapath's maps, named like their pins.
 type Maps = masqMaps
 
+// Programs are the object's programs (bpf/masq.c), named like its SEC
+// functions.
+type Programs = masqPrograms
+
 // Datapath is the loaded masquerade datapath.
 type Datapath struct {
 	// Egress is ipmasq_egress, for tcx egress of each egress device.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,11 +45,7 @@ var (
 			"direction (egress, ingress) and action: translated (source rewritten on egress, destination on ingress), "+
 			"passed (left as it was), dropped. Every packet has exactly one action: the sum is every packet seen.",
 		[]string{"family", "device", "direction", "action"}, nil)
-	dropsDesc = prometheus.NewDesc("ipmasq_drops_total",
-		"Packets the masquerade programs dropped, per device, family and reason: untranslatable, nat-table-full, "+
-			"no-free-port, fragment-unknown, no-snat-address, icmp-error-unmatched, pair-taken, error (malformed), other. "+
-			"Their sum over reasons equals ipmasq_packets_total{action=\"dropped\"} summed over directions.",
-		[]string{"family", "device", "reason"}, nil)
+	dropsDesc              = prometheus.NewDesc("ipmasq_drops_total", dropsHelp(), []string{"family", "device", "reason"}, nil)
 	portSearchFailuresDesc = prometheus.NewDesc("ipmasq_nat_port_search_failures_total",
 		"New flows refused because no NAT port was free toward their destination (the port search of the "+
 			"--nat-port-range found none), per family; each one is also a drop with reason no-free-port.",
@@ -96,6 +93,18 @@ type pairKey struct {
 	family string
 	kind   bpf.NATKind
 	state  bpf.NATState
+}
+
+// dropsHelp is ipmasq_drops_total's help, its reasons read from the
+// datapath's list (bpf.DropReason) so that a new reason is never left out.
+func dropsHelp() string {
+	var reasons []string
+	for r := bpf.DropReason(0); r < bpf.NumDropReasons; r++ {
+		reasons = append(reasons, r.String())
+	}
+	return "Packets the masquerade programs dropped, per device, family and reason: " + strings.Join(reasons, ", ") +
+		" (docs/observability.md says when each happens). " +
+		"Their sum over reasons equals ipmasq_packets_total{action=\"dropped\"} summed over directions."
 }
 
 func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -187,3 +187,14 @@ func TestDatapathCollectorError(t *testing.T) {
 		t.Fatalf("gathered %v, want the counters only", names)
 	}
 }
+
+// TestDropsHelpNamesEveryReason: the help of ipmasq_drops_total lists every
+// reason the datapath can drop for (it once left out no-pair).
+func TestDropsHelpNamesEveryReason(t *testing.T) {
+	help := dropsHelp()
+	for r := bpf.DropReason(0); r < bpf.NumDropReasons; r++ {
+		if !strings.Contains(help, " "+r.String()+",") && !strings.Contains(help, " "+r.String()+" (") {
+			t.Errorf("ipmasq_drops_total's help does not name reason %s: %s", r, help)
+		}
+	}
+}
