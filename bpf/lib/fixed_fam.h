@@ -42,8 +42,11 @@ static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out,
 	}
 	FAM_ADDR_COPY(res->addr, in.dst);
 	ret = bpf_map_update_elem(&FAM(nat), out, res, BPF_NOEXIST);
-	if (ret == 0)
+	if (ret == 0) {
+		if (created)
+			FAM(nat_cand_note)(&in, now); /* early drop may take it (evict.h) */
 		return COUNTER_NAT_NEW;
+	}
 	if (ret != -EEXIST) {
 		if (created)
 			bpf_map_delete_elem(&FAM(nat), &in);

@@ -7,20 +7,27 @@
 
 #include "family.h"
 
+/* nat_touch_v4/v6 notes a packet on entry v: its new flags, and the time.
+ * The flags go first and the stamp after, by a compare-and-swap from the
+ * stamp read before them: a party that judged the entry by an older stamp
+ * then fails its claim (lib/flow.h), and a claim taken meanwhile is never
+ * written over (a plain store after the check could undo it, and let a
+ * second party claim the entry). */
 static __always_inline void FAM(nat_touch)(FAM_T(nat, val) *v, __u8 flags)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_ns(), last = nat_stamp(&v->last_seen_ns);
 
 	/* A new flag (a FIN or RST: the pair is closing) stamps the time at
 	 * once, so a closed pair's linger counts from its close. */
 	if (flags & ~v->flags) {
 		v->flags |= flags;
-		if (v->last_seen_ns != NAT_CLAIMED)
-			v->last_seen_ns = now;
+		if (last != NAT_CLAIMED)
+			__sync_val_compare_and_swap(&v->last_seen_ns, last, now);
 		return;
 	}
-	if (nat_age(now, v->last_seen_ns) > (__s64)NAT_REFRESH_NS)
-		v->last_seen_ns = now;
+	/* a claimed stamp is in the future: never refreshed */
+	if (nat_age(now, last) > (__s64)NAT_REFRESH_NS)
+		__sync_val_compare_and_swap(&v->last_seen_ns, last, now);
 }
 
 /* nat_pair_v4/v6 is the key of the other direction of an entry (dir 0 <-> 1). */
@@ -122,6 +129,7 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 		}
 		NAT_RESET(v, now);
 		NAT_RESET(r, now);
+		FAM(nat_cand_note)(&peer, now); /* a new flow: early drop may take it */
 		count(COUNTER_NAT_REOPENED);
 		return 0;
 	}

@@ -47,6 +47,10 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	/* The remote's first FIN: does it acknowledge the source's? */
 	if ((p.tcp_flags & NAT_F_FIN) && !(v->flags & (NAT_F_FIN | NAT_F_HOST)))
 		FAM(nat_reply_fin)(skb, &k, v, &p);
+	/* The remote's first FIN or RST: the pair may go for a new flow again
+	 * (pressure.h), noted for early drop (evict.h). */
+	if ((p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) && !(v->flags & (NAT_F_FIN | NAT_F_RST | NAT_F_HOST)))
+		FAM(nat_cand_note)(&k, v->created_ns);
 	FAM(nat_touch)(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	if (v->flags & NAT_F_HOST)
 		return TC_ACT_UNSPEC; /* a node flow's reply */
