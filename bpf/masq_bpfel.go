@@ -101,6 +101,28 @@ const (
 	masqDropReasonDROP_REASON_MAX         masqDropReason = 10
 )
 
+type masqEarlyDropV4Ctx struct {
+	_          structs.HostLayout
+	Victim     masqNatV4Key
+	VictimSeen uint64
+	VictimPos  uint64
+	Found      uint32
+	Done       uint32
+	Lead       uint32
+	Pad        uint32
+}
+
+type masqEarlyDropV6Ctx struct {
+	_          structs.HostLayout
+	Victim     masqNatV6Key
+	VictimSeen uint64
+	VictimPos  uint64
+	Found      uint32
+	Done       uint32
+	Lead       uint32
+	Pad        uint32
+}
+
 type masqEgressDev struct {
 	_      structs.HostLayout
 	SnatV4 uint32
@@ -320,6 +342,8 @@ const (
 	masqMapConfig             = "config"
 	masqMapCounters           = "counters"
 	masqMapDevCounters        = "dev_counters"
+	masqMapEarlyDropScratchV4 = "early_drop_scratch_v4"
+	masqMapEarlyDropScratchV6 = "early_drop_scratch_v6"
 	masqMapEgressDevs         = "egress_devs"
 	masqMapFibScratch         = "fib_scratch"
 	masqMapFragV4             = "frag_v4"
@@ -414,31 +438,33 @@ type masqProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqMapSpecs struct {
-	Config      *ebpf.MapSpec `ebpf:"config"`
-	Counters    *ebpf.MapSpec `ebpf:"counters"`
-	DevCounters *ebpf.MapSpec `ebpf:"dev_counters"`
-	EgressDevs  *ebpf.MapSpec `ebpf:"egress_devs"`
-	FibScratch  *ebpf.MapSpec `ebpf:"fib_scratch"`
-	FragV4      *ebpf.MapSpec `ebpf:"frag_v4"`
-	FragV6      *ebpf.MapSpec `ebpf:"frag_v6"`
-	MasqRulesV4 *ebpf.MapSpec `ebpf:"masq_rules_v4"`
-	MasqRulesV6 *ebpf.MapSpec `ebpf:"masq_rules_v6"`
-	MasqSrcV4   *ebpf.MapSpec `ebpf:"masq_src_v4"`
-	MasqSrcV6   *ebpf.MapSpec `ebpf:"masq_src_v6"`
-	NatCandV4   *ebpf.MapSpec `ebpf:"nat_cand_v4"`
-	NatCandV6   *ebpf.MapSpec `ebpf:"nat_cand_v6"`
-	NatDrop     *ebpf.MapSpec `ebpf:"nat_drop"`
-	NatFinV4    *ebpf.MapSpec `ebpf:"nat_fin_v4"`
-	NatFinV6    *ebpf.MapSpec `ebpf:"nat_fin_v6"`
-	NatV4       *ebpf.MapSpec `ebpf:"nat_v4"`
-	NatV6       *ebpf.MapSpec `ebpf:"nat_v6"`
-	NodeAddrsV4 *ebpf.MapSpec `ebpf:"node_addrs_v4"`
-	NodeAddrsV6 *ebpf.MapSpec `ebpf:"node_addrs_v6"`
-	NonmasqV4   *ebpf.MapSpec `ebpf:"nonmasq_v4"`
-	NonmasqV6   *ebpf.MapSpec `ebpf:"nonmasq_v6"`
-	PktOutcome  *ebpf.MapSpec `ebpf:"pkt_outcome"`
-	UnmasqV4    *ebpf.MapSpec `ebpf:"unmasq_v4"`
-	UnmasqV6    *ebpf.MapSpec `ebpf:"unmasq_v6"`
+	Config             *ebpf.MapSpec `ebpf:"config"`
+	Counters           *ebpf.MapSpec `ebpf:"counters"`
+	DevCounters        *ebpf.MapSpec `ebpf:"dev_counters"`
+	EarlyDropScratchV4 *ebpf.MapSpec `ebpf:"early_drop_scratch_v4"`
+	EarlyDropScratchV6 *ebpf.MapSpec `ebpf:"early_drop_scratch_v6"`
+	EgressDevs         *ebpf.MapSpec `ebpf:"egress_devs"`
+	FibScratch         *ebpf.MapSpec `ebpf:"fib_scratch"`
+	FragV4             *ebpf.MapSpec `ebpf:"frag_v4"`
+	FragV6             *ebpf.MapSpec `ebpf:"frag_v6"`
+	MasqRulesV4        *ebpf.MapSpec `ebpf:"masq_rules_v4"`
+	MasqRulesV6        *ebpf.MapSpec `ebpf:"masq_rules_v6"`
+	MasqSrcV4          *ebpf.MapSpec `ebpf:"masq_src_v4"`
+	MasqSrcV6          *ebpf.MapSpec `ebpf:"masq_src_v6"`
+	NatCandV4          *ebpf.MapSpec `ebpf:"nat_cand_v4"`
+	NatCandV6          *ebpf.MapSpec `ebpf:"nat_cand_v6"`
+	NatDrop            *ebpf.MapSpec `ebpf:"nat_drop"`
+	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
+	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
+	NatV4              *ebpf.MapSpec `ebpf:"nat_v4"`
+	NatV6              *ebpf.MapSpec `ebpf:"nat_v6"`
+	NodeAddrsV4        *ebpf.MapSpec `ebpf:"node_addrs_v4"`
+	NodeAddrsV6        *ebpf.MapSpec `ebpf:"node_addrs_v6"`
+	NonmasqV4          *ebpf.MapSpec `ebpf:"nonmasq_v4"`
+	NonmasqV6          *ebpf.MapSpec `ebpf:"nonmasq_v6"`
+	PktOutcome         *ebpf.MapSpec `ebpf:"pkt_outcome"`
+	UnmasqV4           *ebpf.MapSpec `ebpf:"unmasq_v4"`
+	UnmasqV6           *ebpf.MapSpec `ebpf:"unmasq_v6"`
 }
 
 // masqVariableSpecs contains global variables before they are loaded into the kernel.
@@ -477,31 +503,33 @@ func (o *masqObjects) Close() error {
 //
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqMaps struct {
-	Config      *ebpf.Map `ebpf:"config"`
-	Counters    *ebpf.Map `ebpf:"counters"`
-	DevCounters *ebpf.Map `ebpf:"dev_counters"`
-	EgressDevs  *ebpf.Map `ebpf:"egress_devs"`
-	FibScratch  *ebpf.Map `ebpf:"fib_scratch"`
-	FragV4      *ebpf.Map `ebpf:"frag_v4"`
-	FragV6      *ebpf.Map `ebpf:"frag_v6"`
-	MasqRulesV4 *ebpf.Map `ebpf:"masq_rules_v4"`
-	MasqRulesV6 *ebpf.Map `ebpf:"masq_rules_v6"`
-	MasqSrcV4   *ebpf.Map `ebpf:"masq_src_v4"`
-	MasqSrcV6   *ebpf.Map `ebpf:"masq_src_v6"`
-	NatCandV4   *ebpf.Map `ebpf:"nat_cand_v4"`
-	NatCandV6   *ebpf.Map `ebpf:"nat_cand_v6"`
-	NatDrop     *ebpf.Map `ebpf:"nat_drop"`
-	NatFinV4    *ebpf.Map `ebpf:"nat_fin_v4"`
-	NatFinV6    *ebpf.Map `ebpf:"nat_fin_v6"`
-	NatV4       *ebpf.Map `ebpf:"nat_v4"`
-	NatV6       *ebpf.Map `ebpf:"nat_v6"`
-	NodeAddrsV4 *ebpf.Map `ebpf:"node_addrs_v4"`
-	NodeAddrsV6 *ebpf.Map `ebpf:"node_addrs_v6"`
-	NonmasqV4   *ebpf.Map `ebpf:"nonmasq_v4"`
-	NonmasqV6   *ebpf.Map `ebpf:"nonmasq_v6"`
-	PktOutcome  *ebpf.Map `ebpf:"pkt_outcome"`
-	UnmasqV4    *ebpf.Map `ebpf:"unmasq_v4"`
-	UnmasqV6    *ebpf.Map `ebpf:"unmasq_v6"`
+	Config             *ebpf.Map `ebpf:"config"`
+	Counters           *ebpf.Map `ebpf:"counters"`
+	DevCounters        *ebpf.Map `ebpf:"dev_counters"`
+	EarlyDropScratchV4 *ebpf.Map `ebpf:"early_drop_scratch_v4"`
+	EarlyDropScratchV6 *ebpf.Map `ebpf:"early_drop_scratch_v6"`
+	EgressDevs         *ebpf.Map `ebpf:"egress_devs"`
+	FibScratch         *ebpf.Map `ebpf:"fib_scratch"`
+	FragV4             *ebpf.Map `ebpf:"frag_v4"`
+	FragV6             *ebpf.Map `ebpf:"frag_v6"`
+	MasqRulesV4        *ebpf.Map `ebpf:"masq_rules_v4"`
+	MasqRulesV6        *ebpf.Map `ebpf:"masq_rules_v6"`
+	MasqSrcV4          *ebpf.Map `ebpf:"masq_src_v4"`
+	MasqSrcV6          *ebpf.Map `ebpf:"masq_src_v6"`
+	NatCandV4          *ebpf.Map `ebpf:"nat_cand_v4"`
+	NatCandV6          *ebpf.Map `ebpf:"nat_cand_v6"`
+	NatDrop            *ebpf.Map `ebpf:"nat_drop"`
+	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
+	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
+	NatV4              *ebpf.Map `ebpf:"nat_v4"`
+	NatV6              *ebpf.Map `ebpf:"nat_v6"`
+	NodeAddrsV4        *ebpf.Map `ebpf:"node_addrs_v4"`
+	NodeAddrsV6        *ebpf.Map `ebpf:"node_addrs_v6"`
+	NonmasqV4          *ebpf.Map `ebpf:"nonmasq_v4"`
+	NonmasqV6          *ebpf.Map `ebpf:"nonmasq_v6"`
+	PktOutcome         *ebpf.Map `ebpf:"pkt_outcome"`
+	UnmasqV4           *ebpf.Map `ebpf:"unmasq_v4"`
+	UnmasqV6           *ebpf.Map `ebpf:"unmasq_v6"`
 }
 
 func (m *masqMaps) Close() error {
@@ -509,6 +537,8 @@ func (m *masqMaps) Close() error {
 		m.Config,
 		m.Counters,
 		m.DevCounters,
+		m.EarlyDropScratchV4,
+		m.EarlyDropScratchV6,
 		m.EgressDevs,
 		m.FibScratch,
 		m.FragV4,

@@ -86,12 +86,13 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 			count(COUNTER_DROP_PAIR_CLAIMED);
 			return TC_ACT_SHOT;
 		}
-		if (est)
+		/* The translation, unless read after a concurrent delete
+		 * (another pair's, lib/flow.h) or the pair is being ended:
+		 * then the packet has no pair. */
+		if (est || !FAM(nat_use)(&k, v, &nv))
 			v = NULL;
 	}
 	if (v) {
-		FAM_ADDR_COPY(nv.addr, v->addr);
-		nv.port = v->port;
 		if (former)
 			count(COUNTER_FORMER_SOURCE);
 	} else {

@@ -32,12 +32,15 @@ static __always_inline void FAM(inbound_key)(const struct pkt *p, int dir, FAM_T
  * (an unmasq record of the same tuple, lib/unmasq.h): a pod's query to a
  * resolver pod on another node of a directly routed network. Its answer
  * starts no inbound flow (conntrack has the pod's own entry for it). */
-static __always_inline int FAM(inbound_answer)(const FAM_T(nat, key) *k)
+static __always_inline int FAM(inbound_answer)(FAM_T(nat, key) *k)
 {
-	FAM_T(nat, key) out = *k;
+	int found;
 
-	out.dir = DIR_EGRESS;
-	return bpf_map_lookup_elem(&FAM(unmasq), &out) != NULL;
+	/* the same key as the record's but for dir (no copy: stack room) */
+	k->dir = DIR_EGRESS;
+	found = bpf_map_lookup_elem(&FAM(unmasq), k) != NULL;
+	k->dir = DIR_INBOUND;
+	return found;
 }
 
 /* inbound_track_v4/v6 record (or refresh, or reopen) the inbound flow of an

@@ -17,6 +17,16 @@ FAM_T(early_drop, ctx) {
 	__u32 pad;
 };
 
+/* The search's state lives in a per-CPU scratch value, not on the stack:
+ * the ingress and egress call chains that reach early drop are near the
+ * 512-byte limit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, FAM_T(early_drop, ctx));
+	__uint(max_entries, 1);
+} FAM(early_drop_scratch) SEC(".maps");
+
 #ifndef EARLY_DROP_DROPPED
 #define EARLY_DROP_GONE		1
 #define EARLY_DROP_DROPPED	2
@@ -34,35 +44,41 @@ __noinline int FAM(early_drop_slot)(FAM_T(early_drop, ctx) *ctx, __u64 pos, __u3
 {
 	__u32 slot = pos & (NAT_CAND_SLOTS - 1), done;
 	FAM_T(nat, cand) *c;
-	FAM_T(nat, key) k;
-	FAM_T(nat, val) *v;
+	FAM_T(nat, val) *v, *again;
 	__u64 created, seen;
-	__u8 flags;
+	__u8 flags, proto, dir;
 
 	if (!ctx)
 		return 0;
 	c = bpf_map_lookup_elem(&FAM(nat_cand), &slot);
 	if (!c)
 		return 0;
+	/* The key is used in place (stack room): a note writing over the
+	 * slot meanwhile changes created_ns, checked after the lookups. */
 	created = *(volatile __u64 *)&c->created_ns;
 	if (!created)
 		goto consumed;
-	__builtin_memcpy(&k, &c->key, sizeof(k));
-	if (*(volatile __u64 *)&c->created_ns != created)
-		return 0; /* being written over by a newer note */
-	v = bpf_map_lookup_elem(&FAM(nat), &k);
-	if (!v)
+	proto = c->key.proto;
+	dir = c->key.dir;
+	v = bpf_map_lookup_elem(&FAM(nat), &c->key);
+	if (!v) {
+		if (*(volatile __u64 *)&c->created_ns != created)
+			return 0; /* being written over by a newer note */
 		goto clear;
+	}
 	seen = nat_stamp(&v->last_seen_ns);
 	flags = *(volatile __u8 *)&v->flags;
-	if (bpf_map_lookup_elem(&FAM(nat), &k) != v || seen == NAT_CLAIMED)
+	again = bpf_map_lookup_elem(&FAM(nat), &c->key);
+	if (*(volatile __u64 *)&c->created_ns != created)
+		return 0;
+	if (again != v || seen == NAT_CLAIMED)
 		return 0; /* reused, or another party's now: judged next time */
-	if (k.dir == DIR_EGRESS || !nat_evictable(k.proto, flags))
+	if (dir == DIR_EGRESS || !nat_evictable(proto, flags))
 		goto clear; /* assured: noted again if it starts closing */
-	done = nat_done(k.proto, flags);
+	done = nat_done(proto, flags);
 	if (!ctx->found || done > ctx->done ||
 	    (done == ctx->done && (__s64)(seen - ctx->victim_seen) < 0)) {
-		__builtin_memcpy(&ctx->victim, &k, sizeof(k));
+		__builtin_memcpy(&ctx->victim, &c->key, sizeof(ctx->victim));
 		ctx->victim_seen = seen;
 		ctx->victim_pos = pos;
 		ctx->done = done;
@@ -84,7 +100,7 @@ consumed:
  * deleted, the egress entry first, and its slot consumed. Returns
  * EARLY_DROP_DROPPED, EARLY_DROP_GONE (room may have been made: the caller
  * tries again) or 0 (kept). */
-static __always_inline int FAM(early_drop_victim)(FAM_T(early_drop, ctx) *ctx)
+static __noinline int FAM(early_drop_victim)(FAM_T(early_drop, ctx) *ctx)
 {
 	FAM_T(nat, key) peer;
 	FAM_T(nat, val) *v, *o;
@@ -125,15 +141,17 @@ unclaim:
  * whether the caller may try again. */
 static __noinline int FAM(nat_early_drop)(void)
 {
-	FAM_T(early_drop, ctx) ctx = {};
+	FAM_T(early_drop, ctx) *ctx;
 	struct nat_drop_state *s;
-	__u32 fam = FAM_IS_V6, i, n;
+	__u32 fam = FAM_IS_V6, zero = 0, i, n;
 	__u64 h, t, me;
 	int r = 0;
 
 	s = bpf_map_lookup_elem(&nat_drop, &fam);
-	if (!s)
+	ctx = bpf_map_lookup_elem(&FAM(early_drop_scratch), &zero);
+	if (!s || !ctx)
 		return 0;
+	__builtin_memset(ctx, 0, sizeof(*ctx));
 	/* Every note consumed: refused at a lookup's cost. */
 	if (*(volatile __u64 *)&s->head == *(volatile __u64 *)&s->tail)
 		return 0;
@@ -148,14 +166,14 @@ static __noinline int FAM(nat_early_drop)(void)
 	for (i = 0; i < NAT_EARLY_DROP_CANDIDATES; i++) {
 		if (i >= n)
 			break;
-		FAM(early_drop_slot)(&ctx, t + i, i);
+		FAM(early_drop_slot)(ctx, t + i, i);
 	}
-	if (ctx.found) {
-		r = FAM(early_drop_victim)(&ctx);
-		if (r && ctx.victim_pos == t + ctx.lead)
-			ctx.lead++;
+	if (ctx->found) {
+		r = FAM(early_drop_victim)(ctx);
+		if (r && ctx->victim_pos == t + ctx->lead)
+			ctx->lead++;
 	}
-	*(volatile __u64 *)&s->tail = t + ctx.lead;
+	*(volatile __u64 *)&s->tail = t + ctx->lead;
 	nat_walker_unlock(s, me);
 	if (r == EARLY_DROP_DROPPED)
 		count(COUNTER_NAT_EARLY_DROP);
