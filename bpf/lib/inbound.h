@@ -17,6 +17,7 @@
 #include "pressure.h"
 #include "unmasq.h"
 #include <asm-generic/errno-base.h>
+#include <linux/pkt_cls.h>
 
 /*
  * A flow a remote opens toward a masquerade source (a pod reachable by

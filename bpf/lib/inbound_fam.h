@@ -49,9 +49,11 @@ static __always_inline int FAM(inbound_answer)(FAM_T(nat, key) *k)
  * until the pod answers (pressure.h): made, or reopened, it is noted for
  * early drop (evict.h), and a full table makes room for it as for a new
  * pair. A reopen claims the record from the stamp it judged, as the other
- * parties do (lib/flow.h): a record the collector or early drop is ending
- * is left to them. */
-static __always_inline void FAM(inbound_track)(struct __sk_buff *skb, const struct pkt *p)
+ * parties do (lib/flow.h): a SYN that meets its record being ended by the
+ * collector or early drop is dropped (the client retransmits it, and gets
+ * a new record), and the claim stays theirs. Returns TC_ACT_SHOT for that
+ * SYN, else TC_ACT_UNSPEC. */
+static __always_inline int FAM(inbound_track)(struct __sk_buff *skb, const struct pkt *p)
 {
 	const struct masq_rule *rule;
 	FAM_T(nat, val) *v, nv = {};
@@ -61,9 +63,9 @@ static __always_inline void FAM(inbound_track)(struct __sk_buff *skb, const stru
 	long ret;
 
 	if (p->proto == IPPROTO_TCP && !(p->tcp_flags & (PKT_F_SYN | NAT_F_FIN | NAT_F_RST)))
-		return;
+		return TC_ACT_UNSPEC;
 	if (!FAM(masq_source)(skb, FAM_PKT(p).daddr, &rule))
-		return;
+		return TC_ACT_UNSPEC;
 	FAM(inbound_key)(p, DIR_INGRESS, &k);
 	now = bpf_ktime_get_ns();
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
@@ -72,19 +74,21 @@ static __always_inline void FAM(inbound_track)(struct __sk_buff *skb, const stru
 		seen = nat_stamp(&v->last_seen_ns);
 		if (p->proto == IPPROTO_TCP && flow_start(p, DIR_INGRESS) && cfg &&
 		    (v->flags & (NAT_F_FIN | NAT_F_RST) || nat_expired(cfg, k.proto, v->flags, seen, now))) {
-			if (!nat_claim(&v->last_seen_ns, seen, now))
-				return;
+			if (!nat_claim(&v->last_seen_ns, seen, now)) {
+				count(COUNTER_DROP_PAIR_CLAIMED);
+				return TC_ACT_SHOT;
+			}
 			v->flags = 0;
 			v->created_ns = now;
 			FAM(nat_cand_note)(&k, now);
-			return;
+			return TC_ACT_UNSPEC;
 		}
 		nat_udp_stream(k.proto, &v->flags, v->created_ns);
 		FAM(nat_touch)(v, p->tcp_flags & (NAT_F_FIN | NAT_F_RST));
-		return;
+		return TC_ACT_UNSPEC;
 	}
 	if (!flow_start(p, DIR_INGRESS) || FAM(inbound_answer)(&k))
-		return;
+		return TC_ACT_UNSPEC;
 	nv.last_seen_ns = now;
 	nv.created_ns = now;
 	ret = bpf_map_update_elem(&FAM(nat), &k, &nv, BPF_NOEXIST);
@@ -94,6 +98,7 @@ static __always_inline void FAM(inbound_track)(struct __sk_buff *skb, const stru
 		FAM(nat_cand_note)(&k, now);
 		count(COUNTER_INBOUND_NEW);
 	}
+	return TC_ACT_UNSPEC;
 }
 
 /* inbound_reply_v4/v6 say whether an egress packet without a NAT pair

@@ -28,10 +28,8 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 		return FAM(icmp_error)(skb, &p);
 	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
 		return FAM(ingress_fixed)(skb, &p);
-	if (p.kind == PKT_ECHO_INBOUND) {
-		FAM(inbound_track)(skb, &p);
-		return TC_ACT_UNSPEC;
-	}
+	if (p.kind == PKT_ECHO_INBOUND)
+		return FAM(inbound_track)(skb, &p);
 	if (p.kind != PKT_PORTS)
 		return TC_ACT_UNSPEC;
 
@@ -41,10 +39,8 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	k.dport = p.dport;
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
-	if (!v) {
-		FAM(inbound_track)(skb, &p);
-		return TC_ACT_UNSPEC;
-	}
+	if (!v)
+		return FAM(inbound_track)(skb, &p);
 	nat_udp_stream(p.proto, &v->flags, v->created_ns);
 	/* The remote's first FIN: does it acknowledge the source's? */
 	if ((p.tcp_flags & NAT_F_FIN) && !(v->flags & (NAT_F_FIN | NAT_F_HOST)))
