@@ -30,8 +30,8 @@
  * tuples are never dropped for a new flow. A pair is judged by its reply
  * (dir 1) entry, which holds what the remote sent.
  *
- * The search looks only at the candidates of evict.h, NAT_EARLY_DROP_
- * CANDIDATES slots from the oldest one not consumed: its cost is bounded
+ * The search looks only at the candidates of evict.h, at most NAT_EARLY_
+ * DROP_SLOTS slots from the oldest one not consumed: its cost is bounded
  * whatever the table's size, and a table full of assured flows refuses a
  * new one (drop-nat-table-full) after those few lookups, or after one
  * when every slot has been consumed. One CPU searches at a time (the
@@ -75,12 +75,16 @@ static __always_inline int nat_done(__u8 proto, __u8 flags)
 	return 0;
 }
 
-/* The search looks at this many slots of the candidates' ring (conntrack:
- * 8 buckets, about as many entries) and drops the best pair among them: a
+/* The search weighs up to this many candidates of the ring (conntrack: 8
+ * buckets, about as many entries) and drops the best pair among them: a
  * done pair before one in flight, then the one idle longest. The oldest
  * notes come first: under a DNS burst they are the answered queries, and a
- * query made a moment ago, whose answer is on its way, is the last taken. */
+ * query made a moment ago, whose answer is on its way, is the last taken.
+ * It reads at most NAT_EARLY_DROP_SLOTS slots: the slots of pairs answered
+ * since they were noted (most of them, on a busy node) are consumed on the
+ * way, a few lookups each. */
 #define NAT_EARLY_DROP_CANDIDATES 16
+#define NAT_EARLY_DROP_SLOTS 64
 
 /* A walker older than this has been preempted (a test run; tc programs run
  * in softirq): its lock is taken over. */

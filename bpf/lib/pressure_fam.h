@@ -162,9 +162,9 @@ static __noinline int FAM(nat_early_drop)(void)
 	t = *(volatile __u64 *)&s->tail;
 	if (h - t > NAT_CAND_SLOTS)
 		t = h - NAT_CAND_SLOTS; /* older notes were written over */
-	n = h - t > NAT_EARLY_DROP_CANDIDATES ? NAT_EARLY_DROP_CANDIDATES : h - t;
-	for (i = 0; i < NAT_EARLY_DROP_CANDIDATES; i++) {
-		if (i >= n)
+	n = h - t > NAT_EARLY_DROP_SLOTS ? NAT_EARLY_DROP_SLOTS : h - t;
+	for (i = 0; i < NAT_EARLY_DROP_SLOTS; i++) {
+		if (i >= n || ctx->found >= NAT_EARLY_DROP_CANDIDATES)
 			break;
 		FAM(early_drop_slot)(ctx, t + i, i);
 	}
