@@ -30,6 +30,9 @@ type (
 	// NATDropState is a value of nat_drop (key: 0 IPv4, 1 IPv6): early
 	// drop's ring of candidates and its one walker (lib/evict.h).
 	NATDropState = masqNatDropState
+	// NATCandV4 is a slot of nat_cand_v4: a noted candidate for early
+	// drop (lib/evict.h).
+	NATCandV4 = masqNatV4Cand
 )
 
 // NAT directions (NATKey*.Dir): enum nat_dir in lib/types.h.
