@@ -14,14 +14,14 @@
  * atomic add on a shared line and a 24 (48) byte write. */
 static __always_inline void FAM(nat_cand_note)(const FAM_T(nat, key) *k, __u64 created)
 {
-	__u32 fam = FAM_IS_V6, slot;
-	struct nat_drop_state *s = bpf_map_lookup_elem(&nat_drop, &fam);
+	__u32 idx = FAM_IS_V6; /* the family, then the slot (stack room) */
+	struct nat_drop_state *s = bpf_map_lookup_elem(&nat_drop, &idx);
 	FAM_T(nat, cand) *c;
 
 	if (!s)
 		return;
-	slot = __sync_fetch_and_add(&s->head, 1) & (NAT_CAND_SLOTS - 1);
-	c = bpf_map_lookup_elem(&FAM(nat_cand), &slot);
+	idx = __sync_fetch_and_add(&s->head, 1) & (NAT_CAND_SLOTS - 1);
+	c = bpf_map_lookup_elem(&FAM(nat_cand), &idx);
 	if (!c)
 		return;
 	*(volatile __u64 *)&c->created_ns = 0;

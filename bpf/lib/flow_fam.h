@@ -212,6 +212,11 @@ static __always_inline int FAM(nat_takeover)(const FAM_T(nat, key) *in, FAM_T(na
 	if (!cfg)
 		return 0;
 	rl = nat_stamp(&r->last_seen_ns);
+	/* r may be another key's element by now (deleted and reused: its
+	 * claim would succeed from that key's own stamp); checked after the
+	 * stamp is read, the claim fails if it changes later. */
+	if (bpf_map_lookup_elem(&FAM(nat), in) != r)
+		return 0;
 	if (r->flags & NAT_F_HOST)
 		return nat_expired(cfg, in->proto, r->flags, rl, now) &&
 		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED) ? NAT_REUSE_CLAIMED : 0;
