@@ -295,4 +295,3 @@ func inNetns(ns netns.NsHandle, fn func() error) error {
 	}()
 	return fn()
 }
-
