@@ -168,7 +168,7 @@ func (c Counter) Description() string {
 	case CounterNATEarlyDrop:
 		return "NAT pairs not assured (unanswered, closing, UDP queries and their answers, ICMP) dropped, both halves, to admit a new flow into a full table (conntrack's early drop)"
 	case CounterDropPairClaimed:
-		return "dropped: a SYN on a closed or expired NAT pair that another CPU, early drop or the collector was ending or reopening at the same instant (the client retransmits it)"
+		return "dropped: a packet whose NAT pair or inbound record another CPU, early drop or the collector was ending or reopening at the same instant: a SYN reopening it (the client retransmits it), or a reply (never translated by an entry being deleted or reused)"
 	case CounterUnmasqNew:
 		return "flows from a masquerade source to a non-masquerade destination recorded as unmasqueraded, so that they keep that decision for their life (unmasq_v4/v6)"
 	}

@@ -101,6 +101,28 @@ const (
 	masqDropReasonDROP_REASON_MAX         masqDropReason = 10
 )
 
+type masqEarlyDropV4Ctx struct {
+	_          structs.HostLayout
+	Victim     masqNatV4Key
+	VictimSeen uint64
+	VictimPos  uint64
+	Found      uint32
+	Done       uint32
+	Lead       uint32
+	Pad        uint32
+}
+
+type masqEarlyDropV6Ctx struct {
+	_          structs.HostLayout
+	Victim     masqNatV6Key
+	VictimSeen uint64
+	VictimPos  uint64
+	Found      uint32
+	Done       uint32
+	Lead       uint32
+	Pad        uint32
+}
+
 type masqEgressDev struct {
 	_      structs.HostLayout
 	SnatV4 uint32
@@ -201,6 +223,15 @@ const (
 	masqNatDirDIR_INBOUND masqNatDir = 2
 )
 
+type masqNatDropState struct {
+	_      structs.HostLayout
+	Head   uint64
+	Pad0   [7]uint64
+	Tail   uint64
+	Walker uint64
+	Pad1   [6]uint64
+}
+
 type masqNatFlag uint32
 
 const (
@@ -235,6 +266,12 @@ const (
 	masqNatStateNAT_STATE_MAX       masqNatState = 8
 )
 
+type masqNatV4Cand struct {
+	_         structs.HostLayout
+	Key       masqNatV4Key
+	CreatedNs uint64
+}
+
 type masqNatV4Key struct {
 	_     structs.HostLayout
 	Src   uint32
@@ -254,6 +291,12 @@ type masqNatV4Val struct {
 	Pad        uint8
 	LastSeenNs uint64
 	CreatedNs  uint64
+}
+
+type masqNatV6Cand struct {
+	_         structs.HostLayout
+	Key       masqNatV6Key
+	CreatedNs uint64
 }
 
 type masqNatV6Key struct {
@@ -299,6 +342,8 @@ const (
 	masqMapConfig             = "config"
 	masqMapCounters           = "counters"
 	masqMapDevCounters        = "dev_counters"
+	masqMapEarlyDropScratchV4 = "early_drop_scratch_v4"
+	masqMapEarlyDropScratchV6 = "early_drop_scratch_v6"
 	masqMapEgressDevs         = "egress_devs"
 	masqMapFibScratch         = "fib_scratch"
 	masqMapFragV4             = "frag_v4"
@@ -307,9 +352,11 @@ const (
 	masqMapMasqRulesV6        = "masq_rules_v6"
 	masqMapMasqSrcV4          = "masq_src_v4"
 	masqMapMasqSrcV6          = "masq_src_v6"
+	masqMapNatCandV4          = "nat_cand_v4"
+	masqMapNatCandV6          = "nat_cand_v6"
+	masqMapNatDrop            = "nat_drop"
 	masqMapNatFinV4           = "nat_fin_v4"
 	masqMapNatFinV6           = "nat_fin_v6"
-	masqMapNatFullUntil       = "nat_full_until"
 	masqMapNatV4              = "nat_v4"
 	masqMapNatV6              = "nat_v6"
 	masqMapNodeAddrsV4        = "node_addrs_v4"
@@ -391,29 +438,33 @@ type masqProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqMapSpecs struct {
-	Config       *ebpf.MapSpec `ebpf:"config"`
-	Counters     *ebpf.MapSpec `ebpf:"counters"`
-	DevCounters  *ebpf.MapSpec `ebpf:"dev_counters"`
-	EgressDevs   *ebpf.MapSpec `ebpf:"egress_devs"`
-	FibScratch   *ebpf.MapSpec `ebpf:"fib_scratch"`
-	FragV4       *ebpf.MapSpec `ebpf:"frag_v4"`
-	FragV6       *ebpf.MapSpec `ebpf:"frag_v6"`
-	MasqRulesV4  *ebpf.MapSpec `ebpf:"masq_rules_v4"`
-	MasqRulesV6  *ebpf.MapSpec `ebpf:"masq_rules_v6"`
-	MasqSrcV4    *ebpf.MapSpec `ebpf:"masq_src_v4"`
-	MasqSrcV6    *ebpf.MapSpec `ebpf:"masq_src_v6"`
-	NatFinV4     *ebpf.MapSpec `ebpf:"nat_fin_v4"`
-	NatFinV6     *ebpf.MapSpec `ebpf:"nat_fin_v6"`
-	NatFullUntil *ebpf.MapSpec `ebpf:"nat_full_until"`
-	NatV4        *ebpf.MapSpec `ebpf:"nat_v4"`
-	NatV6        *ebpf.MapSpec `ebpf:"nat_v6"`
-	NodeAddrsV4  *ebpf.MapSpec `ebpf:"node_addrs_v4"`
-	NodeAddrsV6  *ebpf.MapSpec `ebpf:"node_addrs_v6"`
-	NonmasqV4    *ebpf.MapSpec `ebpf:"nonmasq_v4"`
-	NonmasqV6    *ebpf.MapSpec `ebpf:"nonmasq_v6"`
-	PktOutcome   *ebpf.MapSpec `ebpf:"pkt_outcome"`
-	UnmasqV4     *ebpf.MapSpec `ebpf:"unmasq_v4"`
-	UnmasqV6     *ebpf.MapSpec `ebpf:"unmasq_v6"`
+	Config             *ebpf.MapSpec `ebpf:"config"`
+	Counters           *ebpf.MapSpec `ebpf:"counters"`
+	DevCounters        *ebpf.MapSpec `ebpf:"dev_counters"`
+	EarlyDropScratchV4 *ebpf.MapSpec `ebpf:"early_drop_scratch_v4"`
+	EarlyDropScratchV6 *ebpf.MapSpec `ebpf:"early_drop_scratch_v6"`
+	EgressDevs         *ebpf.MapSpec `ebpf:"egress_devs"`
+	FibScratch         *ebpf.MapSpec `ebpf:"fib_scratch"`
+	FragV4             *ebpf.MapSpec `ebpf:"frag_v4"`
+	FragV6             *ebpf.MapSpec `ebpf:"frag_v6"`
+	MasqRulesV4        *ebpf.MapSpec `ebpf:"masq_rules_v4"`
+	MasqRulesV6        *ebpf.MapSpec `ebpf:"masq_rules_v6"`
+	MasqSrcV4          *ebpf.MapSpec `ebpf:"masq_src_v4"`
+	MasqSrcV6          *ebpf.MapSpec `ebpf:"masq_src_v6"`
+	NatCandV4          *ebpf.MapSpec `ebpf:"nat_cand_v4"`
+	NatCandV6          *ebpf.MapSpec `ebpf:"nat_cand_v6"`
+	NatDrop            *ebpf.MapSpec `ebpf:"nat_drop"`
+	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
+	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
+	NatV4              *ebpf.MapSpec `ebpf:"nat_v4"`
+	NatV6              *ebpf.MapSpec `ebpf:"nat_v6"`
+	NodeAddrsV4        *ebpf.MapSpec `ebpf:"node_addrs_v4"`
+	NodeAddrsV6        *ebpf.MapSpec `ebpf:"node_addrs_v6"`
+	NonmasqV4          *ebpf.MapSpec `ebpf:"nonmasq_v4"`
+	NonmasqV6          *ebpf.MapSpec `ebpf:"nonmasq_v6"`
+	PktOutcome         *ebpf.MapSpec `ebpf:"pkt_outcome"`
+	UnmasqV4           *ebpf.MapSpec `ebpf:"unmasq_v4"`
+	UnmasqV6           *ebpf.MapSpec `ebpf:"unmasq_v6"`
 }
 
 // masqVariableSpecs contains global variables before they are loaded into the kernel.
@@ -452,29 +503,33 @@ func (o *masqObjects) Close() error {
 //
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqMaps struct {
-	Config       *ebpf.Map `ebpf:"config"`
-	Counters     *ebpf.Map `ebpf:"counters"`
-	DevCounters  *ebpf.Map `ebpf:"dev_counters"`
-	EgressDevs   *ebpf.Map `ebpf:"egress_devs"`
-	FibScratch   *ebpf.Map `ebpf:"fib_scratch"`
-	FragV4       *ebpf.Map `ebpf:"frag_v4"`
-	FragV6       *ebpf.Map `ebpf:"frag_v6"`
-	MasqRulesV4  *ebpf.Map `ebpf:"masq_rules_v4"`
-	MasqRulesV6  *ebpf.Map `ebpf:"masq_rules_v6"`
-	MasqSrcV4    *ebpf.Map `ebpf:"masq_src_v4"`
-	MasqSrcV6    *ebpf.Map `ebpf:"masq_src_v6"`
-	NatFinV4     *ebpf.Map `ebpf:"nat_fin_v4"`
-	NatFinV6     *ebpf.Map `ebpf:"nat_fin_v6"`
-	NatFullUntil *ebpf.Map `ebpf:"nat_full_until"`
-	NatV4        *ebpf.Map `ebpf:"nat_v4"`
-	NatV6        *ebpf.Map `ebpf:"nat_v6"`
-	NodeAddrsV4  *ebpf.Map `ebpf:"node_addrs_v4"`
-	NodeAddrsV6  *ebpf.Map `ebpf:"node_addrs_v6"`
-	NonmasqV4    *ebpf.Map `ebpf:"nonmasq_v4"`
-	NonmasqV6    *ebpf.Map `ebpf:"nonmasq_v6"`
-	PktOutcome   *ebpf.Map `ebpf:"pkt_outcome"`
-	UnmasqV4     *ebpf.Map `ebpf:"unmasq_v4"`
-	UnmasqV6     *ebpf.Map `ebpf:"unmasq_v6"`
+	Config             *ebpf.Map `ebpf:"config"`
+	Counters           *ebpf.Map `ebpf:"counters"`
+	DevCounters        *ebpf.Map `ebpf:"dev_counters"`
+	EarlyDropScratchV4 *ebpf.Map `ebpf:"early_drop_scratch_v4"`
+	EarlyDropScratchV6 *ebpf.Map `ebpf:"early_drop_scratch_v6"`
+	EgressDevs         *ebpf.Map `ebpf:"egress_devs"`
+	FibScratch         *ebpf.Map `ebpf:"fib_scratch"`
+	FragV4             *ebpf.Map `ebpf:"frag_v4"`
+	FragV6             *ebpf.Map `ebpf:"frag_v6"`
+	MasqRulesV4        *ebpf.Map `ebpf:"masq_rules_v4"`
+	MasqRulesV6        *ebpf.Map `ebpf:"masq_rules_v6"`
+	MasqSrcV4          *ebpf.Map `ebpf:"masq_src_v4"`
+	MasqSrcV6          *ebpf.Map `ebpf:"masq_src_v6"`
+	NatCandV4          *ebpf.Map `ebpf:"nat_cand_v4"`
+	NatCandV6          *ebpf.Map `ebpf:"nat_cand_v6"`
+	NatDrop            *ebpf.Map `ebpf:"nat_drop"`
+	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
+	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
+	NatV4              *ebpf.Map `ebpf:"nat_v4"`
+	NatV6              *ebpf.Map `ebpf:"nat_v6"`
+	NodeAddrsV4        *ebpf.Map `ebpf:"node_addrs_v4"`
+	NodeAddrsV6        *ebpf.Map `ebpf:"node_addrs_v6"`
+	NonmasqV4          *ebpf.Map `ebpf:"nonmasq_v4"`
+	NonmasqV6          *ebpf.Map `ebpf:"nonmasq_v6"`
+	PktOutcome         *ebpf.Map `ebpf:"pkt_outcome"`
+	UnmasqV4           *ebpf.Map `ebpf:"unmasq_v4"`
+	UnmasqV6           *ebpf.Map `ebpf:"unmasq_v6"`
 }
 
 func (m *masqMaps) Close() error {
@@ -482,6 +537,8 @@ func (m *masqMaps) Close() error {
 		m.Config,
 		m.Counters,
 		m.DevCounters,
+		m.EarlyDropScratchV4,
+		m.EarlyDropScratchV6,
 		m.EgressDevs,
 		m.FibScratch,
 		m.FragV4,
@@ -490,9 +547,11 @@ func (m *masqMaps) Close() error {
 		m.MasqRulesV6,
 		m.MasqSrcV4,
 		m.MasqSrcV6,
+		m.NatCandV4,
+		m.NatCandV6,
+		m.NatDrop,
 		m.NatFinV4,
 		m.NatFinV6,
-		m.NatFullUntil,
 		m.NatV4,
 		m.NatV6,
 		m.NodeAddrsV4,

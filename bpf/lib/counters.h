@@ -46,7 +46,7 @@ enum counter {
 	COUNTER_DROP_NO_PAIR,		/* dropped: a TCP RST or SYN-ACK from a masquerade source to a masqueraded destination, without a NAT pair */
 	COUNTER_FORMER_SOURCE,		/* packets of a former masquerade source's NAT pair, translated until the flow ends (also in COUNTER_MASQUERADED) */
 	COUNTER_NAT_EARLY_DROP,		/* pairs not assured (unanswered, closing, UDP queries) dropped to admit a new flow into a full NAT map */
-	COUNTER_DROP_PAIR_CLAIMED,	/* dropped: a SYN on a closed or expired pair that another CPU, early drop or the collector was ending or reopening at that instant (the client retransmits) */
+	COUNTER_DROP_PAIR_CLAIMED,	/* dropped: a packet whose pair (or inbound record) another CPU, early drop or the collector was ending or reopening at that instant: a reopening SYN (the client retransmits), a reply */
 	COUNTER_UNMASQ_NEW,		/* flows from a masquerade source left unmasqueraded (non-masquerade destination) and recorded: the decision is kept for the flow's life (unmasq_v4/v6) */
 	COUNTER_MAX,
 };

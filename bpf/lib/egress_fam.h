@@ -88,12 +88,13 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 			count(COUNTER_DROP_PAIR_CLAIMED);
 			return TC_ACT_SHOT;
 		}
-		if (est)
+		/* The translation, unless read after a concurrent delete
+		 * (another pair's, lib/flow.h) or the pair is being ended:
+		 * then the packet has no pair. */
+		if (est || !FAM(nat_use)(&k, v, &nv))
 			v = NULL;
 	}
 	if (v) {
-		FAM_ADDR_COPY(nv.addr, v->addr);
-		nv.port = v->port;
 		if (former)
 			count(COUNTER_FORMER_SOURCE);
 	} else {
@@ -132,8 +133,9 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 			}
 		}
 		c = FAM(nat_create)(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
-		/* A full table: drop a pair that is not assured, or refuse. */
-		if (c == COUNTER_NAT_FULL && FAM(nat_early_drop)())
+		/* A full table: drop a pair that is not assured, or refuse. A
+		 * pair needs two entries: an inbound record dropped frees one. */
+		for (int i = 0; i < 2 && c == COUNTER_NAT_FULL && FAM(nat_early_drop)(); i++)
 			c = FAM(nat_create)(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);

@@ -40,6 +40,7 @@
 #include "parse.h"
 #include "decision.h"
 #include "flow.h"
+#include "evict.h"
 #include "rewrite.h"
 #include "frag.h"
 

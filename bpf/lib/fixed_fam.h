@@ -43,6 +43,10 @@ static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out,
 		created = 0;
 	} else if (ret) {
 		return COUNTER_NAT_FULL;
+	} else {
+		/* Not assured: early drop may take it (evict.h). Noted now (stack
+		 * room): if the egress entry fails, the note is met stale. */
+		FAM(nat_cand_note)(&in, now);
 	}
 	FAM_ADDR_COPY(res->addr, in.dst);
 	ret = bpf_map_update_elem(&FAM(nat), out, res, BPF_NOEXIST);

@@ -12,6 +12,7 @@
 #include "counters.h"
 #include "maps.h"
 #include "parse.h"
+#include "evict.h"
 
 /* last_seen_ns is written at most this often per entry: the collector's
  * timeouts are tens of seconds, and a write per packet would bounce the

@@ -4,27 +4,53 @@
  * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
  *
- * Defines: nat_touch_v4, nat_touch_v6, nat_pair_v4, nat_pair_v6,
- * nat_established_v4, nat_established_v6, nat_reply_fin_v4,
- * nat_reply_fin_v6, nat_takeover_v4, nat_takeover_v6.
+ * Defines: nat_touch_v4, nat_touch_v6, nat_still_v4, nat_still_v6,
+ * nat_pair_v4, nat_pair_v6, nat_established_v4, nat_established_v6,
+ * nat_reply_fin_v4, nat_reply_fin_v6, nat_takeover_v4, nat_takeover_v6,
+ * nat_use_v4, nat_use_v6.
  */
 
 #include "family.h"
 
-static __always_inline void FAM(nat_touch)(FAM_T(nat, val) *v, __u8 flags)
+/* nat_touch_v4/v6 notes a packet on entry v: its new flags, and the time.
+ * The flags go first and the stamp after, by a compare-and-swap from the
+ * stamp read before them: a party that judged the entry by an older stamp
+ * then fails its claim (lib/flow.h), and a claim taken meanwhile is never
+ * written over (a plain store after the check could undo it, and let a
+ * second party claim the entry). Returns the stamp as the touch left it:
+ * NAT_CLAIMED when the entry is another party's (claimed before, or while,
+ * the touch ran; a party that claims after it fails). */
+static __always_inline __u64 FAM(nat_touch)(FAM_T(nat, val) *v, __u8 flags)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_ns(), last = nat_stamp(&v->last_seen_ns), got;
 
+	if (last == NAT_CLAIMED)
+		return NAT_CLAIMED;
 	/* A new flag (a FIN or RST: the pair is closing) stamps the time at
 	 * once, so a closed pair's linger counts from its close. */
 	if (flags & ~v->flags) {
 		v->flags |= flags;
-		if (v->last_seen_ns != NAT_CLAIMED)
-			v->last_seen_ns = now;
-		return;
+	} else if (nat_age(now, last) <= (__s64)NAT_REFRESH_NS) {
+		return last;
 	}
-	if (nat_age(now, v->last_seen_ns) > (__s64)NAT_REFRESH_NS)
-		v->last_seen_ns = now;
+	got = __sync_val_compare_and_swap(&v->last_seen_ns, last, now);
+	return got == last ? now : got;
+}
+
+/* nat_still_v4/v6 says whether entry v, found at key k, still held k's
+ * pair when the caller read what it uses of it (after stamp, the value
+ * nat_touch returned or the caller read first): a preallocated map reuses
+ * a deleted entry's element at once, and a value read after a concurrent
+ * delete may be another key's (another pod's address). Unchanged stamp:
+ * yes; changed: the key is looked up again, and a claimed entry is
+ * another party's. */
+static __always_inline int FAM(nat_still)(const FAM_T(nat, key) *k, FAM_T(nat, val) *v, __u64 stamp)
+{
+	__u64 now = nat_stamp(&v->last_seen_ns);
+
+	if (now == stamp)
+		return stamp != NAT_CLAIMED;
+	return now != NAT_CLAIMED && bpf_map_lookup_elem(&FAM(nat), k) == v;
 }
 
 /* nat_pair_v4/v6 is the key of the other direction of an entry (dir 0 <-> 1). */
@@ -126,6 +152,7 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 		}
 		NAT_RESET(v, now);
 		NAT_RESET(r, now);
+		FAM(nat_cand_note)(&peer, now); /* a new flow: early drop may take it */
 		count(COUNTER_NAT_REOPENED);
 		return 0;
 	}
@@ -190,6 +217,11 @@ static __always_inline int FAM(nat_takeover)(const FAM_T(nat, key) *in, FAM_T(na
 	if (!cfg)
 		return 0;
 	rl = nat_stamp(&r->last_seen_ns);
+	/* r may be another key's element by now (deleted and reused: its
+	 * claim would succeed from that key's own stamp); checked after the
+	 * stamp is read, the claim fails if it changes later. */
+	if (bpf_map_lookup_elem(&FAM(nat), in) != r)
+		return 0;
 	if (r->flags & NAT_F_HOST)
 		return nat_expired(cfg, in->proto, r->flags, rl, now) &&
 		       nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED) ? NAT_REUSE_CLAIMED : 0;
@@ -209,6 +241,19 @@ static __always_inline int FAM(nat_takeover)(const FAM_T(nat, key) *in, FAM_T(na
 		return 0;
 	bpf_map_delete_elem(&FAM(nat), &peer);
 	return NAT_REUSE_CLAIMED;
+}
+
+/* nat_use_v4/v6 copies the translation of entry v (found at key k) into
+ * *to, and says whether it was still k's (nat_still). Its own frame: the
+ * egress program's stack is near the limit. */
+static __noinline __attribute__((unused)) int FAM(nat_use)(const FAM_T(nat, key) *k, FAM_T(nat, val) *v,
+							   FAM_T(nat, val) *to)
+{
+	__u64 stamp = nat_stamp(&v->last_seen_ns);
+
+	FAM_ADDR_COPY(to->addr, v->addr);
+	to->port = v->port;
+	return FAM(nat_still)(k, v, stamp);
 }
 
 #undef FAMILY

@@ -13,6 +13,11 @@
 #include "parse.h"
 #include "decision.h"
 #include "flow.h"
+#include "evict.h"
+#include "pressure.h"
+#include "unmasq.h"
+#include <asm-generic/errno-base.h>
+#include <linux/pkt_cls.h>
 
 /*
  * A flow a remote opens toward a masquerade source (a pod reachable by

@@ -4,8 +4,9 @@
  * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
  *
- * Defines: inbound_key_v4, inbound_key_v6, inbound_track_v4,
- * inbound_track_v6, inbound_reply_v4, inbound_reply_v6.
+ * Defines: inbound_key_v4, inbound_key_v6, inbound_answer_v4,
+ * inbound_answer_v6, inbound_track_v4, inbound_track_v6, inbound_reply_v4,
+ * inbound_reply_v6.
  */
 
 #include "family.h"
@@ -30,41 +31,78 @@ static __always_inline void FAM(inbound_key)(const struct pkt *p, int dir, FAM_T
 	}
 }
 
+/* inbound_answer_v4/v6 says whether the ingress packet whose inbound key
+ * is k answers a flow the masquerade source itself started unmasqueraded
+ * (an unmasq record of the same tuple, lib/unmasq.h): a pod's query to a
+ * resolver pod on another node of a directly routed network. Its answer
+ * starts no inbound flow (conntrack has the pod's own entry for it). */
+static __always_inline int FAM(inbound_answer)(FAM_T(nat, key) *k)
+{
+	int found;
+
+	/* the same key as the record's but for dir (no copy: stack room) */
+	k->dir = DIR_EGRESS;
+	found = bpf_map_lookup_elem(&FAM(unmasq), k) != NULL;
+	k->dir = DIR_INBOUND;
+	return found;
+}
+
 /* inbound_track_v4/v6 record (or refresh, or reopen) the inbound flow of an
  * ingress packet that matched no NAT pair. Mid-stream TCP segments cost
- * nothing: only SYN, FIN and RST are looked at. */
-static __always_inline void FAM(inbound_track)(struct __sk_buff *skb, const struct pkt *p)
+ * nothing: only SYN, FIN and RST are looked at. A record is not assured
+ * until the pod answers (pressure.h): made, or reopened, it is noted for
+ * early drop (evict.h), and a full table makes room for it as for a new
+ * pair. A reopen claims the record from the stamp it judged, as the other
+ * parties do (lib/flow.h): a SYN that meets its record being ended by the
+ * collector or early drop is dropped (the client retransmits it, and gets
+ * a new record), and the claim stays theirs. Returns TC_ACT_SHOT for that
+ * SYN, else TC_ACT_UNSPEC. */
+static __always_inline int FAM(inbound_track)(struct __sk_buff *skb, const struct pkt *p)
 {
 	const struct masq_rule *rule;
 	FAM_T(nat, val) *v, nv = {};
 	struct masq_config *cfg;
 	FAM_T(nat, key) k;
-	__u64 now;
+	__u64 now, seen;
+	long ret;
 
 	if (p->proto == IPPROTO_TCP && !(p->tcp_flags & (PKT_F_SYN | NAT_F_FIN | NAT_F_RST)))
-		return;
+		return TC_ACT_UNSPEC;
 	if (!FAM(masq_source)(skb, FAM_PKT(p).daddr, &rule))
-		return;
+		return TC_ACT_UNSPEC;
 	FAM(inbound_key)(p, DIR_INGRESS, &k);
 	now = bpf_ktime_get_ns();
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
 	if (v) {
 		cfg = masq_cfg();
+		seen = nat_stamp(&v->last_seen_ns);
 		if (p->proto == IPPROTO_TCP && flow_start(p, DIR_INGRESS) && cfg &&
-		    (v->flags & (NAT_F_FIN | NAT_F_RST) ||
-		     nat_expired(cfg, k.proto, v->flags, v->last_seen_ns, now))) {
-			NAT_RESET(v, now);
-			return;
+		    (v->flags & (NAT_F_FIN | NAT_F_RST) || nat_expired(cfg, k.proto, v->flags, seen, now))) {
+			if (!nat_claim(&v->last_seen_ns, seen, now)) {
+				count(COUNTER_DROP_PAIR_CLAIMED);
+				return TC_ACT_SHOT;
+			}
+			v->flags = 0;
+			v->created_ns = now;
+			FAM(nat_cand_note)(&k, now);
+			return TC_ACT_UNSPEC;
 		}
+		nat_udp_stream(k.proto, &v->flags, v->created_ns);
 		FAM(nat_touch)(v, p->tcp_flags & (NAT_F_FIN | NAT_F_RST));
-		return;
+		return TC_ACT_UNSPEC;
 	}
-	if (!flow_start(p, DIR_INGRESS))
-		return;
+	if (!flow_start(p, DIR_INGRESS) || FAM(inbound_answer)(&k))
+		return TC_ACT_UNSPEC;
 	nv.last_seen_ns = now;
 	nv.created_ns = now;
-	if (bpf_map_update_elem(&FAM(nat), &k, &nv, BPF_NOEXIST) == 0)
+	ret = bpf_map_update_elem(&FAM(nat), &k, &nv, BPF_NOEXIST);
+	if (ret == -E2BIG && FAM(nat_early_drop)())
+		ret = bpf_map_update_elem(&FAM(nat), &k, &nv, BPF_NOEXIST);
+	if (ret == 0) {
+		FAM(nat_cand_note)(&k, now);
 		count(COUNTER_INBOUND_NEW);
+	}
+	return TC_ACT_UNSPEC;
 }
 
 /* inbound_reply_v4/v6 say whether an egress packet without a NAT pair
@@ -78,6 +116,9 @@ static __always_inline int FAM(inbound_reply)(const struct pkt *p)
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
 	if (!v)
 		return 0;
+	/* answered, and still going 2 s after it started: a UDP stream, not
+	 * dropped for a new flow (as a pair's) */
+	nat_udp_stream(k.proto, &v->flags, v->created_ns);
 	FAM(nat_touch)(v, (p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	return 1;
 }

@@ -15,6 +15,8 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	FAM_T(nat, val) *v;
 	FAM_ADDR from, to;
 	struct pkt p;
+	__u64 stamp;
+	__be16 port;
 
 	p.l3_off = l3_off;
 	/* IPv6: 1 is a header chain the parser does not walk, left alone */
@@ -28,10 +30,8 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 		return FAM(icmp_error)(skb, &p);
 	if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
 		return FAM(ingress_fixed)(skb, &p);
-	if (p.kind == PKT_ECHO_INBOUND) {
-		FAM(inbound_track)(skb, &p);
-		return TC_ACT_UNSPEC;
-	}
+	if (p.kind == PKT_ECHO_INBOUND)
+		return FAM(inbound_track)(skb, &p);
 	if (p.kind != PKT_PORTS)
 		return TC_ACT_UNSPEC;
 
@@ -41,23 +41,33 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	k.dport = p.dport;
 	k.proto = p.proto;
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
-	if (!v) {
-		FAM(inbound_track)(skb, &p);
-		return TC_ACT_UNSPEC;
-	}
+	if (!v)
+		return FAM(inbound_track)(skb, &p);
 	nat_udp_stream(p.proto, &v->flags, v->created_ns);
 	/* The remote's first FIN: does it acknowledge the source's? */
 	if ((p.tcp_flags & NAT_F_FIN) && !(v->flags & (NAT_F_FIN | NAT_F_HOST)))
 		FAM(nat_reply_fin)(skb, &k, v, &p);
-	FAM(nat_touch)(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	/* The remote's first FIN or RST: the pair may go for a new flow again
+	 * (pressure.h), noted for early drop (evict.h). */
+	if ((p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) && !(v->flags & (NAT_F_FIN | NAT_F_RST | NAT_F_HOST)))
+		FAM(nat_cand_note)(&k, v->created_ns);
+	stamp = FAM(nat_touch)(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	if (v->flags & NAT_F_HOST)
 		return TC_ACT_UNSPEC; /* a node flow's reply */
 	FAM_ADDR_COPY(from, FAM_PKT(&p).daddr);
 	FAM_ADDR_COPY(to, v->addr);
+	port = v->port;
+	/* A pair being ended (its answer came after early drop or the
+	 * collector claimed it: it is not marked answered), or an entry
+	 * reused by another pair meanwhile: never sent to the pod it names. */
+	if (!FAM(nat_still)(&k, v, stamp)) {
+		count(COUNTER_DROP_PAIR_CLAIMED);
+		return TC_ACT_SHOT;
+	}
 	if (p.frag == FRAG_FIRST)
 		FAM(frag_remember)(&p, DIR_INGRESS, to);
 	if (FAM_REWRITE(skb, &p, daddr, from, to, p.proto, p.l4_off + l4_csum_off(p.proto),
-			p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, v->port) < 0) {
+			p.l4_off + l4_port_off(p.proto, DIR_INGRESS), p.dport, port) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;
 	}

@@ -42,7 +42,15 @@ static __always_inline __u32 FAM(nat_gc_end)(const FAM_T(nat, key) *k, __u32 for
 		ol = nat_stamp(&o->last_seen_ns);
 		flags |= o->flags;
 		last = nat_later(ol, vl);
+		if (bpf_map_lookup_elem(&FAM(nat), &peer) != o)
+			o = NULL; /* reused by another key since: not k's other half */
 	}
+	/* Read after a concurrent delete, v may be another key's element (a
+	 * preallocated map reuses it at once): claimed, it would stay claimed
+	 * and k's new entry be deleted. The claim below fails if it changed
+	 * after this check (its stamp moves). */
+	if (bpf_map_lookup_elem(&FAM(nat), k) != v)
+		return NAT_GC_KEPT;
 	if (last == NAT_CLAIMED)
 		return NAT_GC_KEPT; /* another party is ending or rebuilding it */
 	if (!force && !nat_expired(cfg, k->proto, flags, last, now))

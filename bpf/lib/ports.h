@@ -32,6 +32,7 @@
 #include "counters.h"
 #include "maps.h"
 #include "flow.h"
+#include "evict.h"
 
 /* Linux's NF_NAT_MAX_ATTEMPTS, the first round; each next round is half as
  * long, after a round of PORT_ROUND_MIN or more. */

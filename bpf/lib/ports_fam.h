@@ -154,8 +154,11 @@ __noinline enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, 
 	res->last_seen_ns = now;
 	res->created_ns = now;
 	ret = bpf_map_update_elem(&FAM(nat), out, res, BPF_NOEXIST);
-	if (ret == 0)
+	if (ret == 0) {
+		/* not assured yet: early drop may take it (evict.h) */
+		FAM(nat_cand_note)(&in, now);
 		return COUNTER_NAT_NEW;
+	}
 	bpf_map_delete_elem(&FAM(nat), &in);
 	if (ret != -EEXIST)
 		return COUNTER_NAT_FULL;

@@ -11,43 +11,37 @@
 #include "counters.h"
 #include "maps.h"
 #include "flow.h"
+#include "evict.h"
 
 /*
  * The NAT maps are plain hash maps: the kernel never evicts an entry behind
  * the programs' back (an LRU map evicts single entries, half a pair, an
  * idle established flow's included). When a new flow finds its map full,
  * one pair that is not assured is dropped to make room, as conntrack's
- * early_drop does, both halves together:
+ * early_drop does, both halves together (or one inbound flow record):
  *
  *   - TCP: not answered yet, or closing (a FIN or RST from the remote);
  *   - UDP: not a stream (a query and its answer, or unanswered);
  *   - ICMP echo: always (conntrack never assures them);
  *   - SCTP and address-only pairs: not answered yet.
  *
- * Established TCP flows, UDP streams, node sockets' held tuples and inbound
- * flow records are never dropped for a new flow. A pair is judged by its
- * reply (dir 1) entry, which holds what the remote sent. When no pair can
- * be dropped the new flow is refused (drop-nat-table-full), and new flows
- * of that family are refused without another search for
- * NAT_FULL_BACKOFF_NS: the search walks the map (bpf_for_each_map_elem),
- * and a table full of established flows must not make every new flow's
- * packet walk it again.
+ * Inbound flow records (dir 2) go by the same rules, their answer being
+ * the pod's. Established TCP flows, UDP streams and node sockets' held
+ * tuples are never dropped for a new flow. A pair is judged by its reply
+ * (dir 1) entry, which holds what the remote sent.
+ *
+ * The search looks only at the candidates of evict.h, at most NAT_EARLY_
+ * DROP_SLOTS slots from the oldest one not consumed: its cost is bounded
+ * whatever the table's size, and a table full of assured flows refuses a
+ * new one (drop-nat-table-full) after those few lookups, or after one
+ * when every slot has been consumed. One CPU searches at a time (the
+ * others wait for it a few microseconds, or refuse), and the victim is
+ * claimed with the stamp it was judged by (lib/flow.h): a pair answered
+ * or reopened meanwhile is kept.
  */
 
-#define NAT_FULL_BACKOFF_NS	100000000ULL	/* 100 ms */
-
-/* Per family (0: IPv4, 1: IPv6): until when (bpf_ktime_get_ns) new flows
- * are refused without a search. Pinned like the other maps: what a restart
- * finds in it delays a search by NAT_FULL_BACKOFF_NS at most. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(max_entries, 2);
-} nat_full_until SEC(".maps");
-
-/* nat_evictable says whether the pair whose reply entry has these flags
- * may be dropped for a new flow. */
+/* nat_evictable says whether the pair whose reply entry (or the inbound
+ * record) has these flags may be dropped for a new flow. */
 static __always_inline int nat_evictable(__u8 proto, __u8 flags)
 {
 	if (flags & NAT_F_HOST)
@@ -81,25 +75,63 @@ static __always_inline int nat_done(__u8 proto, __u8 flags)
 	return 0;
 }
 
-/* The search looks at this many pairs that may go and drops the best of
- * them: a done pair before one in flight, then the one idle longest. The
- * map is walked from its first bucket on every search, and the first
- * candidate there is as likely as not a pair made a moment ago (a query
- * whose answer is on its way): conntrack looks at a few entries from the
- * new tuple's bucket and drops one of them. A bound keeps the walk short
- * when most pairs may go. */
+/* The search weighs up to this many candidates of the ring (conntrack: 8
+ * buckets, about as many entries) and drops the best pair among them: a
+ * done pair before one in flight, then the one idle longest. The oldest
+ * notes come first: under a DNS burst they are the answered queries, and a
+ * query made a moment ago, whose answer is on its way, is the last taken.
+ * It reads at most NAT_EARLY_DROP_SLOTS slots; the slots of pairs answered
+ * since they were noted (most of them, on a busy node) are consumed on the
+ * way. Each slot costs about three cache misses in a large table (the
+ * slot, the bucket, the entry): 64 slots made a refusal 50 to 77 µs at
+ * 64 Ki to 1 Mi entries, 16 keep it near conntrack's (8 buckets). */
 #define NAT_EARLY_DROP_CANDIDATES 16
+#define NAT_EARLY_DROP_SLOTS 16
 
-/* nat_search_allowed says whether a full map may be searched now for a
- * pair to drop; the time differences are signed (another CPU may have
- * moved until past the now this CPU read). */
-static __always_inline __u64 *nat_search_allowed(__u32 family, __u64 now)
+/* A walker older than this has been preempted (a test run; tc programs run
+ * in softirq): its lock is taken over. */
+#define NAT_WALKER_STALE_NS	1000000ULL	/* 1 ms */
+
+/* How many times a CPU reads the walker's lock while another CPU searches,
+ * before it gives up and refuses its flow (about 10 µs; a search takes 1 to
+ * 3 µs). */
+#define NAT_WALKER_WAIT_READS	2048
+
+/* nat_walker_free_cb is bpf_loop's callback while waiting for the walker
+ * of family *fam: stops once there is none (or a stale one). */
+static long nat_walker_free_cb(__u64 i, void *fam)
 {
-	__u64 *until = bpf_map_lookup_elem(&nat_full_until, &family);
+	struct nat_drop_state *s = bpf_map_lookup_elem(&nat_drop, fam);
+	__u64 w;
 
-	if (!until || (__s64)(now - *until) < 0)
-		return NULL;
-	return until;
+	if (!s)
+		return 1;
+	w = *(volatile __u64 *)&s->walker;
+	return !w || (__s64)(bpf_ktime_get_ns() - w) > (__s64)NAT_WALKER_STALE_NS;
+}
+
+/* nat_walker_lock makes this CPU family's one walker, waiting for another
+ * one a few microseconds; returns its stamp (to unlock with), or 0. */
+static __always_inline __u64 nat_walker_lock(struct nat_drop_state *s, __u32 fam)
+{
+	__u64 now = bpf_ktime_get_ns(), w = *(volatile __u64 *)&s->walker;
+
+	if (w && (__s64)(now - w) <= (__s64)NAT_WALKER_STALE_NS) {
+		bpf_loop(NAT_WALKER_WAIT_READS, nat_walker_free_cb, &fam, 0);
+		now = bpf_ktime_get_ns();
+		w = *(volatile __u64 *)&s->walker;
+		if (w && (__s64)(now - w) <= (__s64)NAT_WALKER_STALE_NS)
+			return 0;
+	}
+	if (!now)
+		now = 1;
+	return __sync_val_compare_and_swap(&s->walker, w, now) == w ? now : 0;
+}
+
+/* nat_walker_unlock ends this CPU's walk (unless its lock was taken over). */
+static __always_inline void nat_walker_unlock(struct nat_drop_state *s, __u64 me)
+{
+	__sync_val_compare_and_swap(&s->walker, me, 0);
 }
 
 #define FAMILY 4

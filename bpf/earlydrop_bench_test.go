@@ -1,0 +1,297 @@
+package bpf
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// BenchmarkNewFlowFullTable: the CPU a new flow costs at a full NAT table
+// (issue #32): every pair answered (0 may go), or 1 or 15 pairs that may
+// go among them (each new flow drops one and is itself droppable, so the
+// count stays), at 65 536, 524 288 and 1 048 576 entries. The figure is
+// the program's in-kernel time for the new flow's packet (BPF_PROG_TEST_RUN
+// of one run, the kernel's timer reads included), and for 0 the worst
+// refusal: a search that reads 64 slots of answered pairs (a busy node's
+// recent notes), not the one-lookup refusal once they are consumed.
+//
+// The same-run baseline is Linux conntrack + MASQUERADE in a namespace of
+// its own: its table filled over ctnetlink with established TCP entries
+// (which its early drop never takes) up to nf_conntrack_max, 262 144 here
+// (only the host's namespace may change it, and a test may not), plus the
+// same 1 or 15 unassured UDP entries; its figure is what a new UDP flow's
+// sendto costs more there than in an identical namespace without
+// conntrack (the refusal: early_drop over 8 buckets, the drop). With
+// -bpf.baseline, the old object's figures too (a walk of the whole map).
+//
+//	go test -run '^$' -bench NewFlowFullTable -benchtime 5x ./bpf/
+func BenchmarkNewFlowFullTable(b *testing.B) {
+	ct := conntrackNewFlowNs(b)
+	for _, entries := range []int{1 << 16, 1 << 19, 1 << 20} {
+		for _, d := range []int{0, 1, 15} {
+			b.Run(fmt.Sprintf("entries=%d/droppable=%d", entries, d), func(b *testing.B) {
+				benchObjects(b, envOptions{natMax: uint32(entries), portMin: 1024, portMax: 65535}, func(b *testing.B, e *testEnv) {
+					ns := newFlowFullTableNs(b, e, entries, d)
+					b.ReportMetric(ns, "ns/newflow")
+					b.ReportMetric(ct[d], "conntrack-ns/newflow")
+					b.ReportMetric(ns/ct[d], "x-conntrack")
+				})
+			})
+		}
+	}
+}
+
+// newFlowFullTableNs fills e's IPv4 table and returns the mean in-kernel
+// time of b.N new flows.
+func newFlowFullTableNs(b *testing.B, e *testEnv, entries, droppable int) float64 {
+	fillEstablished(b, e, entries/2-droppable)
+	for i := range droppable {
+		f := flow{src: pod1, dst: remote4, proto: protoUDP, sport: uint16(30000 + i), dport: 53, payload: []byte("q")}
+		if ret, _ := e.run(e.dp.Egress, f.packet()); ret != tcActUnspec {
+			b.Fatalf("droppable pair %d refused", i)
+		}
+	}
+	// Notes of answered pairs ahead of the droppable ones: the recent
+	// pairs of a busy node, most answered by now.
+	stale := droppable == 0 && e.dp.Maps.NatDrop != nil
+	var total float64
+	for i := range b.N {
+		if stale {
+			staleNotes(b, e)
+		} else if droppable == 0 {
+			time.Sleep(110 * time.Millisecond) // the old object's backoff: measure its search
+		}
+		f := flow{src: pod1, dst: netip.AddrFrom4([4]byte{198, 51, byte(i >> 8), byte(i)}), proto: protoUDP, sport: 40000, dport: 53, payload: []byte("q")}
+		ret, perRun, err := e.dp.Egress.Benchmark(f.packet(), 1, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if (droppable == 0) != (ret == tcActShot) {
+			b.Fatalf("new flow %d with %d droppable: verdict %d", i, droppable, int32(ret))
+		}
+		total += float64(perRun.Nanoseconds())
+	}
+	return total / float64(b.N)
+}
+
+// staleNotes fills the IPv4 ring with notes of established pairs (the
+// filler's reply keys), none consumed.
+func staleNotes(b *testing.B, e *testEnv) {
+	var (
+		k NATKeyV4
+		v NATValV4
+		n uint32
+	)
+	it := e.dp.Maps.NatV4.Iterate()
+	for n < natCandSlots && it.Next(&k, &v) {
+		if k.Dir != DirIngress {
+			continue
+		}
+		if err := e.dp.Maps.NatCandV4.Put(n, NATCandV4{Key: k, CreatedNs: v.CreatedNs}); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	var s NATDropState
+	if err := e.dp.Maps.NatDrop.Lookup(uint32(0), &s); err != nil {
+		b.Fatal(err)
+	}
+	s.Head, s.Tail = uint64(n), 0
+	if err := e.dp.Maps.NatDrop.Put(uint32(0), s); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// natCandSlots is lib/evict.h's NAT_CAND_SLOTS.
+const natCandSlots = 4096
+
+// conntrackNewFlowNs measures conntrack's extra cost for a new UDP flow
+// at a table full of established TCP entries, with 0, 1 and 15 droppable
+// unassured UDP ones: sendto in a namespace with a MASQUERADE rule and a
+// full table, minus sendto in one without conntrack, each datagram to a
+// new destination port, alternated in rounds. The table is filled once;
+// its last 15 entries (from 10.97.0.0/24) are replaced per condition.
+func conntrackNewFlowNs(b *testing.B) map[int]float64 {
+	b.Helper()
+	raw, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_max")
+	if err != nil {
+		b.Fatal(err)
+	}
+	max, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	full, fh := ctNetns(b, true)
+	plain, _ := ctNetns(b, false)
+	dst := net.IPv4(10, 99, 0, 2)
+	established := func(i int, from net.IP) *netlink.ConntrackFlow {
+		return &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 3600,
+			Forward:   netlink.IPTuple{Protocol: unix.IPPROTO_TCP, SrcIP: from, DstIP: dst, SrcPort: uint16(1024 + i%60000), DstPort: 443},
+			Reverse:   netlink.IPTuple{Protocol: unix.IPPROTO_TCP, SrcIP: dst, DstIP: from, SrcPort: 443, DstPort: uint16(1024 + i%60000)},
+			ProtoInfo: &netlink.ProtoInfoTCP{State: 3}} // TCP_CONNTRACK_ESTABLISHED: never early-dropped
+	}
+	create := func(f *netlink.ConntrackFlow) {
+		if err := fh.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
+			b.Fatalf("conntrack entry: %v", err)
+		}
+	}
+	for i := range max - 15 {
+		create(established(i, net.IPv4(10, 98, byte(i>>16), byte(i>>8))))
+	}
+	last := net.IPv4(10, 97, 0, 1)
+	out := map[int]float64{}
+	for _, d := range []int{0, 1, 15} {
+		filter := &netlink.ConntrackFilter{}
+		if err := filter.AddIP(netlink.ConntrackOrigSrcIP, last); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := fh.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, filter); err != nil {
+			b.Fatal(err)
+		}
+		for i := range 15 {
+			if i < d {
+				create(&netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 30,
+					Forward: netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: last, DstIP: dst, SrcPort: uint16(30000 + i), DstPort: 53},
+					Reverse: netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: dst, DstIP: last, SrcPort: 53, DstPort: uint16(30000 + i)}})
+			} else {
+				create(established(i, last))
+			}
+		}
+		const n, rounds = 2000, 5
+		var withCT, without time.Duration
+		port := 1
+		for range rounds {
+			withCT += sendNewFlows(b, full, dst, &port, n)
+			without += sendNewFlows(b, plain, dst, &port, n)
+		}
+		out[d] = float64(withCT-without) / float64(n*rounds)
+		b.Logf("conntrack, %d entries, %d droppable: sendto %.0f ns with the full table, %.0f ns without conntrack: %.0f ns a new flow",
+			max, d, float64(withCT)/float64(n*rounds), float64(without)/float64(n*rounds), out[d])
+	}
+	return out
+}
+
+// ctNetns makes a namespace with veth0 (10.99.0.1/24, up, its peer up,
+// 10.99.0.2 a permanent neighbour) and, with nat, a MASQUERADE rule out of
+// it (conntrack then tracks every packet).
+func ctNetns(b *testing.B, nat bool) (netns.NsHandle, *netlink.Handle) {
+	ns, h := newNetns(b)
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth0"}, PeerName: "veth1"}); err != nil {
+		b.Fatal(err)
+	}
+	l, err := h.LinkByName("veth0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	peer, err := h.LinkByName("veth1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr, _ := netlink.ParseAddr("10.99.0.1/24")
+	if err := h.AddrAdd(l, addr); err != nil {
+		b.Fatal(err)
+	}
+	for _, link := range []netlink.Link{l, peer} {
+		if err := h.LinkSetUp(link); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := h.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: unix.AF_INET, State: netlink.NUD_PERMANENT,
+		IP: net.IPv4(10, 99, 0, 2), HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 2}}); err != nil {
+		b.Fatal(err)
+	}
+	if nat {
+		err := inNetns(ns, func() error {
+			out, err := exec.Command("iptables-nft", "-t", "nat", "-A", "POSTROUTING", "-o", "veth0", "-j", "MASQUERADE").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("iptables-nft: %v: %s", err, out)
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return ns, h
+}
+
+// sendNewFlows sends n UDP datagrams from one socket in ns, each to a new
+// destination port of dst (a new flow each), and returns the time spent in
+// sendto (a refused one returns EPERM).
+func sendNewFlows(b *testing.B, ns netns.NsHandle, dst net.IP, port *int, n int) time.Duration {
+	var spent time.Duration
+	err := inNetns(ns, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		msg := []byte("q")
+		start := time.Now()
+		for range n {
+			*port = *port%60000 + 1
+			sa := &unix.SockaddrInet4{Port: 1024 + *port, Addr: [4]byte(dst.To4())}
+			unix.Sendto(fd, msg, 0, sa)
+		}
+		spent = time.Since(start)
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return spent
+}
+
+func newNetns(b *testing.B) (netns.NsHandle, *netlink.Handle) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer orig.Close()
+	ns, err := netns.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := netns.Set(orig); err != nil {
+		panic(fmt.Sprintf("restore netns: %v", err))
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close(); ns.Close() })
+	return ns, h
+}
+
+// inNetns runs fn on a thread in ns.
+func inNetns(ns netns.NsHandle, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		return err
+	}
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic(fmt.Sprintf("restore netns: %v", err))
+		}
+	}()
+	return fn()
+}
