@@ -179,7 +179,9 @@ func Load(opts LoadOptions) (*Datapath, error) {
 		}
 		replacements[name] = c
 	}
+	var pinnedBefore map[string]ebpf.MapID
 	if opts.PinDir != "" {
+		pinnedBefore = pinnedIDs(opts.PinDir, MapNATCount, MapNATV4, MapNATV6)
 		for _, name := range pinnedMaps(spec) {
 			open := bpfmap.OpenPinned
 			if name == MapNATV4 || name == MapNATV6 || name == MapUnmasqV4 || name == MapUnmasqV6 {
@@ -210,6 +212,12 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	d.EgressL3 = d.objs.IpmasqEgressL3
 	d.IngressL3 = d.objs.IpmasqIngressL3
 	d.Maps = d.objs.masqMaps
+	if opts.PinDir != "" {
+		if err := recountNAT(d, pinnedBefore); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
 	return d, nil
 }
 

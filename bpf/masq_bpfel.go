@@ -193,6 +193,16 @@ type masqMasqRuleV6Key struct {
 	Addr      [16]uint8
 }
 
+type masqNatClass uint32
+
+const (
+	masqNatClassNAT_CLASS_EGRESS  masqNatClass = 0
+	masqNatClassNAT_CLASS_REPLY   masqNatClass = 1
+	masqNatClassNAT_CLASS_INBOUND masqNatClass = 2
+	masqNatClassNAT_CLASS_HOST    masqNatClass = 3
+	masqNatClassNAT_CLASS_MAX     masqNatClass = 4
+)
+
 type masqNatDir uint32
 
 const (
@@ -307,6 +317,7 @@ const (
 	masqMapMasqRulesV6        = "masq_rules_v6"
 	masqMapMasqSrcV4          = "masq_src_v4"
 	masqMapMasqSrcV6          = "masq_src_v6"
+	masqMapNatCount           = "nat_count"
 	masqMapNatFinV4           = "nat_fin_v4"
 	masqMapNatFinV6           = "nat_fin_v6"
 	masqMapNatFullUntil       = "nat_full_until"
@@ -331,6 +342,7 @@ const (
 	masqVarCsumIpv6Flag       = "csum_ipv6_flag"
 	masqVarDropReasonMax      = "drop_reason_max"
 	masqVarMasqCfgFlagsKnown  = "masq_cfg_flags_known"
+	masqVarNatClassMax        = "nat_class_max"
 	masqVarNatDirLast         = "nat_dir_last"
 	masqVarNatFlagsStored     = "nat_flags_stored"
 	masqVarNatGcResultLast    = "nat_gc_result_last"
@@ -402,6 +414,7 @@ type masqMapSpecs struct {
 	MasqRulesV6  *ebpf.MapSpec `ebpf:"masq_rules_v6"`
 	MasqSrcV4    *ebpf.MapSpec `ebpf:"masq_src_v4"`
 	MasqSrcV6    *ebpf.MapSpec `ebpf:"masq_src_v6"`
+	NatCount     *ebpf.MapSpec `ebpf:"nat_count"`
 	NatFinV4     *ebpf.MapSpec `ebpf:"nat_fin_v4"`
 	NatFinV6     *ebpf.MapSpec `ebpf:"nat_fin_v6"`
 	NatFullUntil *ebpf.MapSpec `ebpf:"nat_full_until"`
@@ -426,6 +439,7 @@ type masqVariableSpecs struct {
 	CsumIpv6Flag       *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
 	DropReasonMax      *ebpf.VariableSpec `ebpf:"drop_reason_max"`
 	MasqCfgFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
+	NatClassMax        *ebpf.VariableSpec `ebpf:"nat_class_max"`
 	NatDirLast         *ebpf.VariableSpec `ebpf:"nat_dir_last"`
 	NatFlagsStored     *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
 	NatGcResultLast    *ebpf.VariableSpec `ebpf:"nat_gc_result_last"`
@@ -463,6 +477,7 @@ type masqMaps struct {
 	MasqRulesV6  *ebpf.Map `ebpf:"masq_rules_v6"`
 	MasqSrcV4    *ebpf.Map `ebpf:"masq_src_v4"`
 	MasqSrcV6    *ebpf.Map `ebpf:"masq_src_v6"`
+	NatCount     *ebpf.Map `ebpf:"nat_count"`
 	NatFinV4     *ebpf.Map `ebpf:"nat_fin_v4"`
 	NatFinV6     *ebpf.Map `ebpf:"nat_fin_v6"`
 	NatFullUntil *ebpf.Map `ebpf:"nat_full_until"`
@@ -490,6 +505,7 @@ func (m *masqMaps) Close() error {
 		m.MasqRulesV6,
 		m.MasqSrcV4,
 		m.MasqSrcV6,
+		m.NatCount,
 		m.NatFinV4,
 		m.NatFinV6,
 		m.NatFullUntil,
@@ -515,6 +531,7 @@ type masqVariables struct {
 	CsumIpv6Flag       *ebpf.Variable `ebpf:"csum_ipv6_flag"`
 	DropReasonMax      *ebpf.Variable `ebpf:"drop_reason_max"`
 	MasqCfgFlagsKnown  *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
+	NatClassMax        *ebpf.Variable `ebpf:"nat_class_max"`
 	NatDirLast         *ebpf.Variable `ebpf:"nat_dir_last"`
 	NatFlagsStored     *ebpf.Variable `ebpf:"nat_flags_stored"`
 	NatGcResultLast    *ebpf.Variable `ebpf:"nat_gc_result_last"`

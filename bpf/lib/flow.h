@@ -11,6 +11,7 @@
 #include "types.h"
 #include "counters.h"
 #include "maps.h"
+#include "natcount.h"
 #include "parse.h"
 
 /* last_seen_ns is written at most this often per entry: the collector's

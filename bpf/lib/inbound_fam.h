@@ -60,7 +60,7 @@ static __always_inline void FAM(inbound_track)(struct __sk_buff *skb, const stru
 		return;
 	nv.last_seen_ns = now;
 	nv.created_ns = now;
-	if (bpf_map_update_elem(&FAM(nat), &k, &nv, BPF_NOEXIST) == 0)
+	if (FAM(nat_insert)(&k, &nv) == 0)
 		count(COUNTER_INBOUND_NEW);
 }
 

@@ -96,8 +96,8 @@ static __noinline int FAM(nat_early_drop)(void)
 	if (!nat_claim(&v->last_seen_ns, nat_stamp(&v->last_seen_ns), NAT_CLAIMED))
 		return 1;
 	if (o)
-		bpf_map_delete_elem(&FAM(nat), &peer);
-	bpf_map_delete_elem(&FAM(nat), &ctx.victim);
+		FAM(nat_delete)(&peer);
+	FAM(nat_delete)(&ctx.victim);
 	count(COUNTER_NAT_EARLY_DROP);
 	return 1;
 }
