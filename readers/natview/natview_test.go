@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 )
@@ -29,6 +31,21 @@ func pinnedNAT(tb testing.TB, maxEntries uint32) (*bpf.Datapath, bpf.Pinned) {
 		tb.Fatal(err)
 	}
 	return dp, bpf.Pinned{Dir: dir}
+}
+
+// setCounts makes the programs' counts (nat_count) those of a walk of the
+// NAT maps, which the test wrote directly, past the programs.
+func setCounts(tb testing.TB, dp *bpf.Datapath) {
+	tb.Helper()
+	for i, m := range []*ebpf.Map{dp.Maps.NatV4, dp.Maps.NatV6} {
+		c, err := bpf.CountNATEntries(m, i == 1)
+		if err == nil {
+			err = bpf.SetNATCounts(dp.Maps.NatCount, c)
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
 }
 
 // pairV4 returns both entries of pod → remote translated to snat:natPort,
@@ -90,6 +107,8 @@ func TestListKnownFlows(t *testing.T) {
 		CreatedNs: v6.CreatedNs, LastSeenNs: v6.LastSeenNs}); err != nil {
 		t.Fatal(err)
 	}
+
+	setCounts(t, dp)
 
 	list := func(args ...string) string {
 		t.Helper()
@@ -155,6 +174,9 @@ masquerade ipv6 tcp tcp-closing age=20s expires=1m59s [fd00:10:244:1::2]:42000 -
 
 	if got := list("--count"); got != "6\n" {
 		t.Errorf("--count: %q", got)
+	}
+	if got := list("-C", "--kind", "host"); got != "1\n" {
+		t.Errorf("-C --kind host: %q", got)
 	}
 	if got := list("-C", "--kind", "masquerade", "--proto", "tcp"); got != "3\n" {
 		t.Errorf("-C --kind masquerade --proto tcp: %q", got)

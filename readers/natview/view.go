@@ -21,6 +21,10 @@ type Source interface {
 	NATPairs(visit func(*bpf.NATPair) bool) error
 	Lifetimes() (bpf.Lifetimes, error)
 	NATFill() ([]bpf.NATMapFill, error)
+	// NATCounts are the programs' counts of the pairs by family and kind
+	// (bpf.Pinned.NATCounts): what --count reads when no flag but
+	// --kind narrows it.
+	NATCounts() ([]bpf.NATCounts, error)
 }
 
 var _ Source = bpf.Pinned{}
@@ -39,6 +43,13 @@ func Write(w io.Writer, src Source, o Options) error {
 	now := monotonicNow()
 	bw := bufio.NewWriterSize(w, 64<<10)
 	switch {
+	case o.Count && f.byKindOnly():
+		// conntrack -C: the count the datapath keeps, the same cost at
+		// any size.
+		var counts []bpf.NATCounts
+		if counts, err = src.NATCounts(); err == nil {
+			fmt.Fprintf(bw, "%d\n", f.countOf(counts))
+		}
 	case o.Count:
 		n := 0
 		err = src.NATPairs(func(p *bpf.NATPair) bool {
