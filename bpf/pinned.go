@@ -164,36 +164,41 @@ func (p Pinned) NATFill() ([]NATMapFill, error) {
 
 // UnmasqFill returns the occupancy of unmasq_v4 and unmasq_v6, in that
 // order: the records of flows that started unmasqueraded, whose decision
-// they keep (lib/unmasq.h). Entries is one per flow; Capacity is
-// UnmasqEntries of --nat-max-entries. The maps are LRUs: a full one evicts
-// its least recently used record, whose flow is then decided again.
+// they keep (lib/unmasq.h). Entries is one per flow, as the kernel counts
+// them (ElemCounts: an LRU's evictions included, at the same cost at any
+// size); Capacity is UnmasqEntries of --nat-max-entries. The maps are
+// LRUs: a full one evicts its least recently used record, whose flow is
+// then decided again.
 func (p Pinned) UnmasqFill() ([]NATMapFill, error) {
-	return p.fill([]mapOfFamily{
-		{"ipv4", MapUnmasqV4, CountEntries[NATKeyV4, UnmasqVal]},
-		{"ipv6", MapUnmasqV6, CountEntries[NATKeyV6, UnmasqVal]},
-	})
-}
-
-// mapOfFamily is a map of one family and how to count its entries.
-type mapOfFamily struct {
-	family, name string
-	count        func(*ebpf.Map) (int, error)
-}
-
-func (p Pinned) fill(maps []mapOfFamily) ([]NATMapFill, error) {
-	var out []NATMapFill
-	for _, f := range maps {
+	var (
+		out  []NATMapFill
+		ids  []ebpf.MapID
+		maps []*ebpf.Map
+	)
+	defer func() {
+		for _, m := range maps {
+			m.Close()
+		}
+	}()
+	for _, f := range []struct{ family, name string }{{"ipv4", MapUnmasqV4}, {"ipv6", MapUnmasqV6}} {
 		m, err := p.open(f.name)
 		if err != nil {
 			return nil, err
 		}
-		n, err := f.count(m)
-		capacity := int(m.MaxEntries())
-		m.Close()
+		maps = append(maps, m)
+		id, err := mapID(m)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.name, err)
+			return nil, err
 		}
-		out = append(out, NATMapFill{Family: f.family, Entries: n, Capacity: capacity})
+		ids = append(ids, id)
+		out = append(out, NATMapFill{Family: f.family, Capacity: int(m.MaxEntries())})
+	}
+	counts, err := ElemCounts(ids...)
+	if err != nil {
+		return nil, err
+	}
+	for i, id := range ids {
+		out[i].Entries = counts[id]
 	}
 	return out, nil
 }

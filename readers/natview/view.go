@@ -36,6 +36,16 @@ func Write(w io.Writer, src Source, o Options) error {
 	if err != nil {
 		return err
 	}
+	if o.Count && f.byKindOnly() {
+		// conntrack -C: the count the datapath keeps, the same cost at
+		// any size.
+		counts, err := src.NATCounts()
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%d\n", f.countOf(counts))
+		return err
+	}
 	lifetimes, err := src.Lifetimes()
 	if err != nil {
 		return err
@@ -43,13 +53,6 @@ func Write(w io.Writer, src Source, o Options) error {
 	now := monotonicNow()
 	bw := bufio.NewWriterSize(w, 64<<10)
 	switch {
-	case o.Count && f.byKindOnly():
-		// conntrack -C: the count the datapath keeps, the same cost at
-		// any size.
-		var counts []bpf.NATCounts
-		if counts, err = src.NATCounts(); err == nil {
-			fmt.Fprintf(bw, "%d\n", f.countOf(counts))
-		}
 	case o.Count:
 		n := 0
 		err = src.NATPairs(func(p *bpf.NATPair) bool {
