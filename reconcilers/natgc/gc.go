@@ -44,19 +44,23 @@ func monotonicNow() uint64 {
 // size/gcScanPerRound rounds.
 //
 // An entry is a candidate when it has outlived the lifetime of its own
-// state: a pair's state is the state of one of its halves (the one with
-// the highest-ranking flag, see nat_state), and the pair's last packet is
-// no older than that half's, so every expired pair has a half that is a
-// candidate by itself, and no other half needs reading (which cost a
-// lookup a round for every idle pair). Each candidate is ended by the
-// kernel (bpf.Datapath.EndPairV4/V6), which judges the pair, both halves,
-// at that instant and claims it as the programs do before deleting both
-// halves, so a packet, a SYN that reopened the pair or a flow that took its
-// port over since the scan keeps it or its new entries. Pairs translated to
-// an address the node no longer has (deleted from its device) are removed
-// as they are read, as MASQUERADE ends such flows: they would keep sending
-// from an address nobody answers. Adding or reordering addresses ends
-// nothing.
+// state, read from its own flags: a pair's state is the state of one of its
+// halves (the one with the highest-ranking flag, see nat_state), and the
+// pair's last packet is no older than that half's, so every expired pair
+// has a half that is a candidate by itself, and no other half needs
+// reading (which cost a lookup a round for every idle pair). An egress
+// entry without FIN or RST never ranks above its reply entry (SEEN and the
+// UDP stream mark live there), so it is a candidate only past the longest
+// lifetime of its protocol: an idle established pair's egress entry costs
+// nothing either, and one whose reply entry was lost is still freed. Each
+// candidate is ended by the kernel (bpf.Datapath.EndPairV4/V6), which
+// judges the pair, both halves, at that instant and claims it as the
+// programs do before deleting both halves, so a packet, a SYN that
+// reopened the pair or a flow that took its port over since the scan keeps
+// it or its new entries. Pairs translated to an address the node no longer
+// has (deleted from its device) are removed as they are read, as
+// MASQUERADE ends such flows: they would keep sending from an address
+// nobody answers. Adding or reordering addresses ends nothing.
 type collector struct {
 	log       *slog.Logger
 	dp        *datapath.Handle
@@ -210,6 +214,7 @@ func (s *scanner[K, V]) round(m *ebpf.Map, name string, end endFunc[K], l bpf.Li
 	var (
 		stats   GCStats
 		expired []candidate[K]
+		longest longestLifetimes
 	)
 	if s.keys == nil {
 		s.keys, s.vals = make([]K, gcChunk), make([]V, gcChunk)
@@ -227,7 +232,7 @@ func (s *scanner[K, V]) round(m *ebpf.Map, name string, end endFunc[K], l bpf.Li
 			switch {
 			case e.dir != bpf.DirInbound && snat != nil && !snat[e.snat]:
 				expired = append(expired, candidate[K]{s.keys[i], true})
-			case expiredAt(l, now, e.lastSeen, e.proto, e.flags):
+			case candidateEntry(l, now, e, &longest):
 				expired = append(expired, candidate[K]{s.keys[i], false})
 			}
 		}
@@ -264,6 +269,31 @@ func (s *scanner[K, V]) round(m *ebpf.Map, name string, end endFunc[K], l bpf.Li
 type candidate[K any] struct {
 	key   K
 	force bool
+}
+
+// candidateEntry says whether the scan offers e to the kernel: see
+// collector.
+func candidateEntry(l bpf.Lifetimes, now uint64, e natEntry, longest *longestLifetimes) bool {
+	if e.dir == bpf.DirEgress && e.flags&(bpf.NATFlagFIN|bpf.NATFlagRST) == 0 {
+		return age(now, e.lastSeen) > longest.of(l, e.proto)
+	}
+	return expiredAt(l, now, e.lastSeen, e.proto, e.flags)
+}
+
+// longestLifetimes memoizes the longest lifetime of each protocol's pairs.
+type longestLifetimes struct {
+	known [256]bool
+	d     [256]time.Duration
+}
+
+func (m *longestLifetimes) of(l bpf.Lifetimes, proto uint8) time.Duration {
+	if !m.known[proto] {
+		for flags := range 256 {
+			m.d[proto] = max(m.d[proto], l.Of(bpf.StateOf(proto, uint8(flags))))
+		}
+		m.known[proto] = true
+	}
+	return m.d[proto]
 }
 
 // expiredAt says whether an entry last seen at last has outlived its state.
