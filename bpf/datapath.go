@@ -137,6 +137,10 @@ type LoadOptions struct {
 	NATMaxEntriesV4, NATMaxEntriesV6 uint32
 	// Logger receives map replacement warnings; nil means slog.Default().
 	Logger *slog.Logger
+
+	// natMapKind, in tests, changes the NAT maps' kind before they are
+	// made (the measurements of docs/datapath.md "Map kinds").
+	natMapKind func(*ebpf.MapSpec)
 }
 
 // Load loads the programs and their maps into the kernel. The programs are
@@ -153,6 +157,10 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	spec.Maps[MapNATV6].MaxEntries = cmp.Or(opts.NATMaxEntriesV6, opts.NATMaxEntries)
 	spec.Maps[MapUnmasqV4].MaxEntries = UnmasqEntries(spec.Maps[MapNATV4].MaxEntries)
 	spec.Maps[MapUnmasqV6].MaxEntries = UnmasqEntries(spec.Maps[MapNATV6].MaxEntries)
+	if opts.natMapKind != nil {
+		opts.natMapKind(spec.Maps[MapNATV4])
+		opts.natMapKind(spec.Maps[MapNATV6])
+	}
 
 	if !csumIPv6FlagSupported() {
 		if err := spec.Variables["csum_ipv6_flag"].Set(uint64(0)); err != nil {

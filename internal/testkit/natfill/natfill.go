@@ -106,7 +106,6 @@ func Conntrack(tb testing.TB, n int) (netns.NsHandle, int) {
 	return ns, n
 }
 
-
 // Compare runs ours (over flows flows) and baseline (over entries
 // conntrack entries) alternately b.N times each and reports the mean of
 // each (ms/op of each side) and their ratio (ours/baseline), measured in
