@@ -195,7 +195,15 @@ func (p Pinned) UnmasqFill() ([]NATMapFill, error) {
 	}
 	counts, err := ElemCounts(ids...)
 	if err != nil {
-		return nil, err
+		// A kernel without bpf_map_sum_elem_count (before 6.6): a walk,
+		// whose cost follows the maps' capacity.
+		if out[0].Entries, err = CountEntries[NATKeyV4, UnmasqVal](maps[0]); err != nil {
+			return nil, fmt.Errorf("%s: %w", MapUnmasqV4, err)
+		}
+		if out[1].Entries, err = CountEntries[NATKeyV6, UnmasqVal](maps[1]); err != nil {
+			return nil, fmt.Errorf("%s: %w", MapUnmasqV6, err)
+		}
+		return out, nil
 	}
 	for i, id := range ids {
 		out[i].Entries = counts[id]

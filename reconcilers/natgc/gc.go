@@ -97,6 +97,9 @@ func (c *collector) collect(ctx context.Context) error {
 // collectNow (datapath/gc) sweeps both maps whole, in rounds, from where
 // the last round stopped.
 func (c *collector) collectNow() error {
+	if c.dp.Get() == nil {
+		return nil
+	}
 	for done4, done6 := false, false; !done4 || !done6; {
 		s4, s6, err := c.round()
 		if err != nil {
