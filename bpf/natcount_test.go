@@ -1,6 +1,8 @@
 package bpf
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -101,4 +103,40 @@ func TestNATCountsOfEveryKind(t *testing.T) {
 	if counts, _ = ReadNATCounts(e.dp.Maps.NatCount); counts[0].Entries() != 0 {
 		t.Errorf("after ending everything: %+v", counts[0])
 	}
+}
+
+// TestNATCountsAcrossLoads: the counts follow the maps across loads: a
+// restart that reuses the pinned maps keeps them (never recounted, so a
+// restart under traffic changes nothing), a resize whose pairs are copied
+// from user space recounts the new maps, and so does the first load with a
+// count map (an upgrade: nat_count not pinned yet).
+func TestNATCountsAcrossLoads(t *testing.T) {
+	e := newEnv(t, envOptions{natMax: 64})
+	e.egress(flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}.packet())
+	e.egress(flow{src: pod6, dst: remote6, proto: protoUDP, sport: 40000, dport: 53}.packet())
+	want := []NATCounts{{Family: "ipv4", Masquerade: 1, Reply: 1}, {Family: "ipv6", Masquerade: 1, Reply: 1}}
+	reload := func(name string, size uint32) {
+		t.Helper()
+		dp, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: size})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dp.Close() })
+		e.dp.Close()
+		e.dp = dp
+		counts, err := ReadNATCounts(dp.Maps.NatCount)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if counts[0] != want[0] || counts[1] != want[1] {
+			t.Errorf("%s: counts %+v, want %+v", name, counts, want)
+		}
+		checkNATCounts(t, dp)
+	}
+	reload("restart", 64)
+	reload("resized", 4096)
+	if err := os.Remove(filepath.Join(e.pinDir, MapNATCount)); err != nil {
+		t.Fatal(err)
+	}
+	reload("upgrade (no count map pinned)", 4096)
 }
