@@ -3,6 +3,8 @@ package natview
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -234,5 +236,41 @@ func TestProtoName(t *testing.T) {
 		if got := ProtoName(p); got != want {
 			t.Errorf("ProtoName(%d) = %q, want %q", p, got, want)
 		}
+	}
+}
+
+// countsOnly is a Source whose pairs cannot be read: --count must answer
+// from the datapath's counts.
+type countsOnly struct{ counts []bpf.NATCounts }
+
+func (c countsOnly) NATPairs(func(*bpf.NATPair) bool) error {
+	return errors.New("the pairs were read")
+}
+func (c countsOnly) Lifetimes() (bpf.Lifetimes, error)   { return bpf.DefaultLifetimes, nil }
+func (c countsOnly) NATFill() ([]bpf.NATMapFill, error)  { return nil, errors.New("the fill was read") }
+func (c countsOnly) NATCounts() ([]bpf.NATCounts, error) { return c.counts, nil }
+
+// TestCountReadsTheCounts: nat -C, alone or with --kind, is the datapath's
+// count (conntrack -C), whatever the size of the maps; another filter
+// reads the pairs.
+func TestCountReadsTheCounts(t *testing.T) {
+	src := countsOnly{[]bpf.NATCounts{{Family: "ipv4", Masquerade: 500000, Reply: 499990, Inbound: 7, Host: 2},
+		{Family: "ipv6", Masquerade: 3, Reply: 3, Inbound: 1}}}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-C"}, "500013\n"},
+		{[]string{"--count", "--kind", "masquerade"}, "500003\n"},
+		{[]string{"-C", "--kind", "inbound"}, "8\n"},
+		{[]string{"-C", "--kind", "host"}, "2\n"},
+	} {
+		var b bytes.Buffer
+		if err := Run(&b, src, c.args); err != nil || b.String() != c.want {
+			t.Errorf("nat %v: %q, %v; want %q", c.args, b.String(), err, c.want)
+		}
+	}
+	if err := Run(io.Discard, src, []string{"-C", "--proto", "tcp"}); err == nil {
+		t.Error("nat -C --proto tcp did not read the pairs")
 	}
 }
