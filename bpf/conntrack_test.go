@@ -455,10 +455,9 @@ func TestResizedNATMapKeepsPairs(t *testing.T) {
 }
 
 // TestNATMapUpgradedToHash: a node upgraded from a version whose NAT maps
-// were LRU maps (or, before those, hash maps without BPF_F_NO_PREALLOC)
-// keeps its pairs: the pinned LRU map's entries are copied into the hash
-// map that replaces it (a hash map of the same size is the new layout
-// already, and is kept as it is).
+// were LRU maps, or preallocated hash maps, keeps its pairs: the pinned
+// map's entries are copied into the BPF_F_NO_PREALLOC hash map that
+// replaces it, and the pairs' counts follow.
 func TestNATMapUpgradedToHash(t *testing.T) {
 	for _, typ := range []ebpf.MapType{ebpf.LRUHash, ebpf.Hash} {
 		t.Run(typ.String(), func(t *testing.T) {
@@ -501,9 +500,10 @@ func TestNATMapUpgradedToHash(t *testing.T) {
 			e.dp.Close()
 			e.dp = dp2
 			t.Cleanup(func() { dp2.Close() })
-			if got := e.dp.Maps.NatV4.Type(); got != ebpf.Hash {
-				t.Fatalf("nat_v4 is a %s after the upgrade, want a Hash", got)
+			if got := e.dp.Maps.NatV4.Type(); got != ebpf.Hash || e.dp.Maps.NatV4.Flags()&unix.BPF_F_NO_PREALLOC == 0 {
+				t.Fatalf("nat_v4 is a %s (flags %#x) after the upgrade, want a Hash with BPF_F_NO_PREALLOC", got, e.dp.Maps.NatV4.Flags())
 			}
+			checkNATCounts(t, e.dp)
 			before := e.counters()
 			f.tcpFlags = tcpACK
 			if got := masqueraded(t, e.egress(f.packet()), f, snat4); got != port {

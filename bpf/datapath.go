@@ -141,6 +141,10 @@ type LoadOptions struct {
 	NATMaxEntriesV4, NATMaxEntriesV6 uint32
 	// Logger receives map replacement warnings; nil means slog.Default().
 	Logger *slog.Logger
+
+	// natMapKind, in tests, changes the NAT maps' kind before they are
+	// made (the measurements of docs/datapath.md "Map kinds").
+	natMapKind func(*ebpf.MapSpec)
 }
 
 // Load loads the programs and their maps into the kernel. The programs are
@@ -157,6 +161,10 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	spec.Maps[MapNATV6].MaxEntries = cmp.Or(opts.NATMaxEntriesV6, opts.NATMaxEntries)
 	spec.Maps[MapUnmasqV4].MaxEntries = UnmasqEntries(spec.Maps[MapNATV4].MaxEntries)
 	spec.Maps[MapUnmasqV6].MaxEntries = UnmasqEntries(spec.Maps[MapNATV6].MaxEntries)
+	if opts.natMapKind != nil {
+		opts.natMapKind(spec.Maps[MapNATV4])
+		opts.natMapKind(spec.Maps[MapNATV6])
+	}
 
 	if !csumIPv6FlagSupported() {
 		if err := spec.Variables["csum_ipv6_flag"].Set(uint64(0)); err != nil {
@@ -183,7 +191,9 @@ func Load(opts LoadOptions) (*Datapath, error) {
 		}
 		replacements[name] = c
 	}
+	var pinnedBefore map[string]ebpf.MapID
 	if opts.PinDir != "" {
+		pinnedBefore = pinnedIDs(opts.PinDir, MapNATCount, MapNATV4, MapNATV6)
 		for _, name := range pinnedMaps(spec) {
 			open := bpfmap.OpenPinned
 			if name == MapNATV4 || name == MapNATV6 || name == MapUnmasqV4 || name == MapUnmasqV6 {
@@ -214,6 +224,12 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	d.EgressL3 = d.objs.IpmasqEgressL3
 	d.IngressL3 = d.objs.IpmasqIngressL3
 	d.Maps = d.objs.masqMaps
+	if opts.PinDir != "" {
+		if err := recountNAT(d, pinnedBefore); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
 	return d, nil
 }
 

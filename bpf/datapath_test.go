@@ -56,6 +56,8 @@ type envOptions struct {
 	// object is another build of masq.c (a baseline for benchmarks) to
 	// load instead of the embedded one; empty: the embedded one.
 	object string
+	// natMapKind changes the NAT maps' kind (BenchmarkNATMapKinds).
+	natMapKind func(*ebpf.MapSpec)
 }
 
 // newEnv loads the datapath with nonmasq tries of a size other than the
@@ -85,7 +87,8 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 	var dp *Datapath
 	if o.object != "" {
 		dp = loadObject(tb, o.object, o.natMax)
-	} else if dp, err = Load(LoadOptions{PinDir: pinDir, NonMasqV4: nm4, NonMasqV6: nm6, NATMaxEntries: o.natMax}); err != nil {
+	} else if dp, err = Load(LoadOptions{PinDir: pinDir, NonMasqV4: nm4, NonMasqV6: nm6, NATMaxEntries: o.natMax,
+		natMapKind: o.natMapKind}); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { dp.Close() })

@@ -215,6 +215,16 @@ type masqMasqRuleV6Key struct {
 	Addr      [16]uint8
 }
 
+type masqNatClass uint32
+
+const (
+	masqNatClassNAT_CLASS_EGRESS  masqNatClass = 0
+	masqNatClassNAT_CLASS_REPLY   masqNatClass = 1
+	masqNatClassNAT_CLASS_INBOUND masqNatClass = 2
+	masqNatClassNAT_CLASS_HOST    masqNatClass = 3
+	masqNatClassNAT_CLASS_MAX     masqNatClass = 4
+)
+
 type masqNatDir uint32
 
 const (
@@ -354,6 +364,7 @@ const (
 	masqMapMasqSrcV6          = "masq_src_v6"
 	masqMapNatCandV4          = "nat_cand_v4"
 	masqMapNatCandV6          = "nat_cand_v6"
+	masqMapNatCount           = "nat_count"
 	masqMapNatDrop            = "nat_drop"
 	masqMapNatFinV4           = "nat_fin_v4"
 	masqMapNatFinV6           = "nat_fin_v6"
@@ -378,6 +389,7 @@ const (
 	masqVarCsumIpv6Flag       = "csum_ipv6_flag"
 	masqVarDropReasonMax      = "drop_reason_max"
 	masqVarMasqCfgFlagsKnown  = "masq_cfg_flags_known"
+	masqVarNatClassMax        = "nat_class_max"
 	masqVarNatDirLast         = "nat_dir_last"
 	masqVarNatFlagsStored     = "nat_flags_stored"
 	masqVarNatGcResultLast    = "nat_gc_result_last"
@@ -453,6 +465,7 @@ type masqMapSpecs struct {
 	MasqSrcV6          *ebpf.MapSpec `ebpf:"masq_src_v6"`
 	NatCandV4          *ebpf.MapSpec `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.MapSpec `ebpf:"nat_cand_v6"`
+	NatCount           *ebpf.MapSpec `ebpf:"nat_count"`
 	NatDrop            *ebpf.MapSpec `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
@@ -477,6 +490,7 @@ type masqVariableSpecs struct {
 	CsumIpv6Flag       *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
 	DropReasonMax      *ebpf.VariableSpec `ebpf:"drop_reason_max"`
 	MasqCfgFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
+	NatClassMax        *ebpf.VariableSpec `ebpf:"nat_class_max"`
 	NatDirLast         *ebpf.VariableSpec `ebpf:"nat_dir_last"`
 	NatFlagsStored     *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
 	NatGcResultLast    *ebpf.VariableSpec `ebpf:"nat_gc_result_last"`
@@ -518,6 +532,7 @@ type masqMaps struct {
 	MasqSrcV6          *ebpf.Map `ebpf:"masq_src_v6"`
 	NatCandV4          *ebpf.Map `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.Map `ebpf:"nat_cand_v6"`
+	NatCount           *ebpf.Map `ebpf:"nat_count"`
 	NatDrop            *ebpf.Map `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
@@ -549,6 +564,7 @@ func (m *masqMaps) Close() error {
 		m.MasqSrcV6,
 		m.NatCandV4,
 		m.NatCandV6,
+		m.NatCount,
 		m.NatDrop,
 		m.NatFinV4,
 		m.NatFinV6,
@@ -574,6 +590,7 @@ type masqVariables struct {
 	CsumIpv6Flag       *ebpf.Variable `ebpf:"csum_ipv6_flag"`
 	DropReasonMax      *ebpf.Variable `ebpf:"drop_reason_max"`
 	MasqCfgFlagsKnown  *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
+	NatClassMax        *ebpf.Variable `ebpf:"nat_class_max"`
 	NatDirLast         *ebpf.Variable `ebpf:"nat_dir_last"`
 	NatFlagsStored     *ebpf.Variable `ebpf:"nat_flags_stored"`
 	NatGcResultLast    *ebpf.Variable `ebpf:"nat_gc_result_last"`

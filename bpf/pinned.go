@@ -45,25 +45,13 @@ func (p Pinned) Counters() ([]uint64, error) {
 }
 
 // NATOccupancy returns the entries in the IPv4 and IPv6 NAT maps and the
-// capacity of each (two entries per flow).
+// capacity of each (two entries per flow), from the programs' counts.
 func (p Pinned) NATOccupancy() (v4, v6, capacity int, err error) {
-	m4, err := p.open(MapNATV4)
+	fill, err := p.NATFill()
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	defer m4.Close()
-	m6, err := p.open(MapNATV6)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	defer m6.Close()
-	if v4, err = CountEntries[NATKeyV4, NATValV4](m4); err != nil {
-		return 0, 0, 0, fmt.Errorf("%s: %w", MapNATV4, err)
-	}
-	if v6, err = CountEntries[NATKeyV6, NATValV6](m6); err != nil {
-		return 0, 0, 0, fmt.Errorf("%s: %w", MapNATV6, err)
-	}
-	return v4, v6, int(m4.MaxEntries()), nil
+	return fill[0].Entries, fill[1].Entries, fill[0].Capacity, nil
 }
 
 // CountEntries counts a map's entries, reading it in batches where the
@@ -154,46 +142,71 @@ type NATMapFill struct {
 	Capacity int `json:"capacity"`
 }
 
-// NATFill returns the occupancy of nat_v4 and nat_v6, in that order.
+// NATFill returns the occupancy of nat_v4 and nat_v6, in that order: the
+// programs' counts (NATCounts), so it costs the same at any size of the
+// maps.
 func (p Pinned) NATFill() ([]NATMapFill, error) {
-	return p.fill([]mapOfFamily{
-		{"ipv4", MapNATV4, CountEntries[NATKeyV4, NATValV4]},
-		{"ipv6", MapNATV6, CountEntries[NATKeyV6, NATValV6]},
-	})
+	counts, err := p.NATCounts()
+	if err != nil {
+		return nil, err
+	}
+	var out []NATMapFill
+	for i, name := range []string{MapNATV4, MapNATV6} {
+		m, err := p.open(name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, NATMapFill{Family: counts[i].Family, Entries: counts[i].Entries(), Capacity: int(m.MaxEntries())})
+		m.Close()
+	}
+	return out, nil
 }
 
 // UnmasqFill returns the occupancy of unmasq_v4 and unmasq_v6, in that
 // order: the records of flows that started unmasqueraded, whose decision
-// they keep (lib/unmasq.h). Entries is one per flow; Capacity is
-// UnmasqEntries of --nat-max-entries. The maps are LRUs: a full one evicts
-// its least recently used record, whose flow is then decided again.
+// they keep (lib/unmasq.h). Entries is one per flow, as the kernel counts
+// them (ElemCounts: an LRU's evictions included, at the same cost at any
+// size); Capacity is UnmasqEntries of --nat-max-entries. The maps are
+// LRUs: a full one evicts its least recently used record, whose flow is
+// then decided again.
 func (p Pinned) UnmasqFill() ([]NATMapFill, error) {
-	return p.fill([]mapOfFamily{
-		{"ipv4", MapUnmasqV4, CountEntries[NATKeyV4, UnmasqVal]},
-		{"ipv6", MapUnmasqV6, CountEntries[NATKeyV6, UnmasqVal]},
-	})
-}
-
-// mapOfFamily is a map of one family and how to count its entries.
-type mapOfFamily struct {
-	family, name string
-	count        func(*ebpf.Map) (int, error)
-}
-
-func (p Pinned) fill(maps []mapOfFamily) ([]NATMapFill, error) {
-	var out []NATMapFill
-	for _, f := range maps {
+	var (
+		out  []NATMapFill
+		ids  []ebpf.MapID
+		maps []*ebpf.Map
+	)
+	defer func() {
+		for _, m := range maps {
+			m.Close()
+		}
+	}()
+	for _, f := range []struct{ family, name string }{{"ipv4", MapUnmasqV4}, {"ipv6", MapUnmasqV6}} {
 		m, err := p.open(f.name)
 		if err != nil {
 			return nil, err
 		}
-		n, err := f.count(m)
-		capacity := int(m.MaxEntries())
-		m.Close()
+		maps = append(maps, m)
+		id, err := mapID(m)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.name, err)
+			return nil, err
 		}
-		out = append(out, NATMapFill{Family: f.family, Entries: n, Capacity: capacity})
+		ids = append(ids, id)
+		out = append(out, NATMapFill{Family: f.family, Capacity: int(m.MaxEntries())})
+	}
+	counts, err := ElemCounts(ids...)
+	if err != nil {
+		// A kernel without bpf_map_sum_elem_count (before 6.6): a walk,
+		// whose cost follows the maps' capacity.
+		if out[0].Entries, err = CountEntries[NATKeyV4, UnmasqVal](maps[0]); err != nil {
+			return nil, fmt.Errorf("%s: %w", MapUnmasqV4, err)
+		}
+		if out[1].Entries, err = CountEntries[NATKeyV6, UnmasqVal](maps[1]); err != nil {
+			return nil, fmt.Errorf("%s: %w", MapUnmasqV6, err)
+		}
+		return out, nil
+	}
+	for i, id := range ids {
+		out[i].Entries = counts[id]
 	}
 	return out, nil
 }

@@ -34,7 +34,7 @@ static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out,
 	FAM_ADDR_COPY(res->addr, out->src);
 	res->port = out->sport;
 	res->last_seen_ns = res->created_ns = now;
-	ret = bpf_map_update_elem(&FAM(nat), &in, res, BPF_NOEXIST);
+	ret = FAM(nat_insert)(&in, res);
 	if (ret == -EEXIST) {
 		/* ours if another CPU is creating the same flow right now */
 		cur = bpf_map_lookup_elem(&FAM(nat), &in);
@@ -49,12 +49,12 @@ static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out,
 		FAM(nat_cand_note)(&in, now);
 	}
 	FAM_ADDR_COPY(res->addr, in.dst);
-	ret = bpf_map_update_elem(&FAM(nat), out, res, BPF_NOEXIST);
+	ret = FAM(nat_insert)(out, res);
 	if (ret == 0)
 		return COUNTER_NAT_NEW;
 	if (ret != -EEXIST) {
 		if (created)
-			bpf_map_delete_elem(&FAM(nat), &in);
+			FAM(nat_delete)(&in);
 		return COUNTER_NAT_FULL;
 	}
 	cur = bpf_map_lookup_elem(&FAM(nat), out);

@@ -11,6 +11,7 @@
 #include "types.h"
 #include "counters.h"
 #include "maps.h"
+#include "natcount.h"
 #include "parse.h"
 #include "evict.h"
 

@@ -112,13 +112,13 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 		nr.port = k->sport;
 		nr.last_seen_ns = now;
 		nr.created_ns = v->created_ns;
-		if (bpf_map_update_elem(&FAM(nat), &peer, &nr, BPF_NOEXIST) == 0) {
+		if (FAM(nat_insert)(&peer, &nr) == 0) {
 			/* Whoever ends a pair deletes its egress entry before
 			 * its reply entry: with the reply entry gone, the
 			 * egress entry (v may be a pointer to it, deleted) may
 			 * be gone too, and the rebuilt entry would be alone. */
 			if (!bpf_map_lookup_elem(&FAM(nat), k)) {
-				bpf_map_delete_elem(&FAM(nat), &peer);
+				FAM(nat_delete)(&peer);
 				return NAT_EST_NO_PAIR;
 			}
 			FAM(nat_touch)(v, flags);
@@ -129,7 +129,7 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 			return 0;
 	}
 	if (!FAM_ADDR_EQ(r->addr, k->src) || r->port != k->sport) {
-		bpf_map_delete_elem(&FAM(nat), k);
+		FAM(nat_delete)(k);
 		return NAT_EST_NO_PAIR;
 	}
 	nat_udp_stream(k->proto, &r->flags, r->created_ns);
@@ -146,8 +146,8 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 		 * pair goes (its egress entry would translate the new flow's
 		 * next packets). */
 		if (renew) {
-			bpf_map_delete_elem(&FAM(nat), k);
-			bpf_map_delete_elem(&FAM(nat), &peer);
+			FAM(nat_delete)(k);
+			FAM(nat_delete)(&peer);
 			return NAT_EST_NO_PAIR;
 		}
 		NAT_RESET(v, now);
@@ -239,7 +239,7 @@ static __always_inline int FAM(nat_takeover)(const FAM_T(nat, key) *in, FAM_T(na
 		return 0;
 	if (!nat_claim(&r->last_seen_ns, rl, NAT_CLAIMED))
 		return 0;
-	bpf_map_delete_elem(&FAM(nat), &peer);
+	FAM(nat_delete)(&peer);
 	return NAT_REUSE_CLAIMED;
 }
 

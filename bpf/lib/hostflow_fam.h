@@ -68,17 +68,17 @@ __noinline int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
 		/* A pair that is over must not catch the node's replies
 		 * (claimed: this CPU's to delete). */
 		if (reuse == NAT_REUSE_CLAIMED)
-			bpf_map_delete_elem(&FAM(nat), &k);
+			FAM(nat_delete)(&k);
 		return HOST_PASS;
 	}
 	FAM_ADDR_COPY(nv.addr, FAM_PKT(p).saddr);
 	nv.port = p->sport;
 	nv.last_seen_ns = now;
 	nv.created_ns = now;
-	if (bpf_map_update_elem(&FAM(nat), &k, &nv, reuse == NAT_REUSE_CLAIMED ? BPF_ANY : BPF_NOEXIST) == 0)
+	if ((reuse == NAT_REUSE_CLAIMED ? FAM(nat_replace)(&k, &nv) : FAM(nat_insert)(&k, &nv)) == 0)
 		count(COUNTER_HOST_FLOW_NEW);
 	else if (reuse == NAT_REUSE_CLAIMED)
-		bpf_map_delete_elem(&FAM(nat), &k); /* never left claimed */
+		FAM(nat_delete)(&k); /* never left claimed */
 	return HOST_PASS;
 }
 

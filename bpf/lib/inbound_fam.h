@@ -95,9 +95,9 @@ static __always_inline int FAM(inbound_track)(struct __sk_buff *skb, const struc
 		return TC_ACT_UNSPEC;
 	nv.last_seen_ns = now;
 	nv.created_ns = now;
-	ret = bpf_map_update_elem(&FAM(nat), &k, &nv, BPF_NOEXIST);
+	ret = FAM(nat_insert)(&k, &nv);
 	if (ret == -E2BIG && FAM(nat_early_drop)())
-		ret = bpf_map_update_elem(&FAM(nat), &k, &nv, BPF_NOEXIST);
+		ret = FAM(nat_insert)(&k, &nv);
 	if (ret == 0) {
 		FAM(nat_cand_note)(&k, now);
 		count(COUNTER_INBOUND_NEW);

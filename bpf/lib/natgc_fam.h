@@ -60,20 +60,20 @@ static __always_inline __u32 FAM(nat_gc_end)(const FAM_T(nat, key) *k, __u32 for
 			return NAT_GC_KEPT;
 		if (!nat_claim(&v->last_seen_ns, vl, NAT_CLAIMED))
 			return NAT_GC_KEPT;
-		bpf_map_delete_elem(&FAM(nat), k);
+		FAM(nat_delete)(k);
 		return NAT_GC_ENDED;
 	}
 	if (k->dir == DIR_INGRESS) {
 		if (!nat_claim(&v->last_seen_ns, vl, NAT_CLAIMED))
 			return NAT_GC_KEPT;
-		bpf_map_delete_elem(&FAM(nat), &peer);
-		bpf_map_delete_elem(&FAM(nat), k);
+		FAM(nat_delete)(&peer);
+		FAM(nat_delete)(k);
 		return NAT_GC_ENDED;
 	}
 	if (!nat_claim(&o->last_seen_ns, ol, NAT_CLAIMED))
 		return NAT_GC_KEPT;
-	bpf_map_delete_elem(&FAM(nat), k);
-	bpf_map_delete_elem(&FAM(nat), &peer);
+	FAM(nat_delete)(k);
+	FAM(nat_delete)(&peer);
 	return NAT_GC_ENDED;
 }
 

@@ -72,12 +72,12 @@ __noinline int FAM(nat_try)(struct __sk_buff *skb, FAM_T(nat, key) *in, FAM_T(na
 			return PORT_TAKEN;
 		/* Claimed: the reply entry is this flow's to replace, with no
 		 * flag of the old pair's (and never left claimed). */
-		if (bpf_map_update_elem(&FAM(nat), in, rev, BPF_ANY) == 0)
+		if (FAM(nat_replace)(in, rev) == 0)
 			return PORT_REUSED;
-		bpf_map_delete_elem(&FAM(nat), in);
+		FAM(nat_delete)(in);
 		return PORT_TAKEN;
 	}
-	ret = bpf_map_update_elem(&FAM(nat), in, rev, BPF_NOEXIST);
+	ret = FAM(nat_insert)(in, rev);
 	if (ret == 0)
 		return PORT_FREE;
 	return ret == -EEXIST ? PORT_TAKEN : PORT_FULL;
@@ -153,13 +153,13 @@ __noinline enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, 
 	res->flags = flags & NAT_F_STORED;
 	res->last_seen_ns = now;
 	res->created_ns = now;
-	ret = bpf_map_update_elem(&FAM(nat), out, res, BPF_NOEXIST);
+	ret = FAM(nat_insert)(out, res);
 	if (ret == 0) {
 		/* not assured yet: early drop may take it (evict.h) */
 		FAM(nat_cand_note)(&in, now);
 		return COUNTER_NAT_NEW;
 	}
-	bpf_map_delete_elem(&FAM(nat), &in);
+	FAM(nat_delete)(&in);
 	if (ret != -EEXIST)
 		return COUNTER_NAT_FULL;
 	/* Lost a race with another CPU translating the same flow: use its pair. */

@@ -127,9 +127,9 @@ static __noinline int FAM(early_drop_victim)(FAM_T(early_drop, ctx) *ctx)
 		if (!o && nat_being_made(bpf_ktime_get_ns(), v->created_ns))
 			goto unclaim;
 		if (o)
-			bpf_map_delete_elem(&FAM(nat), &peer);
+			FAM(nat_delete)(&peer);
 	}
-	bpf_map_delete_elem(&FAM(nat), &ctx->victim);
+	FAM(nat_delete)(&ctx->victim);
 	slot = ctx->victim_pos & (NAT_CAND_SLOTS - 1);
 	c = bpf_map_lookup_elem(&FAM(nat_cand), &slot);
 	if (c)

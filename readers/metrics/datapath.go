@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -28,8 +26,9 @@ type DatapathSource interface {
 	// UnmasqFill returns the records and capacity of each map of
 	// unmasqueraded flows.
 	UnmasqFill() ([]bpf.NATMapFill, error)
-	// NATPairs visits every NAT pair, inbound record and node flow hold.
-	NATPairs(visit func(*bpf.NATPair) bool) error
+	// NATCounts returns the programs' counts of each NAT map's entries by
+	// class (the same cost at any size of the maps).
+	NATCounts() ([]bpf.NATCounts, error)
 }
 
 var _ DatapathSource = bpf.Pinned{}
@@ -65,16 +64,11 @@ var (
 		"Capacity (records) of the map of unmasqueraded flows of each family: a quarter of --nat-max-entries.",
 		[]string{"family"}, nil)
 	natPairsDesc = prometheus.NewDesc("ipmasq_nat_pairs",
-		"NAT pairs by family, kind (masquerade: translated flows; inbound: flows a remote opened to a masquerade source; "+
-			"host: node flows holding a NAT port) and connection state, as ipmasq-agent nat --summary counts them. "+
-			"Read at most every 15 s.",
-		[]string{"family", "kind", "state"}, nil)
+		"NAT pairs by family and kind (masquerade: translated flows; inbound: flows a remote opened to a masquerade source; "+
+			"host: node flows holding a NAT port), as the datapath counts them (ipmasq-agent nat --count --kind). "+
+			"By connection state: ipmasq-agent nat --summary.",
+		[]string{"family", "kind"}, nil)
 )
-
-// natPairsMaxAge is how long a count of the pairs is reused: counting
-// reads the whole NAT map, which a scrape every few seconds should not
-// repeat.
-const natPairsMaxAge = 15 * time.Second
 
 // datapathCollector reads the counters and NAT maps at scrape time.
 type datapathCollector struct {
@@ -82,17 +76,6 @@ type datapathCollector struct {
 	// deviceName names an interface index; ok=false for a device the agent
 	// does not know (any more).
 	deviceName func(ifindex int) (string, bool)
-
-	mu         sync.Mutex
-	pairs      map[pairKey]int
-	pairsAt    time.Time
-	pairsError error
-}
-
-type pairKey struct {
-	family string
-	kind   bpf.NATKind
-	state  bpf.NATState
 }
 
 // dropsHelp is ipmasq_drops_total's help, its reasons read from the
@@ -208,43 +191,16 @@ func (c *datapathCollector) collectNAT(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(natCapacityDesc, prometheus.GaugeValue, float64(m.Capacity), m.Family)
 	}
 
-	pairs, err := c.natPairs()
+	counts, err := c.src.NATCounts()
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(natPairsDesc, fmt.Errorf("count NAT pairs: %w", err))
+		ch <- prometheus.NewInvalidMetric(natPairsDesc, fmt.Errorf("read NAT pair counts: %w", err))
 		return
 	}
-	// Every family, kind and state, zero included: an alert on a state
-	// needs the series to exist before the first such pair.
-	for _, family := range []string{"ipv4", "ipv6"} {
+	// Every family and kind, zero included: an alert on a kind needs the
+	// series to exist before the first such pair.
+	for _, fc := range counts {
 		for kind := bpf.KindMasquerade; kind <= bpf.KindHost; kind++ {
-			for _, state := range bpf.NATStates() {
-				ch <- prometheus.MustNewConstMetric(natPairsDesc, prometheus.GaugeValue,
-					float64(pairs[pairKey{family, kind, state}]), family, kind.String(), state.String())
-			}
+			ch <- prometheus.MustNewConstMetric(natPairsDesc, prometheus.GaugeValue, float64(fc.Of(kind)), fc.Family, kind.String())
 		}
 	}
-}
-
-// natPairs counts the pairs by family, kind and state, reusing a count
-// younger than natPairsMaxAge.
-func (c *datapathCollector) natPairs() (map[pairKey]int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pairs != nil && time.Since(c.pairsAt) < natPairsMaxAge {
-		return c.pairs, nil
-	}
-	counts := map[pairKey]int{}
-	err := c.src.NATPairs(func(p *bpf.NATPair) bool {
-		family := "ipv4"
-		if p.IPv6 {
-			family = "ipv6"
-		}
-		counts[pairKey{family, p.Kind, p.State}]++
-		return true
-	})
-	if err != nil {
-		return nil, err
-	}
-	c.pairs, c.pairsAt = counts, time.Now()
-	return counts, nil
 }

@@ -18,8 +18,7 @@ type fakeDatapath struct {
 	counters         []uint64
 	devs             []bpf.DevCounters
 	fill, unmasq     []bpf.NATMapFill
-	pairs            []bpf.NATPair
-	pairReads        int
+	counts           []bpf.NATCounts
 	countErr, natErr error
 }
 
@@ -27,15 +26,7 @@ func (f *fakeDatapath) Counters() ([]uint64, error)             { return f.count
 func (f *fakeDatapath) DevCounters() ([]bpf.DevCounters, error) { return f.devs, f.countErr }
 func (f *fakeDatapath) NATFill() ([]bpf.NATMapFill, error)      { return f.fill, f.natErr }
 func (f *fakeDatapath) UnmasqFill() ([]bpf.NATMapFill, error)   { return f.unmasq, f.natErr }
-func (f *fakeDatapath) NATPairs(visit func(*bpf.NATPair) bool) error {
-	f.pairReads++
-	for i := range f.pairs {
-		if !visit(&f.pairs[i]) {
-			break
-		}
-	}
-	return f.natErr
-}
+func (f *fakeDatapath) NATCounts() ([]bpf.NATCounts, error)     { return f.counts, f.natErr }
 
 func TestDatapathCollector(t *testing.T) {
 	src := &fakeDatapath{counters: make([]uint64, bpf.NumCounters),
@@ -54,12 +45,7 @@ func TestDatapathCollector(t *testing.T) {
 	gone := bpf.DevCounters{Ifindex: 9, Family: "ipv6", Direction: "egress"}
 	gone.Packets[bpf.ActionPassed] = 4
 	src.devs = []bpf.DevCounters{eth0, eth0In, gone}
-	src.pairs = []bpf.NATPair{
-		{Kind: bpf.KindMasquerade, State: bpf.StateTCPEstablished},
-		{Kind: bpf.KindMasquerade, State: bpf.StateTCPEstablished},
-		{Kind: bpf.KindMasquerade, IPv6: true, State: bpf.StateUDP},
-		{Kind: bpf.KindInbound, State: bpf.StateTCPSyn},
-	}
+	src.counts = []bpf.NATCounts{{Family: "ipv4", Masquerade: 2, Reply: 2, Inbound: 1}, {Family: "ipv6", Masquerade: 1, Reply: 1}}
 	c := &datapathCollector{src: src, deviceName: func(i int) (string, bool) { return "eth0", i == 2 }}
 
 	reg := prometheus.NewPedanticRegistry()
@@ -84,10 +70,10 @@ func TestDatapathCollector(t *testing.T) {
 		{"ipmasq_unmasq_flows", map[string]string{"family": "ipv4"}, 25},
 		{"ipmasq_unmasq_flows", map[string]string{"family": "ipv6"}, 3},
 		{"ipmasq_unmasq_capacity", map[string]string{"family": "ipv4"}, 32768},
-		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "masquerade", "state": "tcp-established"}, 2},
-		{"ipmasq_nat_pairs", map[string]string{"family": "ipv6", "kind": "masquerade", "state": "udp"}, 1},
-		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "inbound", "state": "tcp-syn"}, 1},
-		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "host", "state": "udp"}, 0},
+		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "masquerade"}, 2},
+		{"ipmasq_nat_pairs", map[string]string{"family": "ipv6", "kind": "masquerade"}, 1},
+		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "inbound"}, 1},
+		{"ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "host"}, 0},
 		{"ipmasq_datapath_packets_total", map[string]string{"counter": "masqueraded"}, 1000},
 		{"ipmasq_datapath_packets_total", map[string]string{"counter": "drop-nat-table-full"}, 2},
 	} {
@@ -99,21 +85,14 @@ func TestDatapathCollector(t *testing.T) {
 		t.Fatalf("lint: %v %v", problems, err)
 	}
 
-	// The counters are read at every scrape; the pairs at most every 15 s.
+	// The counters and the pairs' counts are read at every scrape.
 	src.devs[0].Packets[bpf.ActionTranslated] = 1500
-	src.pairs = src.pairs[:1]
+	src.counts[0].Masquerade = 1
 	if got := gatheredSeries(t, reg, "ipmasq_packets_total", map[string]string{"device": "eth0", "direction": "egress", "action": "translated"}); got != 1500 {
 		t.Fatalf("translated after more traffic: %v, want 1500", got)
 	}
-	if got := gatheredSeries(t, reg, "ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "masquerade", "state": "tcp-established"}); got != 2 {
-		t.Fatalf("pairs within 15 s: %v, want the cached 2", got)
-	}
-	if src.pairReads != 1 {
-		t.Fatalf("the pairs were read %d times in three scrapes within 15 s, want once", src.pairReads)
-	}
-	c.pairsAt = c.pairsAt.Add(-natPairsMaxAge)
-	if got := gatheredSeries(t, reg, "ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "masquerade", "state": "tcp-established"}); got != 1 {
-		t.Fatalf("pairs after 15 s: %v, want 1", got)
+	if got := gatheredSeries(t, reg, "ipmasq_nat_pairs", map[string]string{"family": "ipv4", "kind": "masquerade"}); got != 1 {
+		t.Fatalf("pairs after one ended: %v, want 1", got)
 	}
 }
 

@@ -37,7 +37,7 @@
 //	ipmasq_nat_port_search_failures_total{family}    counter
 //	ipmasq_nat_entries{family}                       gauge
 //	ipmasq_nat_capacity{family}                      gauge    per map (--nat-max-entries)
-//	ipmasq_nat_pairs{family,kind,state}              gauge    read at most every 15 s
+//	ipmasq_nat_pairs{family,kind}                    gauge    the datapath's counts
 //	ipmasq_unmasq_flows{family}                      gauge    flows recorded as unmasqueraded (decision kept)
 //	ipmasq_unmasq_capacity{family}                   gauge    a quarter of --nat-max-entries
 //	ipmasq_datapath_packets_total{counter}           counter  deprecated, removed in the next release: bpf counter names

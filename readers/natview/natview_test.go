@@ -3,12 +3,16 @@ package natview
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
@@ -29,6 +33,21 @@ func pinnedNAT(tb testing.TB, maxEntries uint32) (*bpf.Datapath, bpf.Pinned) {
 		tb.Fatal(err)
 	}
 	return dp, bpf.Pinned{Dir: dir}
+}
+
+// setCounts makes the programs' counts (nat_count) those of a walk of the
+// NAT maps, which the test wrote directly, past the programs.
+func setCounts(tb testing.TB, dp *bpf.Datapath) {
+	tb.Helper()
+	for i, m := range []*ebpf.Map{dp.Maps.NatV4, dp.Maps.NatV6} {
+		c, err := bpf.CountNATEntries(m, i == 1)
+		if err == nil {
+			err = bpf.SetNATCounts(dp.Maps.NatCount, c)
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
 }
 
 // pairV4 returns both entries of pod → remote translated to snat:natPort,
@@ -90,6 +109,8 @@ func TestListKnownFlows(t *testing.T) {
 		CreatedNs: v6.CreatedNs, LastSeenNs: v6.LastSeenNs}); err != nil {
 		t.Fatal(err)
 	}
+
+	setCounts(t, dp)
 
 	list := func(args ...string) string {
 		t.Helper()
@@ -156,6 +177,9 @@ masquerade ipv6 tcp tcp-closing age=20s expires=1m59s [fd00:10:244:1::2]:42000 -
 	if got := list("--count"); got != "6\n" {
 		t.Errorf("--count: %q", got)
 	}
+	if got := list("-C", "--kind", "host"); got != "1\n" {
+		t.Errorf("-C --kind host: %q", got)
+	}
 	if got := list("-C", "--kind", "masquerade", "--proto", "tcp"); got != "3\n" {
 		t.Errorf("-C --kind masquerade --proto tcp: %q", got)
 	}
@@ -212,5 +236,41 @@ func TestProtoName(t *testing.T) {
 		if got := ProtoName(p); got != want {
 			t.Errorf("ProtoName(%d) = %q, want %q", p, got, want)
 		}
+	}
+}
+
+// countsOnly is a Source whose pairs cannot be read: --count must answer
+// from the datapath's counts.
+type countsOnly struct{ counts []bpf.NATCounts }
+
+func (c countsOnly) NATPairs(func(*bpf.NATPair) bool) error {
+	return errors.New("the pairs were read")
+}
+func (c countsOnly) Lifetimes() (bpf.Lifetimes, error)   { return bpf.DefaultLifetimes, nil }
+func (c countsOnly) NATFill() ([]bpf.NATMapFill, error)  { return nil, errors.New("the fill was read") }
+func (c countsOnly) NATCounts() ([]bpf.NATCounts, error) { return c.counts, nil }
+
+// TestCountReadsTheCounts: nat -C, alone or with --kind, is the datapath's
+// count (conntrack -C), whatever the size of the maps; another filter
+// reads the pairs.
+func TestCountReadsTheCounts(t *testing.T) {
+	src := countsOnly{[]bpf.NATCounts{{Family: "ipv4", Masquerade: 500000, Reply: 499990, Inbound: 7, Host: 2},
+		{Family: "ipv6", Masquerade: 3, Reply: 3, Inbound: 1}}}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-C"}, "500013\n"},
+		{[]string{"--count", "--kind", "masquerade"}, "500003\n"},
+		{[]string{"-C", "--kind", "inbound"}, "8\n"},
+		{[]string{"-C", "--kind", "host"}, "2\n"},
+	} {
+		var b bytes.Buffer
+		if err := Run(&b, src, c.args); err != nil || b.String() != c.want {
+			t.Errorf("nat %v: %q, %v; want %q", c.args, b.String(), err, c.want)
+		}
+	}
+	if err := Run(io.Discard, src, []string{"-C", "--proto", "tcp"}); err == nil {
+		t.Error("nat -C --proto tcp did not read the pairs")
 	}
 }

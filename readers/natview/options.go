@@ -151,6 +151,25 @@ func ProtoName(p uint8) string {
 	return "proto-" + strconv.Itoa(int(p)) // address-only: GRE 47, ESP 50, ...
 }
 
+// byKindOnly says whether nothing but the kind narrows the pairs: then the
+// programs' counts answer a count, without reading the pairs.
+func (f *filter) byKindOnly() bool {
+	return f.proto < 0 && f.state < 0 && f.port == 0 && !f.src.IsValid() && !f.dst.IsValid()
+}
+
+// countOf is the number of pairs of f's kind (every kind: -1) in counts.
+func (f *filter) countOf(counts []bpf.NATCounts) int {
+	n := 0
+	for _, c := range counts {
+		if f.kind < 0 {
+			n += c.Pairs()
+		} else {
+			n += c.Of(bpf.NATKind(f.kind))
+		}
+	}
+	return n
+}
+
 func (f *filter) match(p *bpf.NATPair) bool {
 	if f.proto >= 0 && int(p.Proto) != f.proto ||
 		f.state >= 0 && int(p.State) != f.state ||

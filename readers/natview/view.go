@@ -21,6 +21,10 @@ type Source interface {
 	NATPairs(visit func(*bpf.NATPair) bool) error
 	Lifetimes() (bpf.Lifetimes, error)
 	NATFill() ([]bpf.NATMapFill, error)
+	// NATCounts are the programs' counts of the pairs by family and kind
+	// (bpf.Pinned.NATCounts): what --count reads when no flag but
+	// --kind narrows it.
+	NATCounts() ([]bpf.NATCounts, error)
 }
 
 var _ Source = bpf.Pinned{}
@@ -30,6 +34,16 @@ var _ Source = bpf.Pinned{}
 func Write(w io.Writer, src Source, o Options) error {
 	f, err := o.compile()
 	if err != nil {
+		return err
+	}
+	if o.Count && f.byKindOnly() {
+		// conntrack -C: the count the datapath keeps, the same cost at
+		// any size.
+		counts, err := src.NATCounts()
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%d\n", f.countOf(counts))
 		return err
 	}
 	lifetimes, err := src.Lifetimes()

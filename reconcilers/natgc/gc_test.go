@@ -187,20 +187,99 @@ func TestCollectKeepsPairTakenOver(t *testing.T) {
 	}
 }
 
-// TestShortestLifetimeCoversEveryReachableState: adding one flag at a time
-// reaches the shortest lifetime that any set of added flags reaches.
-func TestShortestLifetimeCoversEveryReachableState(t *testing.T) {
+// TestExpiredPairHasACandidateHalf: whatever the flags and last packets
+// of a pair's two halves, when the pair has expired (judged as the kernel
+// does: both halves' flags, the later stamp) one of its halves is a
+// candidate by itself (candidateEntry), so the scan, which reads no other
+// half, finds it; an egress entry alone (its reply entry lost) is one
+// once past its protocol's longest lifetime.
+func TestExpiredPairHasACandidateHalf(t *testing.T) {
 	l := bpf.DefaultLifetimes
-	l.TCPReset = time.Second // the shortest of all, so that it must be found
-	for _, proto := range []uint8{protoTCP, protoUDP, bpf.ProtoICMP, 132} {
-		for flags := range 256 {
-			want := time.Duration(1<<63 - 1)
-			for extra := range 256 {
-				want = min(want, l.Of(bpf.StateOf(proto, uint8(flags|extra))))
-			}
-			if got := shortestLifetime(l, proto, uint8(flags)); got != want {
-				t.Errorf("proto %d flags %#x: %v, want %v", proto, flags, got, want)
+	now := uint64(100 * time.Hour)
+	var ages []uint64
+	for _, d := range []time.Duration{0, 5 * time.Second, 11 * time.Second, 31 * time.Second, 61 * time.Second,
+		121 * time.Second, 5 * time.Minute, 11 * time.Minute, 7 * time.Hour, 6 * 24 * time.Hour} {
+		ages = append(ages, now-uint64(d))
+	}
+	for _, proto := range []uint8{protoTCP, protoUDP, protoICMP, protoSCTP} {
+		for fe := range 64 {
+			for fr := range 64 {
+				for _, le := range ages {
+					for _, lr := range ages {
+						last := max(le, lr)
+						if !expiredAt(l, now, last, proto, uint8(fe|fr)) {
+							continue
+						}
+						var longest longestLifetimes
+						egress := natEntry{proto: proto, dir: bpf.DirEgress, flags: uint8(fe), lastSeen: le}
+						reply := natEntry{proto: proto, dir: bpf.DirIngress, flags: uint8(fr), lastSeen: lr}
+						if !candidateEntry(l, now, egress, &longest) && !candidateEntry(l, now, reply, &longest) {
+							t.Fatalf("proto %d flags %#x/%#x idle %v/%v: the pair expired, neither half is a candidate",
+								proto, fe, fr, time.Duration(now-le), time.Duration(now-lr))
+						}
+					}
+				}
 			}
 		}
+	}
+}
+
+// TestRoundIsBounded: a round reads at most its budget of entries (to the
+// batch), the next one goes on from there, and the rounds together end
+// every expired pair once the map has been read to its end.
+func TestRoundIsBounded(t *testing.T) {
+	privtest.Require(t)
+	dp, err := bpf.Load(bpf.LoadOptions{NATMaxEntries: 1 << 15})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp.Close() })
+	if err := dp.SetLifetimes(bpf.DefaultLifetimes); err != nil {
+		t.Fatal(err)
+	}
+	now := monotonicNow()
+	const pairs = 5000 // 10 000 entries: 3 batches
+	var (
+		keys []bpf.NATKeyV4
+		vals []bpf.NATValV4
+	)
+	for i := range pairs {
+		pod := netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)})
+		for k, v := range pairEntries(protoUDP, pod.String(), "203.0.113.10", "10.0.0.5", 1000, 53, uint16(1024+i), now-uint64(time.Hour), 0) {
+			keys, vals = append(keys, k), append(vals, v)
+		}
+	}
+	if _, err := dp.Maps.NatV4.BatchUpdate(keys, vals, nil); err != nil {
+		t.Fatal(err)
+	}
+	var s scanner[bpf.NATKeyV4, bpf.NATValV4]
+	read, ended, rounds := 0, 0, 0
+	for {
+		st, err := s.round(dp.Maps.NatV4, bpf.MapNATV4, dp.EndPairV4, bpf.DefaultLifetimes, monotonicNow(), nil, describeV4, gcChunk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rounds++
+		if st.Entries >= 2*gcChunk { // the budget, rounded up to a batch
+			t.Fatalf("round %d read %d entries, budget %d", rounds, st.Entries, gcChunk)
+		}
+		read, ended = read+st.Entries, ended+st.Expired
+		if st.Wrapped {
+			break
+		}
+		if rounds > 10 {
+			t.Fatal("no round reached the end of the map")
+		}
+	}
+	// (Fewer than 3: a round ends both halves, the other often in a
+	// bucket the next round would have read.)
+	if rounds < 2 {
+		t.Errorf("%d round for %d entries in batches of %d", rounds, 2*pairs, gcChunk)
+	}
+	if ended != pairs {
+		t.Errorf("ended %d pairs in %d rounds (%d entries read), want %d", ended, rounds, read, pairs)
+	}
+	if n, _ := bpf.CountEntries[bpf.NATKeyV4, bpf.NATValV4](dp.Maps.NatV4); n != 0 {
+		t.Errorf("%d entries left", n)
 	}
 }
