@@ -780,3 +780,36 @@ func TestEarlyDropTakesTheIdlest(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleEstablishedPairLivesLikeConntrack: an answered TCP connection
+// idle for 7 hours (a pooled connection, keepalives off) keeps its pair
+// and its NAT port, as conntrack keeps an established entry 5 days
+// (nf_conntrack_tcp_timeout_established 432000 s): another pod's flow
+// does not take the port, and the connection's next segment leaves from
+// the same port, not picked up anew. Past 5 days the port is free again.
+func TestIdleEstablishedPairLivesLikeConntrack(t *testing.T) {
+	if want := 432000 * time.Second; DefaultLifetimes.TCPEstablished != want {
+		t.Fatalf("established TCP lifetime %s, conntrack's is %s", DefaultLifetimes.TCPEstablished, want)
+	}
+	e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+	a := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	masqueradedRange(t, e.egress(a.packet()), 61000, 61000)
+	e.ingress(reply(a, snat4, 61000).packet())
+
+	e.age(7 * time.Hour)
+	b := flow{src: pod2, dst: remote4, proto: protoTCP, sport: 40001, dport: 443}
+	before := e.counters()
+	if ret, _ := e.run(e.dp.Egress, b.packet()); ret != tcActShot {
+		t.Fatalf("another pod's flow while the idle connection lives: verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterNoPort: 1})
+	a.tcpFlags = tcpACK
+	before = e.counters()
+	masqueradedRange(t, e.egress(a.packet()), 61000, 61000)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1})
+
+	e.age(DefaultLifetimes.TCPEstablished + time.Second)
+	before = e.counters()
+	masqueradedRange(t, e.egress(b.packet()), 61000, 61000)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATReused: 1})
+}
