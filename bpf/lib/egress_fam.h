@@ -58,8 +58,16 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 			/* an echo reply of no flow we know of */
 			return FAM(egress_untranslatable)(skb, &p, rule);
 		}
-		if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
-			return FAM(egress_fixed)(skb, &p, rule);
+		if (p.kind == PKT_SCTP || p.kind == PKT_ADDR) {
+			verdict = FAM(egress_fixed)(skb, &p, rule);
+			/* A full table: drop a pair that is not assured, or refuse. */
+			if (verdict == FIXED_FULL && FAM(nat_early_drop)())
+				verdict = FAM(egress_fixed)(skb, &p, rule);
+			if (verdict != FIXED_FULL)
+				return verdict;
+			count(COUNTER_NAT_FULL);
+			return TC_ACT_SHOT;
+		}
 		if (p.kind == PKT_ICMP_ERR)
 			return FAM(icmp_error_unmatched)(skb, &p, rule);
 		if (p.kind != PKT_PORTS)

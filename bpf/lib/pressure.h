@@ -22,7 +22,8 @@
  *   - TCP: not answered yet, or closing (a FIN or RST from the remote);
  *   - UDP: not a stream (a query and its answer, or unanswered);
  *   - ICMP echo: always (conntrack never assures them);
- *   - SCTP and address-only pairs: not answered yet.
+ *   - SCTP and GRE pairs: not assured yet (lib/fixed.h); ESP and the other
+ *     address-only pairs: always (conntrack never assures them).
  *
  * Established TCP flows, UDP streams, node sockets' held tuples and inbound
  * flow records are never dropped for a new flow. A pair is judged by its
