@@ -34,9 +34,11 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 		/* The node's own flow: translated only when a pod's flow held its
 		 * tuple (host_flow_*). */
 		verdict = ret != 0 ? HOST_PASS : FAM(host_flow)(skb, &p);
-		if (verdict == HOST_PASS) {
-			count(COUNTER_SKIP_NOT_SOURCE);
-			return TC_ACT_UNSPEC;
+		if (verdict != HOST_PAIR && verdict != HOST_FORMER) {
+			/* a later fragment's HOST_DONE or HOST_DROP is counted */
+			if (verdict == HOST_PASS)
+				count(COUNTER_SKIP_NOT_SOURCE);
+			return verdict == HOST_DROP ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
 		former = verdict == HOST_FORMER;
 		rule = NULL;

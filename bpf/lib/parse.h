@@ -93,7 +93,10 @@ static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
 }
 
 /* parse_l3_v6 walks up to IPV6_MAX_EXT extension headers. It returns 1 for a
- * header chain it does not handle (AH, ESP, too many headers). */
+ * header chain it does not handle (too many headers, or one that runs past
+ * the packet's end), -1 when the fixed header cannot be read: the addresses
+ * are known from 0 on, so the egress path can drop an untranslatable
+ * packet of a masquerade source rather than pass it. */
 static __always_inline int parse_l3_v6(struct __sk_buff *skb, struct pkt *p)
 {
 	struct ipv6hdr ip;
@@ -124,13 +127,13 @@ static __always_inline int parse_l3_v6(struct __sk_buff *skb, struct pkt *p)
 		case IPPROTO_ROUTING:
 		case IPPROTO_DSTOPTS:
 			if (bpf_skb_load_bytes(skb, off, &ext, 2) < 0)
-				return -1;
+				return 1;
 			nexthdr = ext.nexthdr;
 			off += (ext.len + 1) * 8;
 			break;
 		case IPPROTO_FRAGMENT:
 			if (bpf_skb_load_bytes(skb, off, &ext, sizeof(ext)) < 0)
-				return -1;
+				return 1;
 			nexthdr = ext.nexthdr;
 			off += 8;
 			p->frag_id = ext.id;
