@@ -813,3 +813,96 @@ func TestIdleEstablishedPairLivesLikeConntrack(t *testing.T) {
 	masqueradedRange(t, e.egress(b.packet()), 61000, 61000)
 	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATReused: 1})
 }
+
+// pairFlags reads the flags of both entries of the IPv4 TCP pair of f
+// (egress) translated to port.
+func (e *testEnv) pairFlags(t *testing.T, f flow, port uint16) (out, in uint8) {
+	t.Helper()
+	var v NATValV4
+	k := NATKeyV4{Src: Addr4(f.src), Dst: Addr4(f.dst), Sport: Port(f.sport), Dport: Port(f.dport), Proto: f.proto, Dir: DirEgress}
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil {
+		t.Fatalf("egress entry: %v", err)
+	}
+	out = v.Flags
+	k = NATKeyV4{Src: Addr4(f.dst), Dst: Addr4(snat4), Sport: Port(f.dport), Dport: Port(port), Proto: f.proto, Dir: DirIngress}
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil {
+		t.Fatalf("reply entry: %v", err)
+	}
+	return out, v.Flags
+}
+
+// TestBlindRSTKeepsEstablishedPair: a RST ends an established pair only
+// when its sequence number is one the receiver expects, as conntrack
+// checks it (nf_conntrack_proto_tcp.c): the receiver's last
+// acknowledgment, or the end of the data its sender sent last (a RST right
+// after data). A RST with any other sequence number (a blind one from off
+// the path, or the pod's own out of window) is still translated and
+// delivered, the receiver judges it (RFC 5961), but the pair stays
+// established: it is not early drop's victim and its port does not go to
+// another flow. Counted in tcp-rst-ignored.
+func TestBlindRSTKeepsEstablishedPair(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		remoteRST bool   // the remote's RST, else the pod's
+		seq       uint32 // the RST's sequence number
+		ends      bool
+	}{
+		{"remote, blind", true, 0x7000_0000, false},
+		{"remote, in the window but not expected", true, 5011 + 100, false},
+		{"remote, the pod's last ack", true, 5011, true},
+		{"remote, after its unacknowledged data", true, 5021, true},
+		{"pod, blind", false, 0x7000_0000, false},
+		{"pod, its own next sequence number", false, 1001, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+			a := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN, seq: 1000}
+			masqueradedRange(t, e.egress(a.packet()), 61000, 61000)
+			r := reply(a, snat4, 61000)
+			r.seq, r.ack = 5000, 1001
+			e.ingress(r.packet())
+			a.tcpFlags, a.seq, a.ack = tcpACK, 1001, 5001
+			e.egress(a.packet())
+			r.tcpFlags, r.seq, r.payload = tcpACK, 5001, []byte("0123456789")
+			e.ingress(r.packet())
+			a.ack = 5011
+			e.egress(a.packet())
+			// More data the pod has not acknowledged yet.
+			r.seq = 5011
+			e.ingress(r.packet())
+
+			before := e.counters()
+			if c.remoteRST {
+				rst := r
+				rst.tcpFlags, rst.seq, rst.ack, rst.payload = tcpRST|tcpACK, c.seq, 1001, nil
+				if p := parse(t, e.ingress(rst.packet())); p.dst != pod1 || p.dport != 40000 {
+					t.Fatalf("the RST went to %v:%d, want the pod", p.dst, p.dport)
+				}
+			} else {
+				rst := a
+				rst.tcpFlags, rst.seq = tcpRST|tcpACK, c.seq
+				masqueradedRange(t, e.egress(rst.packet()), 61000, 61000)
+			}
+			want := map[Counter]uint64{CounterReverse: 1}
+			if !c.remoteRST {
+				want = map[Counter]uint64{CounterMasqueraded: 1}
+			}
+			if !c.ends {
+				want[CounterTCPRSTIgnored] = 1
+			}
+			e.checkCounters(before, want)
+			out, in := e.pairFlags(t, a, 61000)
+			if got := StateOf(protoTCP, out|in); (got == StateTCPReset) != c.ends {
+				t.Fatalf("pair state %s after the RST, want reset %v", got, c.ends)
+			}
+			// Past the reset lifetime, another pod's flow gets the port
+			// only if the RST ended the pair.
+			e.age(DefaultLifetimes.TCPReset + time.Second)
+			b := flow{src: pod2, dst: remote4, proto: protoTCP, sport: 40001, dport: 443}
+			ret, _ := e.run(e.dp.Egress, b.packet())
+			if (ret == tcActUnspec) != c.ends {
+				t.Fatalf("another pod's flow after the RST: verdict %d, want the port taken over %v", int32(ret), c.ends)
+			}
+		})
+	}
+}

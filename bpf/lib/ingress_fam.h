@@ -47,6 +47,14 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	/* The remote's first FIN: does it acknowledge the source's? */
 	if ((p.tcp_flags & NAT_F_FIN) && !(v->flags & (NAT_F_FIN | NAT_F_HOST)))
 		FAM(nat_reply_fin)(skb, &k, v, &p);
+	if (p.proto == IPPROTO_TCP && !(v->flags & NAT_F_HOST)) {
+		/* An established pair ends by a RST the pod expects only (see
+		 * "RSTs" in flow.h); what the remote sent is recorded. */
+		if (!(p.tcp_flags & NAT_F_RST))
+			tcp_seen(&v->tcp_end, &p, 1);
+		else if ((v->flags & (NAT_F_SEEN | NAT_F_RST)) == NAT_F_SEEN && !FAM(nat_reply_rst)(&k, v, &p))
+			p.tcp_flags &= ~NAT_F_RST;
+	}
 	FAM(nat_touch)(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	if (v->flags & NAT_F_HOST)
 		return TC_ACT_UNSPEC; /* a node flow's reply */

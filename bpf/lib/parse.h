@@ -66,6 +66,7 @@ struct pkt {
 	__u8 kind;
 	__u8 frag;
 	__u8 tcp_flags;		/* NAT_F_* */
+	__u32 tcp_end;		/* TCP: seq + payload length (+1 for SYN, FIN), host order */
 };
 
 static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
@@ -195,6 +196,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 
 	p->kind = PKT_OTHER;
 	p->tcp_flags = 0;
+	p->tcp_end = 0;
 	p->sport = 0;
 	p->dport = 0;
 	switch (p->proto) {
@@ -208,6 +210,9 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 			       (l4.flags & 0x04 ? NAT_F_RST : 0) |
 			       (l4.flags & 0x02 ? PKT_F_SYN : 0) |
 			       (l4.flags & 0x10 ? PKT_F_ACK : 0);
+		/* skb->len: a GSO packet's whole payload */
+		p->tcp_end = bpf_ntohl(l4.seq) + (skb->len - p->l4_off - (__u32)(l4.off >> 4) * 4) +
+			     !!(l4.flags & 0x03);
 		p->kind = PKT_PORTS;
 		break;
 	case IPPROTO_UDP:

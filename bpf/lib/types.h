@@ -125,6 +125,13 @@ const volatile enum nat_flag nat_flags_stored = NAT_F_STORED;
 #define PKT_F_SYN	0x40
 #define PKT_F_ACK	0x80
 
+/* tcp_end and tcp_ack (TCP pairs, host byte order, 0: not seen yet) are
+ * what this direction sent: the sequence number after its highest segment
+ * (SYN and FIN count one), and (dir 0, the pod's) its highest
+ * acknowledgment. They check a RST against the connection as conntrack
+ * does (lib/flow.h, "RSTs"). They come last: a pinned map of the older,
+ * shorter layout is copied into this one with them zero
+ * (bpfmap.OpenPinnedKeep). */
 struct nat_v4_val {
 	__be32 addr;
 	__be16 port;
@@ -132,6 +139,8 @@ struct nat_v4_val {
 	__u8 pad;
 	__u64 last_seen_ns;
 	__u64 created_ns;
+	__u32 tcp_end;
+	__u32 tcp_ack;
 };
 
 struct nat_v6_val {
@@ -141,6 +150,8 @@ struct nat_v6_val {
 	__u8 pad[5];
 	__u64 last_seen_ns;
 	__u64 created_ns;
+	__u32 tcp_end;
+	__u32 tcp_ack;
 };
 
 /* A flow from a masquerade source that started unmasqueraded (its
