@@ -833,13 +833,14 @@ func (e *testEnv) pairFlags(t *testing.T, f flow, port uint16) (out, in uint8) {
 
 // TestBlindRSTKeepsEstablishedPair: a RST ends an established pair only
 // when its sequence number is one the receiver expects, as conntrack
-// checks it (nf_conntrack_proto_tcp.c): the receiver's last
-// acknowledgment, or the end of the data its sender sent last (a RST right
-// after data). A RST with any other sequence number (a blind one from off
-// the path, or the pod's own out of window) is still translated and
-// delivered, the receiver judges it (RFC 5961), but the pair stays
-// established: it is not early drop's victim and its port does not go to
-// another flow. Counted in tcp-rst-ignored.
+// checks it (nf_conntrack_proto_tcp.c): the remote's, the end of what it
+// sent (the pod's RCV.NXT once it arrived, or right after data the pod has
+// not acknowledged yet); the pod's, within the window at or below the end
+// of what it sent. A RST with any other sequence number (a blind one from
+// off the path, an outdated one, or the pod's own out of window) is still
+// translated and delivered, the receiver judges it (RFC 5961), but the pair
+// stays established: it is not early drop's victim and its port does not
+// go to another flow. Counted in tcp-rst-ignored.
 func TestBlindRSTKeepsEstablishedPair(t *testing.T) {
 	for _, c := range []struct {
 		name      string
@@ -849,7 +850,7 @@ func TestBlindRSTKeepsEstablishedPair(t *testing.T) {
 	}{
 		{"remote, blind", true, 0x7000_0000, false},
 		{"remote, in the window but not expected", true, 5011 + 100, false},
-		{"remote, the pod's last ack", true, 5011, true},
+		{"remote, the pod's last ack, older than what passed", true, 5011, false},
 		{"remote, after its unacknowledged data", true, 5021, true},
 		{"pod, blind", false, 0x7000_0000, false},
 		{"pod, its own next sequence number", false, 1001, true},

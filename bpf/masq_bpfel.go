@@ -256,7 +256,7 @@ type masqNatV4Val struct {
 	LastSeenNs uint64
 	CreatedNs  uint64
 	TcpEnd     uint32
-	TcpAck     uint32
+	Pad2       uint32
 }
 
 type masqNatV6Key struct {
@@ -279,7 +279,7 @@ type masqNatV6Val struct {
 	LastSeenNs uint64
 	CreatedNs  uint64
 	TcpEnd     uint32
-	TcpAck     uint32
+	Pad2       uint32
 }
 
 type masqPktOutcome struct {

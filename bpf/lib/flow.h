@@ -164,7 +164,6 @@ static __always_inline int nat_closed(__u8 out, __u8 in)
 	(v)->created_ns = (now);	\
 	(v)->last_seen_ns = (now);	\
 	(v)->tcp_end = 0;		\
-	(v)->tcp_ack = 0;		\
 } while (0)
 
 /* nat_established_v4/v6 results besides 0 (translate with the pair). */
@@ -174,27 +173,32 @@ static __always_inline int nat_closed(__u8 out, __u8 in)
 /*
  * RSTs. Like conntrack (nf_conntrack_proto_tcp.c), a RST from the remote
  * ends an established pair only when its sequence number is one the pod
- * expects: the pod's highest acknowledgment (its RCV.NXT as it last told),
- * or the end of what the remote itself sent last (a RST right after data
- * the pod has not acknowledged yet: conntrack's "RST train"). Any other RST
- * (a blind one, forged off the path with a guessed sequence number) leaves
- * the pair as it was; it is still translated and delivered, so the pod
- * judges it too (RFC 5961: dropped, or answered with a challenge ACK). The
- * pod's own RST ends the pair when its sequence number is within
- * NAT_TCP_WINDOW at or below the end of what the pod sent (its SND.NXT, or
- * the acknowledgment of a segment it refuses): the pod is no forger, but a
- * RST the remote would ignore must not end the remote's connection's pair.
+ * expects: the end of what the remote sent (the pod's RCV.NXT once the data
+ * that passed has arrived; the RST of a remote that aborts after data the
+ * pod has not acknowledged yet: conntrack's "RST train"). Any other RST (a
+ * blind one, forged off the path with a guessed sequence number) leaves the
+ * pair as it was; it is still translated and delivered, so the pod judges
+ * it too (RFC 5961: dropped, or answered with a challenge ACK, whose answer
+ * from a remote that lost the connection is a RST at that end). The pod's
+ * own RST ends the pair when its sequence number is within NAT_TCP_WINDOW
+ * at or below the end of what the pod sent (its SND.NXT, or the
+ * acknowledgment of a segment it refuses): the pod is no forger, but a RST
+ * the remote would ignore must not end the pair of a connection the remote
+ * keeps.
  *
  * Each direction's entry keeps the end of what that direction sent
- * (tcp_end), the pod's also its highest acknowledgment (tcp_ack), written
- * by that direction's program on its own entry. The remote's segments may
- * be forged, so its tcp_end moves forward by at most NAT_TCP_WINDOW a
- * segment (no segment carries more): a forged one must land that close to
- * the real sequence number, as conntrack's must land in the window, before
- * a forged RST at its end counts. Before the pair is answered, once it is
- * closing, and while a direction has not been seen (0: a pair picked up
- * mid-stream, or kept from before the upgrade that added the fields), any
- * RST counts, as conntrack lets any RST through in those states.
+ * (tcp_end), written by that direction's program on its own entry, only
+ * when it moves. The remote's segments may be forged, so its tcp_end moves
+ * forward by at most NAT_TCP_WINDOW a segment (no segment carries more): a
+ * forged one must land that close to the real sequence number, as
+ * conntrack's must land in the window, before a forged RST at its end
+ * counts. Before the pair is answered, once it is closing, and while a
+ * direction has not been seen (0: a pair picked up mid-stream, or kept from
+ * before the upgrade that added the field), any RST counts, as conntrack
+ * lets any RST through in those states. Conntrack also ends the pair on a
+ * RST at the pod's highest acknowledgment; tracking it costs a load on
+ * every egress TCP packet (about 10 % of the established path's cost),
+ * and the pod itself only accepts a RST at the end of what arrived.
  */
 #define NAT_TCP_WINDOW	(1U << 20)
 
@@ -211,20 +215,12 @@ static __always_inline void tcp_seen(__u32 *end, const struct pkt *p, int bounde
 		*end = p->tcp_end;
 }
 
-/* tcp_acked moves the pod's highest acknowledgment forward to ack (0 after
- * its SYN: a new sequence space). Stores only on change. */
-static __always_inline void tcp_acked(__u32 *stored, __u32 ack)
-{
-	if (!*stored || (__s32)(ack - *stored) > 0)
-		*stored = ack;
-}
-
 /* tcp_rst_from_remote says whether the remote's RST with sequence number
- * seq (its tcp_end: a RST carries no data) ends a pair: seq is the pod's
- * highest acknowledgment or the remote's own end, or either is unknown. */
-static __always_inline int tcp_rst_from_remote(__u32 seq, __u32 remote_end, __u32 pod_ack)
+ * seq (its tcp_end: a RST carries no data) ends a pair: seq is the end of
+ * what the remote sent, or that is unknown. */
+static __always_inline int tcp_rst_from_remote(__u32 seq, __u32 remote_end)
 {
-	return !remote_end || !pod_ack || seq == pod_ack || seq == remote_end;
+	return !remote_end || seq == remote_end;
 }
 
 /* tcp_rst_from_pod says whether the pod's RST with sequence number seq

@@ -64,20 +64,15 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 	FAM_T(nat, key) peer;
 	FAM_T(nat, val) *r, nr = {};
 	__u64 now = bpf_ktime_get_ns(), rl;
-	__u32 end, ack;
+	__u32 end;
 
 	if (!skb || !k || !v || !p)
 		return 0;
 	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
 	/* What the pod sent, for the RSTs of both sides (see "RSTs"); a RST
 	 * itself moves nothing. */
-	if (k->proto == IPPROTO_TCP && !(flags & NAT_F_RST)) {
+	if (k->proto == IPPROTO_TCP && !(flags & NAT_F_RST))
 		tcp_seen(&v->tcp_end, p, 0);
-		if (tcp_ack_of(skb, p, &ack) == 0)
-			tcp_acked(&v->tcp_ack, ack);
-		else if (p->tcp_flags & PKT_F_SYN)
-			v->tcp_ack = 0;
-	}
 	/* A new FIN or RST takes the slow path: the first FIN needs the reply
 	 * entry's flags to tell who closed first. */
 	if (!tcp_syn(p) && !(flags & ~v->flags) && nat_age(now, v->last_seen_ns) <= (__s64)NAT_REFRESH_NS)
@@ -184,8 +179,8 @@ __noinline int FAM(nat_reply_fin)(struct __sk_buff *skb, const FAM_T(nat, key) *
 
 /* nat_reply_rst_v4/v6 says whether the remote's RST p, which matched the
  * reply entry (key k, value v) of an established pair, ends it: 1 when its
- * sequence number is one the pod expects (see "RSTs"), else 0 (counted).
- * Returns a scalar (a global function). */
+ * sequence number is the one the pod expects or the pair is closing (see
+ * "RSTs"), else 0 (counted). Returns a scalar (a global function). */
 __noinline int FAM(nat_reply_rst)(const FAM_T(nat, key) *k, const FAM_T(nat, val) *v, const struct pkt *p)
 {
 	FAM_T(nat, key) peer;
@@ -196,7 +191,7 @@ __noinline int FAM(nat_reply_rst)(const FAM_T(nat, key) *k, const FAM_T(nat, val
 	FAM(nat_pair)(k, v, &peer);
 	o = bpf_map_lookup_elem(&FAM(nat), &peer);
 	if (!o || ((o->flags | v->flags) & (NAT_F_FIN | NAT_F_RST)) ||
-	    tcp_rst_from_remote(p->tcp_end, v->tcp_end, o->tcp_ack))
+	    tcp_rst_from_remote(p->tcp_end, v->tcp_end))
 		return 1;
 	count(COUNTER_TCP_RST_IGNORED);
 	return 0;
