@@ -907,3 +907,58 @@ func TestBlindRSTKeepsEstablishedPair(t *testing.T) {
 		})
 	}
 }
+
+// TestNATMapShorterValuesUpgraded: a node upgraded from a version whose NAT
+// values were shorter (before tcp_end) keeps its pairs: the pinned map's
+// entries are copied with the new field zero, and an established flow
+// keeps its port, its replies still translated. Its RSTs are not checked
+// until each direction has been seen again (the field is unknown).
+func TestNATMapShorterValuesUpgraded(t *testing.T) {
+	e := newEnv(t, envOptions{natMax: 64})
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	port := masqueraded(t, e.egress(f.packet()), f, snat4)
+	e.ingress(reply(f, snat4, port).packet())
+
+	cur := e.dp.Maps.NatV4
+	const oldSize = 24 // struct nat_v4_val before tcp_end
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: cur.KeySize(), ValueSize: oldSize,
+		MaxEntries: cur.MaxEntries(), Flags: cur.Flags()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	var k NATKeyV4
+	var v []byte
+	for it := cur.Iterate(); it.Next(&k, &v); {
+		if err := old.Put(k, v[:oldSize]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(e.pinDir, MapNATV4)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+	dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.dp.Close()
+	e.dp = dp2
+	t.Cleanup(func() { dp2.Close() })
+	if got := e.dp.Maps.NatV4.ValueSize(); got <= oldSize {
+		t.Fatalf("nat_v4 values of %d bytes after the upgrade", got)
+	}
+	if n := e.natCount(false); n[DirEgress] != 1 || n[DirIngress] != 1 {
+		t.Fatalf("entries %v after the upgrade, want the pair", n)
+	}
+	f.tcpFlags = tcpACK
+	if got := masqueraded(t, e.egress(f.packet()), f, snat4); got != port {
+		t.Fatalf("NAT port %d after the upgrade, before %d", got, port)
+	}
+	if p := parse(t, e.ingress(reply(f, snat4, port).packet())); p.dst != pod1 || p.dport != 40000 {
+		t.Fatalf("reply went to %v:%d after the upgrade", p.dst, p.dport)
+	}
+}
