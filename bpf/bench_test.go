@@ -1,6 +1,8 @@
 package bpf
 
 import (
+	"bytes"
+	"encoding/binary"
 	"net/netip"
 	"testing"
 
@@ -38,8 +40,19 @@ func pingPong(b *testing.B, e *testEnv, f flow) {
 		b.Fatal(err)
 	}
 	k := NATKeyV4{Src: Addr4(snat4), Dst: Addr4(f.dst), Sport: Port(natPort), Dport: Port(f.dport), Proto: f.proto, Dir: DirEgress}
-	v := NATValV4{Addr: Addr4(f.src), Port: Port(f.sport)}
-	if err := e.dp.Maps.NatV4.Put(k, v); err != nil {
+	putNATV4(b, e.dp.Maps.NatV4, k, NATValV4{Addr: Addr4(f.src), Port: Port(f.sport)})
+}
+
+// putNATV4 writes an entry into nat_v4 of this build or of an older one
+// (-bpf.baseline), whose values may be shorter: the layout only grows by
+// fields appended at its end.
+func putNATV4(b *testing.B, m *ebpf.Map, k NATKeyV4, v NATValV4) {
+	b.Helper()
+	var buf bytes.Buffer
+	if err := binary.Write(&buf, binary.LittleEndian, v); err != nil {
+		b.Fatal(err)
+	}
+	if err := m.Put(k, buf.Bytes()[:m.ValueSize()]); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -182,10 +195,7 @@ func benchIngressReply(b *testing.B, e *testEnv) {
 	natPort := masqueradedB(b, e, f) // the pair (see pingPong)
 	f.tcpFlags = tcpACK
 	k := NATKeyV4{Src: Addr4(remote4), Dst: Addr4(pod1), Sport: Port(443), Dport: Port(40000), Proto: protoTCP, Dir: DirIngress}
-	v := NATValV4{Addr: Addr4(snat4), Port: Port(natPort)}
-	if err := e.dp.Maps.NatV4.Put(k, v); err != nil {
-		b.Fatal(err)
-	}
+	putNATV4(b, e.dp.Maps.NatV4, k, NATValV4{Addr: Addr4(snat4), Port: Port(natPort)})
 	r := reply(f, snat4, natPort)
 	r.payload = make([]byte, 1400)
 	runBench(b, e.dp.Ingress, r.packet(), b.N)

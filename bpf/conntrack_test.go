@@ -780,3 +780,185 @@ func TestEarlyDropTakesTheIdlest(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleEstablishedPairLivesLikeConntrack: an answered TCP connection
+// idle for 7 hours (a pooled connection, keepalives off) keeps its pair
+// and its NAT port, as conntrack keeps an established entry 5 days
+// (nf_conntrack_tcp_timeout_established 432000 s): another pod's flow
+// does not take the port, and the connection's next segment leaves from
+// the same port, not picked up anew. Past 5 days the port is free again.
+func TestIdleEstablishedPairLivesLikeConntrack(t *testing.T) {
+	if want := 432000 * time.Second; DefaultLifetimes.TCPEstablished != want {
+		t.Fatalf("established TCP lifetime %s, conntrack's is %s", DefaultLifetimes.TCPEstablished, want)
+	}
+	e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+	a := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	masqueradedRange(t, e.egress(a.packet()), 61000, 61000)
+	e.ingress(reply(a, snat4, 61000).packet())
+
+	e.age(7 * time.Hour)
+	b := flow{src: pod2, dst: remote4, proto: protoTCP, sport: 40001, dport: 443}
+	before := e.counters()
+	if ret, _ := e.run(e.dp.Egress, b.packet()); ret != tcActShot {
+		t.Fatalf("another pod's flow while the idle connection lives: verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterNoPort: 1})
+	a.tcpFlags = tcpACK
+	before = e.counters()
+	masqueradedRange(t, e.egress(a.packet()), 61000, 61000)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1})
+
+	e.age(DefaultLifetimes.TCPEstablished + time.Second)
+	before = e.counters()
+	masqueradedRange(t, e.egress(b.packet()), 61000, 61000)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATReused: 1})
+}
+
+// pairFlags reads the flags of both entries of the IPv4 TCP pair of f
+// (egress) translated to port.
+func (e *testEnv) pairFlags(t *testing.T, f flow, port uint16) (out, in uint8) {
+	t.Helper()
+	var v NATValV4
+	k := NATKeyV4{Src: Addr4(f.src), Dst: Addr4(f.dst), Sport: Port(f.sport), Dport: Port(f.dport), Proto: f.proto, Dir: DirEgress}
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil {
+		t.Fatalf("egress entry: %v", err)
+	}
+	out = v.Flags
+	k = NATKeyV4{Src: Addr4(f.dst), Dst: Addr4(snat4), Sport: Port(f.dport), Dport: Port(port), Proto: f.proto, Dir: DirIngress}
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil {
+		t.Fatalf("reply entry: %v", err)
+	}
+	return out, v.Flags
+}
+
+// TestBlindRSTKeepsEstablishedPair: a RST ends an established pair only
+// when its sequence number is one the receiver expects, as conntrack
+// checks it (nf_conntrack_proto_tcp.c): the remote's, the end of what it
+// sent (the pod's RCV.NXT once it arrived, or right after data the pod has
+// not acknowledged yet); the pod's, within the window at or below the end
+// of what it sent. A RST with any other sequence number (a blind one from
+// off the path, an outdated one, or the pod's own out of window) is still
+// translated and delivered, the receiver judges it (RFC 5961), but the pair
+// stays established: it is not early drop's victim and its port does not
+// go to another flow. Counted in tcp-rst-ignored.
+func TestBlindRSTKeepsEstablishedPair(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		remoteRST bool   // the remote's RST, else the pod's
+		seq       uint32 // the RST's sequence number
+		ends      bool
+	}{
+		{"remote, blind", true, 0x7000_0000, false},
+		{"remote, in the window but not expected", true, 5011 + 100, false},
+		{"remote, the pod's last ack, older than what passed", true, 5011, false},
+		{"remote, after its unacknowledged data", true, 5021, true},
+		{"pod, blind", false, 0x7000_0000, false},
+		{"pod, its own next sequence number", false, 1001, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{portMin: 61000, portMax: 61000})
+			a := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN, seq: 1000}
+			masqueradedRange(t, e.egress(a.packet()), 61000, 61000)
+			r := reply(a, snat4, 61000)
+			r.seq, r.ack = 5000, 1001
+			e.ingress(r.packet())
+			a.tcpFlags, a.seq, a.ack = tcpACK, 1001, 5001
+			e.egress(a.packet())
+			r.tcpFlags, r.seq, r.payload = tcpACK, 5001, []byte("0123456789")
+			e.ingress(r.packet())
+			a.ack = 5011
+			e.egress(a.packet())
+			// More data the pod has not acknowledged yet.
+			r.seq = 5011
+			e.ingress(r.packet())
+
+			before := e.counters()
+			if c.remoteRST {
+				rst := r
+				rst.tcpFlags, rst.seq, rst.ack, rst.payload = tcpRST|tcpACK, c.seq, 1001, nil
+				if p := parse(t, e.ingress(rst.packet())); p.dst != pod1 || p.dport != 40000 {
+					t.Fatalf("the RST went to %v:%d, want the pod", p.dst, p.dport)
+				}
+			} else {
+				rst := a
+				rst.tcpFlags, rst.seq = tcpRST|tcpACK, c.seq
+				masqueradedRange(t, e.egress(rst.packet()), 61000, 61000)
+			}
+			want := map[Counter]uint64{CounterReverse: 1}
+			if !c.remoteRST {
+				want = map[Counter]uint64{CounterMasqueraded: 1}
+			}
+			if !c.ends {
+				want[CounterTCPRSTIgnored] = 1
+			}
+			e.checkCounters(before, want)
+			out, in := e.pairFlags(t, a, 61000)
+			if got := StateOf(protoTCP, out|in); (got == StateTCPReset) != c.ends {
+				t.Fatalf("pair state %s after the RST, want reset %v", got, c.ends)
+			}
+			// Past the reset lifetime, another pod's flow gets the port
+			// only if the RST ended the pair.
+			e.age(DefaultLifetimes.TCPReset + time.Second)
+			b := flow{src: pod2, dst: remote4, proto: protoTCP, sport: 40001, dport: 443}
+			ret, _ := e.run(e.dp.Egress, b.packet())
+			if (ret == tcActUnspec) != c.ends {
+				t.Fatalf("another pod's flow after the RST: verdict %d, want the port taken over %v", int32(ret), c.ends)
+			}
+		})
+	}
+}
+
+// TestNATMapShorterValuesUpgraded: a node upgraded from a version whose NAT
+// values were shorter (before tcp_end) keeps its pairs: the pinned map's
+// entries are copied with the new field zero, and an established flow
+// keeps its port, its replies still translated. Its RSTs are not checked
+// until each direction has been seen again (the field is unknown).
+func TestNATMapShorterValuesUpgraded(t *testing.T) {
+	e := newEnv(t, envOptions{natMax: 64})
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	port := masqueraded(t, e.egress(f.packet()), f, snat4)
+	e.ingress(reply(f, snat4, port).packet())
+
+	cur := e.dp.Maps.NatV4
+	const oldSize = 24 // struct nat_v4_val before tcp_end
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: cur.KeySize(), ValueSize: oldSize,
+		MaxEntries: cur.MaxEntries(), Flags: cur.Flags()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	var k NATKeyV4
+	var v []byte
+	for it := cur.Iterate(); it.Next(&k, &v); {
+		if err := old.Put(k, v[:oldSize]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(e.pinDir, MapNATV4)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+	dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.dp.Close()
+	e.dp = dp2
+	t.Cleanup(func() { dp2.Close() })
+	if got := e.dp.Maps.NatV4.ValueSize(); got <= oldSize {
+		t.Fatalf("nat_v4 values of %d bytes after the upgrade", got)
+	}
+	if n := e.natCount(false); n[DirEgress] != 1 || n[DirIngress] != 1 {
+		t.Fatalf("entries %v after the upgrade, want the pair", n)
+	}
+	f.tcpFlags = tcpACK
+	if got := masqueraded(t, e.egress(f.packet()), f, snat4); got != port {
+		t.Fatalf("NAT port %d after the upgrade, before %d", got, port)
+	}
+	if p := parse(t, e.ingress(reply(f, snat4, port).packet())); p.dst != pod1 || p.dport != 40000 {
+		t.Fatalf("reply went to %v:%d after the upgrade", p.dst, p.dport)
+	}
+}

@@ -47,6 +47,7 @@ const (
 	CounterNATEarlyDrop       = Counter(masqCounterCOUNTER_NAT_EARLY_DROP)
 	CounterDropPairClaimed    = Counter(masqCounterCOUNTER_DROP_PAIR_CLAIMED)
 	CounterUnmasqNew          = Counter(masqCounterCOUNTER_UNMASQ_NEW)
+	CounterTCPRSTIgnored      = Counter(masqCounterCOUNTER_TCP_RST_IGNORED)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -88,6 +89,7 @@ var counterNames = [NumCounters]string{
 	CounterNATEarlyDrop:       "nat-early-drop",
 	CounterDropPairClaimed:    "drop-pair-claimed",
 	CounterUnmasqNew:          "unmasq-new",
+	CounterTCPRSTIgnored:      "tcp-rst-ignored",
 }
 
 // String returns the counter's name as shown to operators.
@@ -171,6 +173,8 @@ func (c Counter) Description() string {
 		return "dropped: a packet whose NAT pair or inbound record another CPU, early drop or the collector was ending or reopening at the same instant: a SYN reopening it (the client retransmits it), or a reply (never translated by an entry being deleted or reused)"
 	case CounterUnmasqNew:
 		return "flows from a masquerade source to a non-masquerade destination recorded as unmasqueraded, so that they keep that decision for their life (unmasq_v4/v6)"
+	case CounterTCPRSTIgnored:
+		return "TCP RSTs that did not end an established NAT pair: their sequence number is not one the receiver expects (a blind RST, as conntrack judges it); translated and delivered, the pair kept"
 	}
 	return ""
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 )
 
 // Tests of the ICMP-error-on-egress, SCTP and address-only paths. Every
@@ -388,4 +389,153 @@ func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// sctpChunkPacket is sctpPacket with one chunk of type chunk (no body).
+func sctpChunkPacket(src, dst netip.Addr, sport, dport uint16, chunk byte) []byte {
+	b := make([]byte, 12, 16)
+	binary.BigEndian.PutUint16(b[0:], sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	binary.BigEndian.PutUint32(b[4:], 0xdecafbad)
+	b = append(b, chunk, 0, 0, 4)
+	binary.LittleEndian.PutUint32(b[8:], crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
+	return ether(ipPacket(src, dst, protoSCTP, 1, 0, b))
+}
+
+// SCTP chunk types (RFC 9260).
+const (
+	sctpInit         = 1
+	sctpInitAck      = 2
+	sctpHeartbeatAck = 5
+	sctpAbort        = 6
+	sctpShutdown     = 7
+	sctpCookieEcho   = 10
+	sctpCookieAck    = 11
+)
+
+// replyFlags reads the flags of the reply (dir 1) entry of the fixed pair
+// of pod to remote.
+func (e *testEnv) replyFlags(t *testing.T, proto uint8, remote netip.Addr, sport, dport uint16) uint8 {
+	t.Helper()
+	if remote.Is6() {
+		k := NATKeyV6{Src: remote.As16(), Dst: snat6.As16(), Sport: Port(dport), Dport: Port(sport), Proto: proto, Dir: DirIngress}
+		var v NATValV6
+		if err := e.dp.Maps.NatV6.Lookup(k, &v); err != nil {
+			t.Fatalf("reply entry of the %d pair: %v", proto, err)
+		}
+		return v.Flags
+	}
+	k := NATKeyV4{Src: Addr4(remote), Dst: Addr4(snat4), Sport: Port(dport), Dport: Port(sport), Proto: proto, Dir: DirIngress}
+	var v NATValV4
+	if err := e.dp.Maps.NatV4.Lookup(k, &v); err != nil {
+		t.Fatalf("reply entry of the %d pair: %v", proto, err)
+	}
+	return v.Flags
+}
+
+// TestFixedPairsAssuredAsLinux: SCTP and GRE pairs are assured as
+// conntrack assures them, so a full table spares them: an SCTP association
+// once the remote's COOKIE-ACK (or, on another path, HEARTBEAT-ACK)
+// completes it, not on its INIT-ACK, and again evictable once a SHUTDOWN
+// or ABORT ends it (sctp_can_early_drop); a GRE pair on the remote's
+// answer. ESP and other protocols stay evictable: conntrack tracks them as
+// generic, never assured. Both families.
+func TestFixedPairsAssuredAsLinux(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	for _, c := range []struct{ pod, remote, snat netip.Addr }{{pod1, remote4, snat4}, {pod6, remote6, snat6}} {
+		assured := func(proto uint8, sport, dport uint16) bool {
+			return e.replyFlags(t, proto, c.remote, sport, dport)&NATFlagSeen != 0
+		}
+		e.egress(sctpChunkPacket(c.pod, c.remote, 5000, 38412, sctpInit))
+		e.ingress(sctpChunkPacket(c.remote, c.snat, 38412, 5000, sctpInitAck))
+		if assured(protoSCTP, 5000, 38412) {
+			t.Fatalf("%v: SCTP assured by the INIT-ACK", c.remote)
+		}
+		e.egress(sctpChunkPacket(c.pod, c.remote, 5000, 38412, sctpCookieEcho))
+		e.ingress(sctpChunkPacket(c.remote, c.snat, 38412, 5000, sctpCookieAck))
+		if !assured(protoSCTP, 5000, 38412) {
+			t.Fatalf("%v: SCTP not assured by the COOKIE-ACK", c.remote)
+		}
+		e.egress(sctpChunkPacket(c.pod, c.remote, 5000, 38412, sctpShutdown))
+		if assured(protoSCTP, 5000, 38412) {
+			t.Fatalf("%v: SCTP still assured after the pod's SHUTDOWN", c.remote)
+		}
+		// Another path of an association: HEARTBEAT, HEARTBEAT-ACK.
+		e.egress(sctpChunkPacket(c.pod, c.remote, 5001, 38412, 4))
+		e.ingress(sctpChunkPacket(c.remote, c.snat, 38412, 5001, sctpHeartbeatAck))
+		if !assured(protoSCTP, 5001, 38412) {
+			t.Fatalf("%v: SCTP path not assured by the HEARTBEAT-ACK", c.remote)
+		}
+		e.ingress(sctpChunkPacket(c.remote, c.snat, 38412, 5001, sctpAbort))
+		if assured(protoSCTP, 5001, 38412) {
+			t.Fatalf("%v: SCTP still assured after the remote's ABORT", c.remote)
+		}
+
+		for _, proto := range []uint8{protoGRE, protoESP} {
+			e.egress(opaque(c.pod, c.remote, proto))
+			if assured(proto, 0, 0) {
+				t.Fatalf("%v: protocol %d assured before an answer", c.remote, proto)
+			}
+			e.ingress(opaque(c.remote, c.snat, proto))
+			if got, want := assured(proto, 0, 0), proto == protoGRE; got != want {
+				t.Fatalf("%v: protocol %d answered: assured %v, want %v", c.remote, proto, got, want)
+			}
+		}
+	}
+}
+
+// TestFullTableSparesAssuredFixedPairs: a table full of an answered GRE
+// pair, an established SCTP association and an answered ESP pair (with
+// TCP pairs established around them) admits a new flow by dropping the
+// ESP pair, which conntrack never assures, and then refuses the next one:
+// the GRE and SCTP pairs stay. A new SCTP or GRE flow meeting a full table
+// of droppable pairs early-drops one for itself, as a TCP or UDP flow
+// does (it was refused).
+func TestFullTableSparesAssuredFixedPairs(t *testing.T) {
+	const natMax = 8 // 4 pairs
+	e := newEnv(t, envOptions{natMax: natMax})
+	e.egress(sctpChunkPacket(pod1, remote4, 5000, 38412, sctpCookieEcho))
+	e.ingress(sctpChunkPacket(remote4, snat4, 38412, 5000, sctpCookieAck))
+	for _, proto := range []uint8{protoGRE, protoESP} {
+		e.egress(opaque(pod1, remote4, proto))
+		e.ingress(opaque(remote4, snat4, proto))
+	}
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	port := masqueraded(t, e.egress(f.packet()), f, snat4)
+	e.ingress(reply(f, snat4, port).packet())
+
+	g := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40001, dport: 443, tcpFlags: tcpSYN}
+	before := e.counters()
+	masqueraded(t, e.egress(g.packet()), g, snat4)
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATEarlyDrop: 1})
+	if out := e.egress(opaque(pod1, remote4, protoGRE)); !bytes.Equal(out, opaque(snat4, remote4, protoGRE)) {
+		t.Fatal("the assured GRE pair was dropped")
+	}
+	if out := checkSCTP(t, e.egress(sctpChunkPacket(pod1, remote4, 5000, 38412, 0))); out.src != snat4 {
+		t.Fatal("the assured SCTP pair was dropped")
+	}
+	e.ingress(reply(g, snat4, parse(t, e.egress(g.packet())).sport).packet())
+	time.Sleep(150 * time.Millisecond) // past the search backoff
+	h := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40002, dport: 443, tcpFlags: tcpSYN}
+	before = e.counters()
+	if ret, _ := e.run(e.dp.Egress, h.packet()); ret != tcActShot {
+		t.Fatalf("new flow with only assured pairs: verdict %d, want TC_ACT_SHOT", int32(ret))
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterNATFull: 1})
+
+	// A table of droppable pairs (unanswered UDP queries) admits new SCTP
+	// and GRE flows.
+	e2 := newEnv(t, envOptions{natMax: natMax})
+	udpQueries(t, e2, 50000, natMax/2, false)
+	before = e2.counters()
+	if out := checkSCTP(t, e2.egress(sctpChunkPacket(pod1, remote4, 5000, 38412, sctpInit))); out.src != snat4 {
+		t.Fatalf("new SCTP flow in a full table sent from %v", out.src)
+	}
+	e2.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATNewSCTP: 1, CounterNATEarlyDrop: 1})
+	time.Sleep(150 * time.Millisecond)
+	before = e2.counters()
+	if out := e2.egress(opaque(pod1, remote4, protoGRE)); !bytes.Equal(out, opaque(snat4, remote4, protoGRE)) {
+		t.Fatal("new GRE flow in a full table not translated")
+	}
+	e2.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATNewAddrOnly: 1, CounterNATEarlyDrop: 1})
 }

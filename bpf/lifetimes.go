@@ -34,15 +34,19 @@ type Lifetimes struct {
 }
 
 // DefaultLifetimes are conntrack's and Cilium's orders of magnitude: an
-// unanswered SYN 60 s (Cilium; conntrack 120 s), established TCP 6 h
-// (Cilium; conntrack 5 days), closing 2 min (conntrack's TIME_WAIT), reset
+// unanswered SYN 60 s (Cilium; conntrack 120 s), established TCP 5 days
+// (conntrack's nf_conntrack_tcp_timeout_established, 432000 s: a pooled
+// connection idle for hours, keepalives off, keeps its pair and NAT port
+// as it does under MASQUERADE; Cilium's 6 h would end it, and its next
+// segment would be picked up on another port and reset by the server),
+// closing 2 min (conntrack's TIME_WAIT), reset
 // 10 s (conntrack's CLOSE), UDP 30 s one way or a query and its answer,
 // 2 min a stream answered and active for 2 s (conntrack),
 // ICMP 30 s (conntrack), other protocols 10 min (conntrack's generic
 // timeout).
 var DefaultLifetimes = Lifetimes{
 	TCPSyn:         60 * time.Second,
-	TCPEstablished: 6 * time.Hour,
+	TCPEstablished: 5 * 24 * time.Hour,
 	TCPClosing:     2 * time.Minute,
 	TCPReset:       10 * time.Second,
 	UDP:            30 * time.Second,

@@ -60,7 +60,8 @@ const (
 	masqCounterCOUNTER_NAT_EARLY_DROP      masqCounter = 32
 	masqCounterCOUNTER_DROP_PAIR_CLAIMED   masqCounter = 33
 	masqCounterCOUNTER_UNMASQ_NEW          masqCounter = 34
-	masqCounterCOUNTER_MAX                 masqCounter = 35
+	masqCounterCOUNTER_TCP_RST_IGNORED     masqCounter = 35
+	masqCounterCOUNTER_MAX                 masqCounter = 36
 )
 
 type masqCounterFamily uint32
@@ -301,6 +302,8 @@ type masqNatV4Val struct {
 	Pad        uint8
 	LastSeenNs uint64
 	CreatedNs  uint64
+	TcpEnd     uint32
+	Pad2       uint32
 }
 
 type masqNatV6Cand struct {
@@ -328,6 +331,8 @@ type masqNatV6Val struct {
 	Pad        [5]uint8
 	LastSeenNs uint64
 	CreatedNs  uint64
+	TcpEnd     uint32
+	Pad2       uint32
 }
 
 type masqPktOutcome struct {

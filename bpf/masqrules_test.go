@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"testing"
@@ -328,5 +329,103 @@ func TestSetMasqRuleRejects(t *testing.T) {
 		} else {
 			t.Log(err)
 		}
+	}
+}
+
+// frag6 wraps part of an L4 datagram in IPv6 with a fragment header: off
+// in bytes, more for every fragment but the last.
+func frag6(src, dst netip.Addr, id uint32, off int, more bool, part []byte) []byte {
+	h := make([]byte, 8)
+	h[0] = protoUDP
+	fo := uint16(off/8) << 3
+	if more {
+		fo |= 1
+	}
+	binary.BigEndian.PutUint16(h[2:], fo)
+	binary.BigEndian.PutUint32(h[4:], id)
+	return ether(ipPacket(src, dst, 44, 0, 0, append(h, part...)))
+}
+
+// TestFormerSourceFragments: a source stops being a masquerade source (its
+// rule removed, or its pod CIDR) while a UDP flow of it runs; the flow
+// keeps its translation (Linux keeps the conntrack entry's NAT), and so do
+// the later fragments of its fragmented datagrams, not only the first:
+// they were passed with the source's own address. The node's own later
+// fragments (no record) still pass untouched. IPv4 (a rule's source) and
+// IPv6 (a pod source).
+func TestFormerSourceFragments(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.setRule(loIfindex, clients4, ruleTo4)
+	f4 := flow{src: client4, dst: remote4, proto: protoUDP, sport: 6000, dport: 7000, payload: []byte("first")}
+	ruleFlow(t, e, f4, ruleTo4)
+	f6 := flow{src: pod6, dst: remote6, proto: protoUDP, sport: 6000, dport: 7000, payload: []byte("first")}
+	masqueraded(t, e.egress(f6.packet()), f6, snat6)
+	if err := e.dp.DeleteMasqRule(loIfindex, clients4); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.dp.Maps.MasqSrcV6.Delete(LPMKeyV6From(netip.MustParsePrefix("fd00:10::/64"))); err != nil {
+		t.Fatal(err)
+	}
+
+	// A UDP datagram of 8+24 bytes split after 16 bytes of UDP.
+	f4.payload, f4.ipID = bytes.Repeat([]byte("x"), 24), 0x4242
+	l4 := f4.l4()
+	before := e.counters()
+	o1 := e.egress(ether(ipPacket(client4, remote4, protoUDP, f4.ipID, 0x2000, l4[:16])))
+	o2 := e.egress(ether(ipPacket(client4, remote4, protoUDP, f4.ipID, 16/8, l4[16:])))
+	p1, p2 := parseIP(t, o1[14:]), parseIP(t, o2[14:])
+	if p1.src != ruleTo4 || p2.src != ruleTo4 {
+		t.Fatalf("IPv4 fragments of a former source's flow sent from %v and %v, want %v", p1.src, p2.src, ruleTo4)
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterFormerSource: 1, CounterFragments: 1})
+	checkL4(t, parsed{src: ruleTo4, dst: remote4, proto: protoUDP, l4: append(bytes.Clone(p1.l4), p2.l4...)})
+
+	f6.payload = bytes.Repeat([]byte("y"), 24)
+	l6 := f6.l4()
+	before = e.counters()
+	o1 = e.egress(frag6(pod6, remote6, 0x4343, 0, true, l6[:16]))
+	o2 = e.egress(frag6(pod6, remote6, 0x4343, 16, false, l6[16:]))
+	if s1, s2 := netip.AddrFrom16([16]byte(o1[14+8:14+24])), netip.AddrFrom16([16]byte(o2[14+8:14+24])); s1 != snat6 || s2 != snat6 {
+		t.Fatalf("IPv6 fragments of a former source's flow sent from %v and %v, want %v", s1, s2, snat6)
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterFormerSource: 1, CounterFragments: 1})
+
+	// The node's own later fragment has no record: untouched.
+	node := ether(ipPacket(host, remote4, protoUDP, 0x5151, 16/8, l4[16:]))
+	before = e.counters()
+	unchanged(t, node, e.egress(node))
+	e.checkCounters(before, map[Counter]uint64{CounterSkipNotSource: 1})
+}
+
+// TestIPv6ChainOverrunDropped: an IPv6 packet from a masquerade source
+// whose extension header chain runs past the packet's end cannot be
+// translated (no transport header to find): dropped and counted
+// (drop-untranslatable) toward a masqueraded destination, never passed
+// with the pod's address; passed toward a non-masquerade one, and from a
+// source that is not a masquerade source.
+func TestIPv6ChainOverrunDropped(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	for _, c := range []struct {
+		name string
+		ext  []byte
+	}{
+		{"chain ends with the packet", nil},
+		{"header longer than the packet", []byte{60, 8, 1, 4, 0, 0, 0, 0}}, // hop-by-hop, 72 bytes claimed
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			build := func(src, dst netip.Addr) []byte {
+				return ether(ipPacket(src, dst, 0 /* hop-by-hop */, 0, 0, c.ext))
+			}
+			before := e.counters()
+			if ret, _ := e.run(e.dp.Egress, build(pod6, remote6)); ret != tcActShot {
+				t.Fatalf("verdict %d, want TC_ACT_SHOT", int32(ret))
+			}
+			e.checkCounters(before, map[Counter]uint64{CounterDropUntranslatable: 1})
+			for _, in := range [][]byte{build(pod6, netip.MustParseAddr("fd00:20::1")), build(netip.MustParseAddr("fd00:ffff::1"), remote6)} {
+				if out := e.egress(in); !bytes.Equal(out, in) {
+					t.Fatal("a packet the program does not translate was modified")
+				}
+			}
+		})
 	}
 }

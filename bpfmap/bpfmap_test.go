@@ -483,3 +483,51 @@ func TestNewMapOtherTypes(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenPinnedKeepGrownValue: a map whose value layout grew by a field
+// appended at its end keeps its entries: each old value is the start of
+// the new one, the new field zero. A value that shrank is not copied.
+func TestOpenPinnedKeepGrownValue(t *testing.T) {
+	dir := privtest.MountBPFFS(t)
+	log, buf := testLogger()
+	old, err := OpenPinned(log, dir, &ebpf.MapSpec{Name: "nat", Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range uint32(4) {
+		if err := old.Put(k, k+100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old.Close()
+
+	m, err := OpenPinnedKeep(log, dir, &ebpf.MapSpec{Name: "nat", Type: ebpf.Hash, KeySize: 4, ValueSize: 8, MaxEntries: 16})
+	if err != nil {
+		t.Fatalf("OpenPinnedKeep: %v", err)
+	}
+	var k uint32
+	var v [2]uint32
+	n := 0
+	for it := m.Iterate(); it.Next(&k, &v); n++ {
+		if v != [2]uint32{k + 100, 0} {
+			t.Errorf("entry %d = %v, want [%d 0]", k, v, k+100)
+		}
+	}
+	m.Close()
+	if n != 4 {
+		t.Errorf("%d entries kept, want 4", n)
+	}
+	if !strings.Contains(buf.String(), "copied=4 dropped=0") {
+		t.Errorf("log does not say copied=4 dropped=0: %s", buf)
+	}
+
+	m, err = OpenPinnedKeep(log, dir, &ebpf.MapSpec{Name: "nat", Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 16})
+	if err != nil {
+		t.Fatalf("OpenPinnedKeep: %v", err)
+	}
+	defer m.Close()
+	var v4 uint32
+	if it := m.Iterate(); it.Next(&k, &v4) {
+		t.Errorf("entry %d copied into a shorter value", k)
+	}
+}

@@ -28,9 +28,12 @@ func OpenPinned(log *slog.Logger, dir string, spec *ebpf.MapSpec) (*ebpf.Map, er
 
 // OpenPinnedKeep is OpenPinned for state that must survive a layout change
 // of the map (NAT pairs when the map is resized): when the old map's keys
-// and values have the sizes of spec's, its entries are copied into the
-// replacement before the replacement is pinned in its place. Entries that do
-// not fit (a smaller map) are dropped and counted in the log line.
+// have the size of spec's and its values the size of spec's or less, its
+// entries are copied into the replacement before the replacement is pinned
+// in its place; a shorter value is copied as the start of the new one, the
+// rest zero (a value layout may only grow by fields appended at its end,
+// whose zero means "not known yet"). Entries that do not fit (a smaller
+// map) are dropped and counted in the log line.
 func OpenPinnedKeep(log *slog.Logger, dir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
 	return openPinned(log, dir, spec, true)
 }
@@ -84,7 +87,7 @@ func openPinned(log *slog.Logger, dir string, spec *ebpf.MapSpec, keep bool) (*e
 		layouts := []any{"path", path,
 			"old", layoutOf(old.Type(), old.KeySize(), old.ValueSize(), old.MaxEntries(), old.Flags()),
 			"new", layoutOf(spec.Type, spec.KeySize, spec.ValueSize, spec.MaxEntries, spec.Flags)}
-		if keep && old.KeySize() == spec.KeySize && old.ValueSize() == spec.ValueSize {
+		if keep && old.KeySize() == spec.KeySize && old.ValueSize() <= spec.ValueSize {
 			copied, dropped := copyEntries(old, m)
 			log.Warn("Replacing pinned BPF map with another layout; its entries are copied",
 				append(layouts, "copied", copied, "dropped", dropped)...)
@@ -148,13 +151,17 @@ func layoutOf(typ ebpf.MapType, keySize, valueSize, maxEntries, flags uint32) st
 
 // copyEntries copies every entry of from into to, as far as to has room.
 // An LRU map never runs out of room (it evicts), so the copy stops at its
-// size: entries copied earlier are not silently evicted by later ones.
+// size: entries copied earlier are not silently evicted by later ones. A
+// value of to longer than from's is from's followed by zeros: a layout
+// that grew by fields appended at its end, zero for the old entries.
 func copyEntries(from, to *ebpf.Map) (copied, dropped int) {
 	key := make([]byte, from.KeySize())
-	val := make([]byte, from.ValueSize())
+	old := make([]byte, from.ValueSize())
+	val := make([]byte, to.ValueSize()) // the tail stays zero
 	lru := to.Type() == ebpf.LRUHash || to.Type() == ebpf.LRUCPUHash
 	it := from.Iterate()
-	for it.Next(&key, &val) {
+	for it.Next(&key, &old) {
+		copy(val, old)
 		if lru && copied >= int(to.MaxEntries()) {
 			dropped++
 			continue

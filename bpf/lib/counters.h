@@ -48,6 +48,7 @@ enum counter {
 	COUNTER_NAT_EARLY_DROP,		/* pairs not assured (unanswered, closing, UDP queries) dropped to admit a new flow into a full NAT map */
 	COUNTER_DROP_PAIR_CLAIMED,	/* dropped: a packet whose pair (or inbound record) another CPU, early drop or the collector was ending or reopening at that instant: a reopening SYN (the client retransmits), a reply */
 	COUNTER_UNMASQ_NEW,		/* flows from a masquerade source left unmasqueraded (non-masquerade destination) and recorded: the decision is kept for the flow's life (unmasq_v4/v6) */
+	COUNTER_TCP_RST_IGNORED,	/* TCP RSTs (either side) that did not end an established pair: their sequence number is not one the receiver expects (a blind RST); translated and delivered, the pair kept */
 	COUNTER_MAX,
 };
 

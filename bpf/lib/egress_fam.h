@@ -36,9 +36,11 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 		/* The node's own flow: translated only when a pod's flow held its
 		 * tuple (host_flow_*). */
 		verdict = ret != 0 ? HOST_PASS : FAM(host_flow)(skb, &p);
-		if (verdict == HOST_PASS) {
-			count(COUNTER_SKIP_NOT_SOURCE);
-			return TC_ACT_UNSPEC;
+		if (verdict != HOST_PAIR && verdict != HOST_FORMER) {
+			/* a later fragment's HOST_DONE or HOST_DROP is counted */
+			if (verdict == HOST_PASS)
+				count(COUNTER_SKIP_NOT_SOURCE);
+			return verdict == HOST_DROP ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
 		former = verdict == HOST_FORMER;
 		rule = NULL;
@@ -60,8 +62,16 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 			/* an echo reply of no flow we know of */
 			return FAM(egress_untranslatable)(skb, &p, rule);
 		}
-		if (p.kind == PKT_SCTP || p.kind == PKT_ADDR)
-			return FAM(egress_fixed)(skb, &p, rule);
+		if (p.kind == PKT_SCTP || p.kind == PKT_ADDR) {
+			verdict = FAM(egress_fixed)(skb, &p, rule);
+			/* A full table: drop a pair that is not assured, or refuse. */
+			if (verdict == FIXED_FULL && FAM(nat_early_drop)())
+				verdict = FAM(egress_fixed)(skb, &p, rule);
+			if (verdict != FIXED_FULL)
+				return verdict;
+			count(COUNTER_NAT_FULL);
+			return TC_ACT_SHOT;
+		}
 		if (p.kind == PKT_ICMP_ERR)
 			return FAM(icmp_error_unmatched)(skb, &p, rule);
 		if (p.kind != PKT_PORTS)

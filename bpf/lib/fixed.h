@@ -22,6 +22,17 @@
  *
  * Entries carry the NAT "port" (the pod's SCTP port, or 0) so that the
  * collector and the dumps treat them like the other pairs.
+ *
+ * Assurance (what early drop spares, lib/pressure.h: a reply entry with
+ * NAT_F_SEEN) follows conntrack's per protocol: an SCTP association is
+ * assured when the remote's COOKIE-ACK completes it (or, on another path
+ * of the association, its HEARTBEAT-ACK answers), not on its INIT-ACK, and
+ * evictable again once a SHUTDOWN or ABORT from either side ends it
+ * (sctp_can_early_drop); a GRE pair when the remote answers (conntrack
+ * assures it from its next packet on); ESP, AH and every other protocol
+ * never, as conntrack tracks them as generic and never assures them. A new
+ * pair of any of them meeting a full table drops a pair that is not
+ * assured for itself, as TCP and UDP flows do.
  */
 
 #ifndef IPMASQ_LIB_FIXED_H
@@ -43,6 +54,55 @@
 #include "evict.h"
 #include "rewrite.h"
 #include "frag.h"
+
+/* SCTP chunk types (RFC 9260) that move a pair's assurance. */
+#define SCTP_CID_HEARTBEAT_ACK		5
+#define SCTP_CID_ABORT			6
+#define SCTP_CID_SHUTDOWN		7
+#define SCTP_CID_SHUTDOWN_ACK		8
+#define SCTP_CID_COOKIE_ACK		11
+#define SCTP_CID_SHUTDOWN_COMPLETE	14
+
+/* egress_fixed_v4/v6: a new pair found the table full. */
+#define FIXED_FULL	0x7fff
+
+/* Assurance changes of fixed_assurance. */
+#define FIXED_KEEP	0
+#define FIXED_ASSURE	1	/* the remote completed the exchange: set NAT_F_SEEN */
+#define FIXED_UNASSURE	2	/* an SCTP association ends: clear NAT_F_SEEN */
+
+/* fixed_assurance says how packet p of a fixed pair, in direction dir,
+ * changes the pair's assurance; for SCTP it reads the packet's first chunk
+ * type (a COOKIE-ACK or a SHUTDOWN comes first in its packet). */
+static __always_inline int fixed_assurance(struct __sk_buff *skb, const struct pkt *p, int dir)
+{
+	__u8 chunk;
+
+	if (p->proto == IPPROTO_GRE)
+		return dir == DIR_INGRESS ? FIXED_ASSURE : FIXED_KEEP;
+	if (p->kind != PKT_SCTP || bpf_skb_load_bytes(skb, p->l4_off + 12, &chunk, 1) < 0)
+		return FIXED_KEEP;
+	switch (chunk) {
+	case SCTP_CID_COOKIE_ACK:
+	case SCTP_CID_HEARTBEAT_ACK:
+		return dir == DIR_INGRESS ? FIXED_ASSURE : FIXED_KEEP;
+	case SCTP_CID_ABORT:
+	case SCTP_CID_SHUTDOWN:
+	case SCTP_CID_SHUTDOWN_ACK:
+	case SCTP_CID_SHUTDOWN_COMPLETE:
+		return FIXED_UNASSURE;
+	}
+	return FIXED_KEEP;
+}
+
+/* fixed_assure applies an assurance change to a reply entry's flags. */
+static __always_inline void fixed_assure(__u8 *flags, int how)
+{
+	if (how == FIXED_ASSURE && !(*flags & NAT_F_SEEN))
+		*flags |= NAT_F_SEEN;
+	else if (how == FIXED_UNASSURE && (*flags & NAT_F_SEEN))
+		*flags &= ~NAT_F_SEEN;
+}
 
 static __always_inline void count_fixed_new(const struct pkt *p, const struct masq_rule *rule)
 {

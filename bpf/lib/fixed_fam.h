@@ -4,9 +4,9 @@
  * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
  *
- * Defines: nat_create_fixed_v4, nat_create_fixed_v6, egress_fixed_v4,
- * egress_fixed_v6, ingress_fixed_v4, ingress_fixed_v6,
- * egress_untranslatable_v4, egress_untranslatable_v6.
+ * Defines: nat_create_fixed_v4, nat_create_fixed_v6, fixed_unassure_v4,
+ * fixed_unassure_v6, egress_fixed_v4, egress_fixed_v6, ingress_fixed_v4,
+ * ingress_fixed_v6, egress_untranslatable_v4, egress_untranslatable_v6.
  */
 
 #include "family.h"
@@ -15,7 +15,8 @@
  * the pod's own (out->sport: the SCTP port, or 0 for address-only). *res
  * holds the reply entry's value first and then the pair's: one value less
  * on a stack the verifier limits for the whole call chain. snat may point
- * into *res (IPv6), so it is read before *res is written. */
+ * into *res (IPv6), so it is read before *res is written; on failure
+ * res->addr holds it again. */
 static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out, const FAM_ADDR snat,
 						     FAM_T(nat, val) *res)
 {
@@ -35,6 +36,9 @@ static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out,
 	res->port = out->sport;
 	res->last_seen_ns = res->created_ns = now;
 	ret = FAM(nat_insert)(&in, res);
+	/* res->addr is the SNAT address again from here, whatever the
+	 * outcome (the caller may make room and retry) */
+	FAM_ADDR_COPY(res->addr, in.dst);
 	if (ret == -EEXIST) {
 		/* ours if another CPU is creating the same flow right now */
 		cur = bpf_map_lookup_elem(&FAM(nat), &in);
@@ -48,7 +52,6 @@ static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out,
 		 * room): if the egress entry fails, the note is met stale. */
 		FAM(nat_cand_note)(&in, now);
 	}
-	FAM_ADDR_COPY(res->addr, in.dst);
 	ret = FAM(nat_insert)(out, res);
 	if (ret == 0)
 		return COUNTER_NAT_NEW;
@@ -64,6 +67,24 @@ static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out,
 	return COUNTER_MASQUERADED;
 }
 
+/* fixed_unassure_v4/v6 makes the pair of egress entry k (value v)
+ * evictable again: its association is ending. */
+static __noinline void FAM(fixed_unassure)(const FAM_T(nat, key) *k, const FAM_T(nat, val) *v)
+{
+	FAM_T(nat, key) peer;
+	FAM_T(nat, val) *r;
+
+	FAM(nat_pair)(k, v, &peer);
+	r = bpf_map_lookup_elem(&FAM(nat), &peer);
+	if (r)
+		fixed_assure(&r->flags, FIXED_UNASSURE);
+}
+
+/* egress_fixed_v4/v6 translate a fixed pair's packet from a masquerade
+ * source: a tc verdict, or FIXED_FULL (nothing counted) when its new pair
+ * found the table full: the caller drops a pair that is not assured and
+ * calls again, or refuses the packet (the early drop's frame under this
+ * one's would take the stack over the verifier's 512 bytes). */
 static __noinline int FAM(egress_fixed)(struct __sk_buff *skb, const struct pkt *p,
 					const struct masq_rule *rule)
 {
@@ -79,6 +100,10 @@ static __noinline int FAM(egress_fixed)(struct __sk_buff *skb, const struct pkt 
 	if (v) {
 		FAM(nat_touch)(v, 0);
 		FAM_ADDR_COPY(nv.addr, v->addr);
+		/* The pod's SHUTDOWN or ABORT: the association may go for a
+		 * new flow (rare packets: one more lookup). */
+		if (fixed_assurance(skb, p, DIR_EGRESS) == FIXED_UNASSURE)
+			FAM(fixed_unassure)(&k, v);
 	} else {
 		c = FAM(decide)(skb, p, rule, &nv.addr);
 		if (c != COUNTER_MASQUERADED) {
@@ -87,6 +112,8 @@ static __noinline int FAM(egress_fixed)(struct __sk_buff *skb, const struct pkt 
 		}
 		/* the SNAT address decide chose is in nv.addr */
 		c = FAM(nat_create_fixed)(&k, nv.addr, &nv);
+		if (c == COUNTER_NAT_FULL)
+			return FIXED_FULL; /* the caller makes room, or refuses */
 		if (c == COUNTER_NAT_NEW) {
 			count_fixed_new(p, rule);
 		} else if (c != COUNTER_MASQUERADED) {
@@ -119,6 +146,7 @@ static __noinline int FAM(ingress_fixed)(struct __sk_buff *skb, const struct pkt
 	if (!v)
 		return TC_ACT_UNSPEC;
 	FAM(nat_touch)(v, 0);
+	fixed_assure(&v->flags, fixed_assurance(skb, p, DIR_INGRESS));
 	FAM_ADDR_COPY(to, v->addr);
 	FAM_ADDR_COPY(from, FAM_PKT(p).daddr);
 	if (p->frag == FRAG_FIRST)

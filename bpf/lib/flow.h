@@ -165,11 +165,73 @@ static __always_inline int nat_closed(__u8 out, __u8 in)
 	(v)->flags = 0;			\
 	(v)->created_ns = (now);	\
 	(v)->last_seen_ns = (now);	\
+	(v)->tcp_end = 0;		\
 } while (0)
 
 /* nat_established_v4/v6 results besides 0 (translate with the pair). */
 #define NAT_EST_NO_PAIR	1	/* the caller treats the packet as having no pair */
 #define NAT_EST_DROP	2	/* a SYN that lost the pair's claim: dropped (counted), the client retransmits */
+
+/*
+ * RSTs. Like conntrack (nf_conntrack_proto_tcp.c), a RST from the remote
+ * ends an established pair only when its sequence number is one the pod
+ * expects: the end of what the remote sent (the pod's RCV.NXT once the data
+ * that passed has arrived; the RST of a remote that aborts after data the
+ * pod has not acknowledged yet: conntrack's "RST train"). Any other RST (a
+ * blind one, forged off the path with a guessed sequence number) leaves the
+ * pair as it was; it is still translated and delivered, so the pod judges
+ * it too (RFC 5961: dropped, or answered with a challenge ACK, whose answer
+ * from a remote that lost the connection is a RST at that end). The pod's
+ * own RST ends the pair when its sequence number is within NAT_TCP_WINDOW
+ * at or below the end of what the pod sent (its SND.NXT, or the
+ * acknowledgment of a segment it refuses): the pod is no forger, but a RST
+ * the remote would ignore must not end the pair of a connection the remote
+ * keeps.
+ *
+ * Each direction's entry keeps the end of what that direction sent
+ * (tcp_end), written by that direction's program on its own entry, only
+ * when it moves. The remote's segments may be forged, so its tcp_end moves
+ * forward by at most NAT_TCP_WINDOW a segment (no segment carries more): a
+ * forged one must land that close to the real sequence number, as
+ * conntrack's must land in the window, before a forged RST at its end
+ * counts. Before the pair is answered, once it is closing, and while a
+ * direction has not been seen (0: a pair picked up mid-stream, or kept from
+ * before the upgrade that added the field), any RST counts, as conntrack
+ * lets any RST through in those states. Conntrack also ends the pair on a
+ * RST at the pod's highest acknowledgment; tracking it costs a load on
+ * every egress TCP packet (about 10 % of the established path's cost),
+ * and the pod itself only accepts a RST at the end of what arrived.
+ */
+#define NAT_TCP_WINDOW	(1U << 20)
+
+/* tcp_seen moves a direction's tcp_end forward to packet p's; bounded: by
+ * at most NAT_TCP_WINDOW (the remote's). The pod's SYN starts it anew (a
+ * new connection of the tuple: another sequence space). Stores only on
+ * change. */
+static __always_inline void tcp_seen(__u32 *end, const struct pkt *p, int bounded)
+{
+	__s32 d = (__s32)(p->tcp_end - *end);
+
+	if (!*end || (!bounded && (p->tcp_flags & (PKT_F_SYN | PKT_F_ACK)) == PKT_F_SYN) ||
+	    (d > 0 && (!bounded || d <= (__s32)NAT_TCP_WINDOW)))
+		*end = p->tcp_end;
+}
+
+/* tcp_rst_from_remote says whether the remote's RST with sequence number
+ * seq (its tcp_end: a RST carries no data) ends a pair: seq is the end of
+ * what the remote sent, or that is unknown. */
+static __always_inline int tcp_rst_from_remote(__u32 seq, __u32 remote_end)
+{
+	return !remote_end || seq == remote_end;
+}
+
+/* tcp_rst_from_pod says whether the pod's RST with sequence number seq
+ * ends a pair: within NAT_TCP_WINDOW at or below the pod's end, or that end
+ * unknown. */
+static __always_inline int tcp_rst_from_pod(__u32 seq, __u32 pod_end)
+{
+	return !pod_end || (__u32)(pod_end - seq) <= NAT_TCP_WINDOW;
+}
 
 /* nat_reusable_v4/v6 results besides 0 (not reusable). */
 #define NAT_REUSE_CLAIMED	1	/* claimed: replace the reply entry (BPF_ANY) */

@@ -6,8 +6,8 @@
  *
  * Defines: nat_touch_v4, nat_touch_v6, nat_still_v4, nat_still_v6,
  * nat_pair_v4, nat_pair_v6, nat_established_v4, nat_established_v6,
- * nat_reply_fin_v4, nat_reply_fin_v6, nat_takeover_v4, nat_takeover_v6,
- * nat_use_v4, nat_use_v6.
+ * nat_reply_fin_v4, nat_reply_fin_v6, nat_reply_rst_v4, nat_reply_rst_v6,
+ * nat_takeover_v4, nat_takeover_v6, nat_use_v4, nat_use_v6.
  */
 
 #include "family.h"
@@ -99,6 +99,10 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 	if (!skb || !k || !v || !p)
 		return 0;
 	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
+	/* What the pod sent, for the RSTs of both sides (see "RSTs"); a RST
+	 * itself moves nothing. */
+	if (k->proto == IPPROTO_TCP && !(flags & NAT_F_RST))
+		tcp_seen(&v->tcp_end, p, 0);
 	/* A new FIN or RST takes the slow path: the first FIN needs the reply
 	 * entry's flags to tell who closed first. */
 	if (!tcp_syn(p) && !(flags & ~v->flags) && nat_age(now, v->last_seen_ns) <= (__s64)NAT_REFRESH_NS)
@@ -156,6 +160,14 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 		count(COUNTER_NAT_REOPENED);
 		return 0;
 	}
+	/* The pod's RST ends an established pair only at a sequence number
+	 * the remote expects (see "RSTs"); it is translated either way. */
+	if ((flags & ~v->flags & NAT_F_RST) && k->proto == IPPROTO_TCP && (r->flags & NAT_F_SEEN) &&
+	    !((r->flags | v->flags) & (NAT_F_FIN | NAT_F_RST)) &&
+	    !tcp_rst_from_pod(p->tcp_end, v->tcp_end)) {
+		flags &= ~NAT_F_RST;
+		count(COUNTER_TCP_RST_IGNORED);
+	}
 	/* The source's FIN before any from the remote: whether the remote
 	 * then closes passively is its FIN's to say (FAM(nat_reply_fin)). */
 	if ((flags & NAT_F_FIN) && k->proto == IPPROTO_TCP && !(v->flags & NAT_F_FIN) &&
@@ -193,6 +205,26 @@ __noinline int FAM(nat_reply_fin)(struct __sk_buff *skb, const FAM_T(nat, key) *
 	    (__s32)(ack - *end) >= 0)
 		o->flags |= NAT_F_CLOSED_FIRST;
 	bpf_map_delete_elem(&FAM(nat_fin), k);
+	return 0;
+}
+
+/* nat_reply_rst_v4/v6 says whether the remote's RST p, which matched the
+ * reply entry (key k, value v) of an established pair, ends it: 1 when its
+ * sequence number is the one the pod expects or the pair is closing (see
+ * "RSTs"), else 0 (counted). Returns a scalar (a global function). */
+__noinline int FAM(nat_reply_rst)(const FAM_T(nat, key) *k, const FAM_T(nat, val) *v, const struct pkt *p)
+{
+	FAM_T(nat, key) peer;
+	FAM_T(nat, val) *o;
+
+	if (!k || !v || !p)
+		return 1;
+	FAM(nat_pair)(k, v, &peer);
+	o = bpf_map_lookup_elem(&FAM(nat), &peer);
+	if (!o || ((o->flags | v->flags) & (NAT_F_FIN | NAT_F_RST)) ||
+	    tcp_rst_from_remote(p->tcp_end, v->tcp_end))
+		return 1;
+	count(COUNTER_TCP_RST_IGNORED);
 	return 0;
 }
 

@@ -24,7 +24,11 @@
  * address in frag_v4/frag_v6, and the later fragments get the L3 rewrite
  * only. A later fragment with no record (reordered before its first, or the
  * record evicted) is dropped on egress when its flow would be masqueraded,
- * so the pod address never leaves, and passed untouched on ingress.
+ * so the pod address never leaves, and passed untouched on ingress. The
+ * later fragments of a source that is no longer a masquerade source follow
+ * their first fragment's record too (a former source's flow is translated
+ * while it lasts, lib/hostflow.h); without a record they pass, as the
+ * node's own do.
  */
 
 #define FAMILY 4

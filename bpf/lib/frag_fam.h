@@ -6,7 +6,8 @@
  *
  * Defines: frag_key_v4, frag_key_v6, frag_remember_v4, frag_remember_v6,
  * frag_lookup_v4, frag_lookup_v6, egress_frag_v4, egress_frag_v6,
- * ingress_frag_v4, ingress_frag_v6.
+ * egress_frag_other_v4, egress_frag_other_v6, ingress_frag_v4,
+ * ingress_frag_v6.
  */
 
 #include "family.h"
@@ -73,6 +74,29 @@ static __always_inline int FAM(egress_frag)(struct __sk_buff *skb, const struct 
 	}
 	count(COUNTER_FRAGMENTS);
 	return TC_ACT_UNSPEC;
+}
+
+/* egress_frag_other_v4/v6 handle a non-first fragment from a source that
+ * is not a masquerade source: the L3 rewrite when its first fragment was
+ * translated (a former masquerade source's flow, translated while it
+ * lasts: TC_ACT_OK, counted, or TC_ACT_SHOT), TC_ACT_UNSPEC (nothing done
+ * or counted) otherwise: the node's own, and flows never masqueraded,
+ * whose first fragments leave no record. */
+static __always_inline int FAM(egress_frag_other)(struct __sk_buff *skb, const struct pkt *p)
+{
+	FAM_T(frag, val) *f = FAM(frag_lookup)(p, DIR_EGRESS);
+	FAM_ADDR from, to;
+
+	FAM_ADDR_COPY(from, FAM_PKT(p).saddr);
+	if (!f || FAM_ADDR_EQ(from, f->addr))
+		return TC_ACT_UNSPEC;
+	FAM_ADDR_COPY(to, f->addr);
+	if (FAM_REWRITE(skb, p, saddr, from, to, p->proto, 0, 0, 0, 0) < 0) {
+		count(COUNTER_ERROR);
+		return TC_ACT_SHOT;
+	}
+	count(COUNTER_FRAGMENTS);
+	return TC_ACT_OK;
 }
 
 /* ingress_frag_v4/v6 handle a non-first fragment on ingress: the L3

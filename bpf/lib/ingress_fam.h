@@ -47,8 +47,16 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	/* The remote's first FIN: does it acknowledge the source's? */
 	if ((p.tcp_flags & NAT_F_FIN) && !(v->flags & (NAT_F_FIN | NAT_F_HOST)))
 		FAM(nat_reply_fin)(skb, &k, v, &p);
-	/* The remote's first FIN or RST: the pair may go for a new flow again
-	 * (pressure.h), noted for early drop (evict.h). */
+	if (p.proto == IPPROTO_TCP && !(v->flags & NAT_F_HOST)) {
+		/* An established pair ends by a RST the pod expects only (see
+		 * "RSTs" in flow.h); what the remote sent is recorded. */
+		if (!(p.tcp_flags & NAT_F_RST))
+			tcp_seen(&v->tcp_end, &p, 1);
+		else if ((v->flags & (NAT_F_SEEN | NAT_F_RST)) == NAT_F_SEEN && !FAM(nat_reply_rst)(&k, v, &p))
+			p.tcp_flags &= ~NAT_F_RST;
+	}
+	/* The remote's first FIN or RST (one the pod expects): the pair may go
+	 * for a new flow again (pressure.h), noted for early drop (evict.h). */
 	if ((p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) && !(v->flags & (NAT_F_FIN | NAT_F_RST | NAT_F_HOST)))
 		FAM(nat_cand_note)(&k, v->created_ns);
 	stamp = FAM(nat_touch)(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);

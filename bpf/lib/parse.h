@@ -66,6 +66,7 @@ struct pkt {
 	__u8 kind;
 	__u8 frag;
 	__u8 tcp_flags;		/* NAT_F_* */
+	__u32 tcp_end;		/* TCP: seq + payload length (+1 for SYN, FIN), host order */
 };
 
 static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
@@ -93,7 +94,10 @@ static __always_inline int parse_l3_v4(struct __sk_buff *skb, struct pkt *p)
 }
 
 /* parse_l3_v6 walks up to IPV6_MAX_EXT extension headers. It returns 1 for a
- * header chain it does not handle (AH, ESP, too many headers). */
+ * header chain it does not handle (too many headers, or one that runs past
+ * the packet's end), -1 when the fixed header cannot be read: the addresses
+ * are known from 0 on, so the egress path can drop an untranslatable
+ * packet of a masquerade source rather than pass it. */
 static __always_inline int parse_l3_v6(struct __sk_buff *skb, struct pkt *p)
 {
 	struct ipv6hdr ip;
@@ -124,13 +128,13 @@ static __always_inline int parse_l3_v6(struct __sk_buff *skb, struct pkt *p)
 		case IPPROTO_ROUTING:
 		case IPPROTO_DSTOPTS:
 			if (bpf_skb_load_bytes(skb, off, &ext, 2) < 0)
-				return -1;
+				return 1;
 			nexthdr = ext.nexthdr;
 			off += (ext.len + 1) * 8;
 			break;
 		case IPPROTO_FRAGMENT:
 			if (bpf_skb_load_bytes(skb, off, &ext, sizeof(ext)) < 0)
-				return -1;
+				return 1;
 			nexthdr = ext.nexthdr;
 			off += 8;
 			p->frag_id = ext.id;
@@ -192,6 +196,7 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 
 	p->kind = PKT_OTHER;
 	p->tcp_flags = 0;
+	p->tcp_end = 0;
 	p->sport = 0;
 	p->dport = 0;
 	switch (p->proto) {
@@ -205,6 +210,9 @@ static __always_inline int parse_l4(struct __sk_buff *skb, struct pkt *p, int di
 			       (l4.flags & 0x04 ? NAT_F_RST : 0) |
 			       (l4.flags & 0x02 ? PKT_F_SYN : 0) |
 			       (l4.flags & 0x10 ? PKT_F_ACK : 0);
+		/* skb->len: a GSO packet's whole payload */
+		p->tcp_end = bpf_ntohl(l4.seq) + (skb->len - p->l4_off - (__u32)(l4.off >> 4) * 4) +
+			     !!(l4.flags & 0x03);
 		p->kind = PKT_PORTS;
 		break;
 	case IPPROTO_UDP:

@@ -130,6 +130,8 @@ __noinline enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, 
 #endif
 	res->last_seen_ns = now;
 	res->created_ns = now;
+	res->tcp_end = 0;
+	res->pad2 = 0;
 
 	port_walk_init(&w, cfg, out->proto, flags, out->sport);
 	for (i = 0; i < PORT_PROBES; i++) {

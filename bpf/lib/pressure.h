@@ -23,7 +23,8 @@
  *   - TCP: not answered yet, or closing (a FIN or RST from the remote);
  *   - UDP: not a stream (a query and its answer, or unanswered);
  *   - ICMP echo: always (conntrack never assures them);
- *   - SCTP and address-only pairs: not answered yet.
+ *   - SCTP and GRE pairs: not assured yet (lib/fixed.h); ESP and the other
+ *     address-only pairs: always (conntrack never assures them).
  *
  * Inbound flow records (dir 2) go by the same rules, their answer being
  * the pod's. Established TCP flows, UDP streams and node sockets' held

@@ -125,6 +125,11 @@ const volatile enum nat_flag nat_flags_stored = NAT_F_STORED;
 #define PKT_F_SYN	0x40
 #define PKT_F_ACK	0x80
 
+/* tcp_end (TCP pairs, host byte order, 0: not seen yet) is the sequence
+ * number after the highest segment this direction sent (SYN and FIN count
+ * one); it checks a RST against the connection as conntrack does
+ * (lib/flow.h, "RSTs"). It comes last: a pinned map of the older, shorter
+ * layout is copied into this one with it zero (bpfmap.OpenPinnedKeep). */
 struct nat_v4_val {
 	__be32 addr;
 	__be16 port;
@@ -132,6 +137,8 @@ struct nat_v4_val {
 	__u8 pad;
 	__u64 last_seen_ns;
 	__u64 created_ns;
+	__u32 tcp_end;
+	__u32 pad2;
 };
 
 struct nat_v6_val {
@@ -141,6 +148,8 @@ struct nat_v6_val {
 	__u8 pad[5];
 	__u64 last_seen_ns;
 	__u64 created_ns;
+	__u32 tcp_end;
+	__u32 pad2;
 };
 
 /* A flow from a masquerade source that started unmasqueraded (its

@@ -126,9 +126,9 @@ func TestListKnownFlows(t *testing.T) {
 		return strings.Join(lines, "")
 	}
 	want := `host ipv4 udp udp age=1s expires=28s 10.0.0.5:61500 -> 198.51.100.10:53
-inbound ipv4 tcp tcp-established age=1m0s expires=5h59m59s 203.0.113.9:50000 -> 10.244.1.2:80
+inbound ipv4 tcp tcp-established age=1m0s expires=119h59m59s 203.0.113.9:50000 -> 10.244.1.2:80
 masquerade ipv4 tcp tcp-closing age=3s expires=1m59s 10.244.1.4:41000 -> 198.51.100.9:80 as 10.0.0.5:41000 reply-entry-evicted
-masquerade ipv4 tcp tcp-established age=10s expires=5h59m57s 10.244.1.2:40000 -> 198.51.100.7:443 as 10.0.0.5:40000
+masquerade ipv4 tcp tcp-established age=10s expires=119h59m57s 10.244.1.2:40000 -> 198.51.100.7:443 as 10.0.0.5:40000
 masquerade ipv4 udp udp age=5s expires=24s 10.244.1.3:5353 -> 198.51.100.8:53 as 10.0.0.5:61001
 masquerade ipv6 tcp tcp-closing age=20s expires=1m59s [fd00:10:244:1::2]:42000 -> [2001:db8:1::7]:443 as [2001:db8::5]:42000
 `

@@ -101,7 +101,7 @@ func family(p *bpf.NATPair) string {
 
 // appendText is one line:
 //
-//	masquerade ipv4 tcp tcp-established age=12s expires=5h59m48s 10.244.1.2:53620 -> 198.51.100.7:8080 as 10.0.0.5:53620
+//	masquerade ipv4 tcp tcp-established age=12s expires=119h59m48s 10.244.1.2:53620 -> 198.51.100.7:8080 as 10.0.0.5:53620
 func appendText(b []byte, p *bpf.NATPair, l bpf.Lifetimes, now uint64) []byte {
 	b = append(b, p.Kind.String()...)
 	b = append(b, ' ')

@@ -93,7 +93,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries; a full map drops a pair that is not assured (unanswered, closing, a UDP query) for a new flow, or refuses it. "+
 		"0: two entries per flow the node's conntrack holds, max(Linux's default nf_conntrack_max for the node's memory "+
 		"(MemTotal/128 KiB, at least 1024; 65536 above 1 GiB; 262144 above 4 GiB), /proc/sys/net/netfilter/nf_conntrack_max when present); "+
-		"the maps are preallocated: about 104 bytes (IPv4) and 152 bytes (IPv6) of kernel memory per entry, charged to the agent's cgroup; a disabled family's map has 1024 entries")
+		"the maps are preallocated: about 112 bytes (IPv4) and 160 bytes (IPv6) of kernel memory per entry, charged to the agent's cgroup; a disabled family's map has 1024 entries")
 	flags.Duration("nat-gc-interval", def.NATGCInterval, "How often idle NAT entries are expired")
 	flags.String("tc-attach-mode", def.TCAttachMode, "How the programs are attached: auto (tcx where the kernel has it, clsact otherwise), tcx or clsact")
 	flags.Duration("nat-timeout-tcp-syn", def.TimeoutTCPSyn, "Lifetime of a NAT pair whose TCP SYN is not answered")

@@ -45,6 +45,7 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 	const node = "10.0.0.5"
 	keep := map[string]map[bpf.NATKeyV4]bpf.NATValV4{
 		"tcp open, idle 1h":    pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1000, 80, 61000, ago(time.Hour), bpf.NATFlagSeen),
+		"tcp open, idle 7h":    pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1007, 80, 61007, ago(7*time.Hour), bpf.NATFlagSeen),
 		"tcp syn, idle 50s":    pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1003, 80, 61004, ago(50*time.Second), 0),
 		"tcp reset, idle 5s":   pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1004, 80, 61005, ago(5*time.Second), bpf.NATFlagRST|bpf.NATFlagSeen),
 		"udp stream, idle 90s": pairEntries(protoUDP, "10.244.1.2", "203.0.113.10", node, 1005, 53, 61006, ago(90*time.Second), bpf.NATFlagSeen|bpf.NATFlagStream),
@@ -55,7 +56,7 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 		"icmp, idle 5s":        pairEntries(protoICMP, "10.244.1.2", "203.0.113.10", node, 7, 0, 61003, ago(5*time.Second), 0),
 	}
 	drop := map[string]map[bpf.NATKeyV4]bpf.NATValV4{
-		"tcp open, idle 7h":            pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1000, 80, 62000, ago(7*time.Hour), bpf.NATFlagSeen),
+		"tcp open, idle 5 days":        pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1000, 80, 62000, ago(121*time.Hour), bpf.NATFlagSeen),
 		"tcp syn, idle 70s":            pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 1003, 80, 62004, ago(70*time.Second), 0),
 		"udp one way, idle 40s":        pairEntries(protoUDP, "10.244.1.3", "203.0.113.10", node, 1004, 53, 62005, ago(40*time.Second), 0),
 		"udp query answered, idle 40s": pairEntries(protoUDP, "10.244.1.3", "203.0.113.10", node, 1008, 53, 62006, ago(40*time.Second), bpf.NATFlagSeen),
@@ -75,7 +76,7 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 		}
 	}
 	// One direction closed recently keeps the pair: both are judged together.
-	pair := pairEntries(protoTCP, "10.244.1.5", "203.0.113.10", node, 1000, 80, 64000, ago(7*time.Hour), bpf.NATFlagSeen)
+	pair := pairEntries(protoTCP, "10.244.1.5", "203.0.113.10", node, 1000, 80, 64000, ago(121*time.Hour), bpf.NATFlagSeen)
 	for k, v := range pair {
 		if k.Dir == bpf.DirIngress {
 			v.LastSeenNs = ago(time.Minute)

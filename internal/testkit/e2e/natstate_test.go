@@ -103,9 +103,7 @@ func TestMidStreamWithoutPair(t *testing.T) {
 // is removed while a client's TCP connection runs. Linux keeps the
 // connection's NAT (conntrack decided it once) and so must ipmasq: the
 // connection carries on from the node's address, none of its segments
-// leaves with the client's address. The reference keeps another rule in
-// its chain, as an operator's chain has: removing the chain's last rule
-// under iptables-nft stopped translating the established flows here.
+// leaves with the client's address.
 func TestRemovedSourceKeepsFlows(t *testing.T) {
 	spec := setupSpec{
 		client:  true,
@@ -125,32 +123,42 @@ func TestRemovedSourceKeepsFlows(t *testing.T) {
 			echoOnce(t, conn, "before\n")
 			conns = append(conns, conn)
 		}
-		if a := s.agent; a != nil {
-			a.writeConfig("nonMasqueradeCIDRs: []\n")
-			a.waitFor("the rule's sources gone from the maps", func() bool { return a.ruleEntries() == 0 })
-		} else {
-			for _, v6 := range []bool{false, true} {
-				other := "198.18.0.0/15"
-				if v6 {
-					other = "2001:2::/48"
-				}
-				if err := s.topo.Node.Iptables(v6, "-t", "nat", "-A", "POSTROUTING", "-s", other, "-o", "eth0", "-j", "MASQUERADE"); err != nil {
-					t.Fatal(err)
-				}
-			}
-			for _, src := range spec.sources {
-				v6 := netip.MustParsePrefix(src).Addr().Is6()
-				if err := s.topo.Node.Iptables(v6, "-t", "nat", "-D", "POSTROUTING", "-s", src, "-o", "eth0", "-j", "MASQUERADE"); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
+		removeClientRule(t, s, spec.sources)
 		for i := range 3 {
 			for _, conn := range conns {
 				echoOnce(t, conn, fmt.Sprintf("after the rule was removed, %d\n", i))
 			}
 		}
 	})
+}
+
+// removeClientRule stops masquerading the tunnel clients (sources): ipmasq's
+// rule goes from its config, the reference's MASQUERADE rules from its
+// chain. The reference keeps another rule in its chain, as an operator's
+// chain has: removing the chain's last rule under iptables-nft stopped
+// translating the established flows here.
+func removeClientRule(t *testing.T, s *scenario, sources []string) {
+	t.Helper()
+	if a := s.agent; a != nil {
+		a.writeConfig("nonMasqueradeCIDRs: []\n")
+		a.waitFor("the rule's sources gone from the maps", func() bool { return a.ruleEntries() == 0 })
+		return
+	}
+	for _, v6 := range []bool{false, true} {
+		other := "198.18.0.0/15"
+		if v6 {
+			other = "2001:2::/48"
+		}
+		if err := s.topo.Node.Iptables(v6, "-t", "nat", "-A", "POSTROUTING", "-s", other, "-o", "eth0", "-j", "MASQUERADE"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, src := range sources {
+		v6 := netip.MustParsePrefix(src).Addr().Is6()
+		if err := s.topo.Node.Iptables(v6, "-t", "nat", "-D", "POSTROUTING", "-s", src, "-o", "eth0", "-j", "MASQUERADE"); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestFullTableSparesEstablished: a pod holds an idle, established TCP
