@@ -108,6 +108,28 @@ func testUninstall(t *testing.T, mode string, stop syscall.Signal) {
 		t.Fatalf("a second agent on the same --state-dir: %v\n%s", err, secondOut.String())
 	}
 
+	// A second agent on another state directory but the same API socket
+	// stops at start on the socket's lock, and leaves the first's socket
+	// file as it was: the same inode, still answering.
+	apiSock := filepath.Join(a.dir, "api.sock")
+	before, err := os.Lstat(apiSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	third := exec.Command(agentBin, "--bpf-root="+a.bpfRoot, "--state-dir="+t.TempDir(),
+		"--api-socket="+apiSock, "--shell-sock-path=", "--ip-masq-agent-config-path="+a.config)
+	var thirdOut bytes.Buffer
+	third.Stdout, third.Stderr = &thirdOut, &thirdOut
+	if err := topo.Node.Do(third.Run); err == nil || !strings.Contains(thirdOut.String(), "--api-socket "+apiSock+": is in use by another process") {
+		t.Fatalf("a second agent on the same --api-socket: %v\n%s", err, thirdOut.String())
+	}
+	if after, err := os.Lstat(apiSock); err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the first agent's API socket after a second agent tried it: %v (same file: %v)", err, err == nil && os.SameFile(before, after))
+	}
+	if _, err := ipamapi.NewClient(apiSock).List(context.Background()); err != nil {
+		t.Fatalf("the first agent's API after a second agent tried its socket: %v", err)
+	}
+
 	// 3. The agent stops; the uninstall removes everything and says what.
 	a.stop(stop)
 	out, errOut, err := runUninstall(topo.Node, flags)
