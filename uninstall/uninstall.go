@@ -124,6 +124,9 @@ func Run(o Options, w io.Writer) (int, error) {
 	errs = append(errs, removeTree(pinDir, "pin", report))
 	errs = append(errs, iprules.RemoveOwned(report))
 	errs = append(errs, removeState(o.StateDir, report))
+	// Releases ipmasq-cni recorded for an agent that is not coming back:
+	// its endpoints went with the state files.
+	errs = append(errs, removeTree(ipamapi.PendingReleaseDir(o.StateDir), "pending release", report))
 	for _, sock := range []string{o.APISocket, o.ShellSocket} {
 		if sock == "" {
 			continue
