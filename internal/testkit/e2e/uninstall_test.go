@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -129,6 +130,17 @@ func testUninstall(t *testing.T, mode string, stop syscall.Signal) {
 	if _, err := ipamapi.NewClient(apiSock).List(context.Background()); err != nil {
 		t.Fatalf("the first agent's API after a second agent tried its socket: %v", err)
 	}
+	// The socket file removed under the running agent (a cleanup of
+	// another process): it binds it again and answers there.
+	if err := os.Remove(apiSock); err != nil {
+		t.Fatal(err)
+	}
+	a.waitFor("the API socket bound again", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := ipamapi.NewClient(apiSock).List(ctx)
+		return err == nil
+	})
 
 	// 3. The agent stops; the uninstall removes everything and says what.
 	a.stop(stop)
