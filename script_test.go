@@ -64,7 +64,7 @@ type agentUnderTest struct {
 	started bool
 }
 
-func (a *agentUnderTest) build() {
+func (a *agentUnderTest) build(s *script.State) {
 	// agent.New with the reconcilers' Operations decorated by the fault
 	// injector, and the devices and datapath in the test's namespace.
 	h := hive.NewWithOptions(agent.Options(),
@@ -74,7 +74,12 @@ func (a *agentUnderTest) build() {
 	// The scripts cover both families; the agent's own default is IPv4
 	// only (the Kubernetes agent's), so IPv6 is turned on here and a
 	// script's "#!" line may turn it off again.
-	if err := flags.Parse(append([]string{"--enable-ipv6=true"}, a.args...)); err != nil {
+	// "#!" flags may name files of the script's own: $WORK is expanded.
+	args := make([]string, len(a.args))
+	for i, arg := range a.args {
+		args[i] = os.Expand(arg, func(name string) string { v, _ := s.LookupEnv(name); return v })
+	}
+	if err := flags.Parse(append([]string{"--enable-ipv6=true"}, args...)); err != nil {
 		a.t.Fatalf("agent flags %v: %v", a.args, err)
 	}
 	cmds, err := h.ScriptCommands(hivetest.Logger(a.t, hivetest.LogLevel(logLevel())))
@@ -134,7 +139,7 @@ func agentCommandUsage(t testing.TB, bpfRoot string) map[string]*script.CmdUsage
 func (a *agentUnderTest) proxy(name string, usage *script.CmdUsage) script.Cmd {
 	return script.Command(*usage, func(s *script.State, args ...string) (script.WaitFunc, error) {
 		if a.h == nil {
-			a.build()
+			a.build(s)
 		}
 		cmd, ok := a.cmds[name]
 		if !ok {
@@ -197,7 +202,7 @@ func newEngine(t testing.TB, args []string) *script.Engine {
 			if err := a.stop(); err != nil {
 				return nil, fmt.Errorf("stop: %w", err)
 			}
-			a.build()
+			a.build(s)
 			return a.cmds["hive/start"].Run(s)
 		})
 	return &script.Engine{

@@ -24,6 +24,7 @@ import (
 	"github.com/ipmasq/ipmasq/readers/metrics"
 	"github.com/ipmasq/ipmasq/readers/natview"
 	"github.com/ipmasq/ipmasq/readers/nodeevents"
+	"github.com/ipmasq/ipmasq/readers/readiness"
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/readers/status"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
@@ -85,6 +86,9 @@ var Cell = cell.Group(
 	// Netfilter NAT rules that decide before the datapath (read-only).
 	netfilter.Cell,
 	status.Cell,
+	// Whether the node can do its job: /readyz and the health scope
+	// "readiness".
+	readiness.Cell,
 	// datapath/nat: the NAT pairs, read from the pins.
 	natview.Cell,
 	// Config rejections as Events on the Node (with --k8s-node-name).

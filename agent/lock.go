@@ -7,7 +7,10 @@ import (
 
 	"github.com/cilium/hive/cell"
 
+	"github.com/ipmasq/ipmasq/cells/api"
 	"github.com/ipmasq/ipmasq/internal/agentlock"
+	"github.com/ipmasq/ipmasq/internal/unixsock"
+	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/settings"
 )
 
@@ -17,7 +20,12 @@ import (
 // the same pins, rules and state file, and `ipmasq-agent uninstall`
 // refuses to remove what a running agent uses. It is the first cell of
 // Cell, so its start hook runs before any other touches the kernel.
-var stateLock = cell.Invoke(func(lc cell.Lifecycle, cfg settings.Config, log *slog.Logger) {
+//
+// The sockets' own locks (internal/unixsock) are checked here too: an
+// agent on another --state-dir but a socket path a running agent serves
+// stops before it loads or attaches anything, not at its API's start hook
+// after its datapath has touched the node.
+var stateLock = cell.Invoke(func(lc cell.Lifecycle, cfg settings.Config, apiCfg api.Config, shellCfg shell.Config, log *slog.Logger) {
 	var l *agentlock.Lock
 	lc.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
@@ -28,6 +36,13 @@ var stateLock = cell.Invoke(func(lc cell.Lifecycle, cfg settings.Config, log *sl
 			}
 			if err != nil {
 				return fmt.Errorf("--state-dir %s: %w", cfg.StateDir, err)
+			}
+			for _, s := range []struct{ flag, path string }{{"--api-socket", apiCfg.APISocket}, {"--" + shell.SocketFlag, shellCfg.ShellSockPath}} {
+				if s.path != "" && unixsock.Held(s.path) {
+					l.Release()
+					l = nil
+					return fmt.Errorf("%s %s: %w", s.flag, s.path, unixsock.ErrInUse)
+				}
 			}
 			log.Debug("State lock taken", "path", agentlock.Path(cfg.StateDir))
 			return nil

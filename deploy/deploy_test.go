@@ -28,6 +28,7 @@ import (
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/readers/metrics"
 )
 
 // object is one Kubernetes object as decoded from YAML.
@@ -483,6 +484,19 @@ func TestProbesUseMetricsPort(t *testing.T) {
 	}
 	if probes < 2 {
 		t.Errorf("%s: want liveness and readiness probes", p.m)
+	}
+}
+
+// TestProbePaths: readiness is /readyz (what the node can do: a rollout
+// stops at a node that cannot), liveness is /livez (the agent answers).
+// Neither is /healthz: a liveness probe on it would restart an agent for a
+// rejected config edit or an unreadable Node, which no restart fixes.
+func TestProbePaths(t *testing.T) {
+	p := loadAgentPod(t, loadManifests(t))
+	for kind, want := range map[string]string{"readinessProbe": metrics.ReadyPath, "livenessProbe": metrics.LivePath} {
+		if got := str(get(p.container, kind), "httpGet", "path"); got != want {
+			t.Errorf("%s: %s path %q, want %q", p.m, kind, got, want)
+		}
 	}
 }
 

@@ -124,6 +124,9 @@ func Run(o Options, w io.Writer) (int, error) {
 	errs = append(errs, removeTree(pinDir, "pin", report))
 	errs = append(errs, iprules.RemoveOwned(report))
 	errs = append(errs, removeState(o.StateDir, report))
+	// Releases ipmasq-cni recorded for an agent that is not coming back:
+	// its endpoints went with the state files.
+	errs = append(errs, removeTree(ipamapi.PendingReleaseDir(o.StateDir), "pending release", report))
 	for _, sock := range []string{o.APISocket, o.ShellSocket} {
 		if sock == "" {
 			continue
@@ -131,8 +134,13 @@ func Run(o Options, w io.Writer) (int, error) {
 		removed, err := unixsock.RemoveStale(sock)
 		if err != nil {
 			errs = append(errs, err)
-		} else if removed {
-			report("removed socket " + sock)
+		}
+		for _, p := range removed {
+			if p == sock {
+				report("removed socket " + p)
+			} else {
+				report("removed lock file " + p)
+			}
 		}
 	}
 	if lock != nil {
@@ -173,6 +181,11 @@ func running(o Options) error {
 	for _, s := range []struct{ flag, path string }{{"--api-socket", o.APISocket}, {"--shell-sock-path", o.ShellSocket}} {
 		if s.path == "" {
 			continue
+		}
+		// The listener's lock: its holder serves the socket, whatever a
+		// dial says.
+		if unixsock.Held(s.path) {
+			return fmt.Errorf("%w (%s %s is held by a running agent)", ErrAgentRunning, s.flag, s.path)
 		}
 		if c, err := net.DialTimeout("unix", s.path, 200*time.Millisecond); err == nil {
 			c.Close()

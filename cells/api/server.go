@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
-	"os"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -47,24 +46,27 @@ var Cell = cell.Module(
 	cell.Invoke(register),
 )
 
-func register(lc cell.Lifecycle, log *slog.Logger, cfg Config, i *ipam.IPAM) error {
+func register(lc cell.Lifecycle, log *slog.Logger, health cell.Health, cfg Config, i *ipam.IPAM) error {
 	if cfg.APISocket == "" {
 		return fmt.Errorf("--api-socket is empty: give the path of the API's unix socket, e.g. %s", ipamapi.DefaultSocket)
 	}
-	s := &server{log: log, path: cfg.APISocket, ipam: i}
+	s := &server{log: log, health: health, path: cfg.APISocket, ipam: i}
 	lc.Append(cell.Hook{OnStart: s.start, OnStop: s.stop})
 	return nil
 }
 
 type server struct {
-	log  *slog.Logger
-	path string
-	ipam *ipam.IPAM
-	srv  *http.Server
+	log    *slog.Logger
+	health cell.Health
+	path   string
+	ipam   *ipam.IPAM
+	srv    *http.Server
 }
 
 func (s *server) start(cell.HookContext) error {
-	ln, err := unixsock.Listen("--api-socket", s.path)
+	// The socket is the CNI plugin's way in: one removed under the agent
+	// is bound again, and one that cannot be is a degraded health.
+	ln, err := unixsock.Listen("--api-socket", s.path, socketEvents(s.log, s.health.NewScope("socket")))
 	if err != nil {
 		return err
 	}
@@ -89,9 +91,24 @@ func (s *server) stop(ctx cell.HookContext) error {
 	if s.srv == nil {
 		return nil
 	}
-	err := s.srv.Shutdown(ctx)
-	os.Remove(s.path)
-	return err
+	// Shutdown closes the listener, which removes the socket file only
+	// while it is still this agent's.
+	return s.srv.Shutdown(ctx)
+}
+
+// socketEvents logs what the socket's listener reports and keeps a health
+// scope of it.
+func socketEvents(log *slog.Logger, health cell.Health) func(string, error) {
+	health.OK("listening")
+	return func(msg string, err error) {
+		if err != nil {
+			log.Error("API socket unusable", "error", err)
+			health.Degraded("API socket unusable", err)
+			return
+		}
+		log.Warn(msg)
+		health.OK(msg)
+	}
 }
 
 func (s *server) routes() http.Handler {

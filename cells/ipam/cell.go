@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cilium/hive/cell"
+	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
@@ -60,6 +61,9 @@ type ipamParams struct {
 	PodCIDRs statedb.Table[*tables.PodCIDR]
 	// Devices hold the node's own addresses, which are never handed out.
 	Devices statedb.Table[*tables.EgressDevice] `optional:"true"`
+	// Jobs runs the check for releases ipmasq-cni recorded while the
+	// agent was unreachable; without it they are done at start only.
+	Jobs job.Registry `optional:"true"`
 }
 
 // newIPAM creates the endpoints table; its start hook restores it from
@@ -80,8 +84,13 @@ func newIPAM(p ipamParams) (*IPAM, error) {
 		podCIDRs: p.PodCIDRs, devices: p.Devices, config: p.Config, stateDir: p.Agent.StateDir,
 		health:        p.Health.NewScope("state"),
 		compactHealth: p.Health.NewScope("compaction"),
+		pendingHealth: p.Health.NewScope("pending-releases"),
 	}
 	p.Lifecycle.Append(cell.Hook{OnStart: i.start, OnStop: i.stop})
+	if p.Jobs != nil {
+		g := p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log))
+		g.Add(job.OneShot("pending-releases", i.watchPending))
+	}
 	return i, nil
 }
 
@@ -96,6 +105,12 @@ func (i *IPAM) start(cell.HookContext) error {
 		i.store.Close()
 		i.store = nil
 		return err
+	}
+	// Before the API serves (its start hook comes after this one): the
+	// DELs that ipmasq-cni could not send while the agent was away. A
+	// failure keeps the addresses allocated and is retried.
+	if err := i.releasePending(); err != nil {
+		i.log.Warn("Releases recorded by ipmasq-cni not done; their addresses stay allocated, retried", "error", err)
 	}
 	return nil
 }

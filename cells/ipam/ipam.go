@@ -82,6 +82,8 @@ type IPAM struct {
 
 	// One compaction at a time, in the background: it rewrites the
 	// snapshot, which an allocation should not wait for.
+	pendingHealth cell.Health
+
 	compacting    atomic.Bool
 	compactions   sync.WaitGroup
 	compactHealth cell.Health
@@ -176,6 +178,9 @@ func (i *IPAM) Allocate(ctx context.Context, req Request) (Allocation, error) {
 	table := i.config.EgressRouteTable
 	if req.RouteTable != nil {
 		table = *req.RouteTable
+	}
+	if err := i.releasePendingOf(req.Owner); err != nil {
+		return Allocation{}, err
 	}
 	if err := i.waitForConfig(ctx); err != nil {
 		return Allocation{}, err

@@ -14,13 +14,18 @@ import (
 	"log/slog"
 	"net/netip"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
 	"github.com/cilium/statedb"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
@@ -34,6 +39,9 @@ var Cell = cell.Module(
 	"k8s-node",
 	"Pod CIDRs of the Node from the API server",
 
+	// Whether the Node can be read: the readiness reader's input.
+	cell.ProvidePrivate(tables.NewKubernetesNodeTable),
+	cell.Provide(statedb.RWTable[*tables.KubernetesNode].ToTable),
 	cell.Invoke(register),
 )
 
@@ -47,13 +55,18 @@ type params struct {
 	Client   *kubeclient.Client
 	Agent    settings.Config
 	PodCIDRs statedb.RWTable[*tables.PodCIDR]
+	Nodes    statedb.RWTable[*tables.KubernetesNode]
 	Done     tables.KubernetesPodCIDRsDone
 }
 
 type watcher struct {
-	log    *slog.Logger
-	db     *statedb.DB
-	tbl    statedb.RWTable[*tables.PodCIDR]
+	log   *slog.Logger
+	db    *statedb.DB
+	tbl   statedb.RWTable[*tables.PodCIDR]
+	nodes statedb.RWTable[*tables.KubernetesNode]
+	// readMu orders the k8s-node writes of the event handlers and of the
+	// first-sync check, which run on different goroutines.
+	readMu sync.Mutex
 	done   tables.KubernetesPodCIDRsDone
 	marked bool
 	node   string
@@ -67,9 +80,11 @@ func register(p params) error {
 		return nil
 	}
 	w := &watcher{
-		log: p.Log, db: p.DB, tbl: p.PodCIDRs, done: p.Done, node: p.Client.NodeName,
+		log: p.Log, db: p.DB, tbl: p.PodCIDRs, nodes: p.Nodes, done: p.Done, node: p.Client.NodeName,
 		agent: p.Agent, saved: newSavedCIDRs(p.Agent.StateDir),
 	}
+	// Not read yet: the agent is not ready until the API server answers.
+	w.setReadState(tables.NodeReading, nil)
 	// Before anything asks the API server: the pools of the last run.
 	prefixes, err := w.saved.load(w.node)
 	switch {
@@ -96,21 +111,153 @@ func (w *watcher) run(ctx context.Context, client *kubeclient.Client, health cel
 		func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", w.node).String()
 		})
+	w.observeCalls(lw, client, health)
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Node{}, 0, cache.Indexers{})
 	if err := inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-		health.Degraded("watch Node "+w.node, err)
-		w.log.Warn("Watching the Node failed; retrying, the last known pod CIDRs stay in use", "node", w.node, "error", err)
+		w.readFailed(err, health)
 	}); err != nil {
 		return fmt.Errorf("watch error handler: %w", err)
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    w.onNode,
 		UpdateFunc: func(_, obj any) { w.onNode(obj) },
+		DeleteFunc: func(any) {
+			w.readMu.Lock()
+			defer w.readMu.Unlock()
+			w.notFoundLocked(health)
+		},
 	}); err != nil {
 		return fmt.Errorf("node event handler: %w", err)
 	}
+	go func() {
+		// A list that finds no such Node calls no handler: after the
+		// first successful list, an empty store is a Node that does not
+		// exist (a wrong $K8S_NODE_NAME, a Node not registered yet).
+		if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+			return
+		}
+		// The store holds the Node before its handler runs, and the
+		// handler waits for readMu: no "read" is overwritten here.
+		w.readMu.Lock()
+		defer w.readMu.Unlock()
+		if len(inf.GetStore().List()) == 0 {
+			w.notFoundLocked(health)
+		}
+	}()
 	inf.RunWithContext(ctx)
 	return nil
+}
+
+// observeCalls makes every list and watch call of lw report its failure.
+// The reflector's error handler is not enough: with client-go's
+// WatchListClient (on by default) a watch-list that cannot reach the API
+// server is retried inside the reflector, and the handler never hears of
+// it, so an agent that never read its Node looked healthy.
+func (w *watcher) observeCalls(lw *cache.ListWatch, client *kubeclient.Client, health cell.Health) {
+	list, watchFn := lw.ListWithContextFunc, lw.WatchFuncWithContext
+	lw.ListWithContextFunc = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		obj, err := list(ctx, o)
+		w.callDone(ctx, client, err, health)
+		return obj, err
+	}
+	lw.WatchFuncWithContext = func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		wi, err := watchFn(ctx, o)
+		w.callDone(ctx, client, err, health)
+		return wi, err
+	}
+	// The reflector prefers the context variants; the others would bypass
+	// the observation.
+	lw.ListFunc = func(o metav1.ListOptions) (runtime.Object, error) {
+		return lw.ListWithContextFunc(context.Background(), o)
+	}
+	lw.WatchFunc = func(o metav1.ListOptions) (watch.Interface, error) {
+		return lw.WatchFuncWithContext(context.Background(), o)
+	}
+}
+
+// callDone records a failed list or watch call. A resource version too
+// old to watch from is routine (the reflector lists again), and so is the
+// agent stopping. A call that succeeds after a failure asks for the Node
+// once: a Node that was absent before the failure and still is calls no
+// handler, and one that is back unchanged may not either.
+func (w *watcher) callDone(ctx context.Context, client *kubeclient.Client, err error, health cell.Health) {
+	if ctx.Err() != nil {
+		return
+	}
+	if err == nil {
+		if w.readState() == tables.NodeReadFailed {
+			go w.reread(ctx, client, health)
+		}
+		return
+	}
+	if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		return
+	}
+	w.readFailed(err, health)
+}
+
+// reread gets the Node once, after the API server answered again.
+func (w *watcher) reread(ctx context.Context, client *kubeclient.Client, health cell.Health) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var node corev1.Node
+	err := client.CoreV1.Get().Resource("nodes").Name(w.node).Do(ctx).Into(&node)
+	switch {
+	case apierrors.IsNotFound(err):
+		w.readMu.Lock()
+		defer w.readMu.Unlock()
+		w.notFoundLocked(health)
+	case err == nil:
+		w.onNode(&node)
+	}
+	// Any other error: the informer's next call reports it.
+}
+
+// readState is the k8s-node row's state.
+func (w *watcher) readState() tables.NodeReadState {
+	n, _, ok := w.nodes.Get(w.db.ReadTxn(), tables.KubernetesNodeByName.Query(w.node))
+	if !ok {
+		return ""
+	}
+	return n.State
+}
+
+// readFailed records that the Node could not be read.
+func (w *watcher) readFailed(err error, health cell.Health) {
+	w.readMu.Lock()
+	changed := w.setReadState(tables.NodeReadFailed, err)
+	w.readMu.Unlock()
+	health.Degraded("watch Node "+w.node, err)
+	if changed {
+		w.log.Warn("Watching the Node failed; retrying, the last known pod CIDRs stay in use", "node", w.node, "error", err)
+	}
+}
+
+// notFoundLocked records that the API server has no Node of the agent's
+// name. readMu is held.
+func (w *watcher) notFoundLocked(health cell.Health) {
+	err := fmt.Errorf("Node %s not found: the API server has no Node of that name (--k8s-node-name, $%s)", w.node, kubeclient.NodeNameEnv)
+	changed := w.setReadState(tables.NodeNotFound, err)
+	health.Degraded("Node "+w.node+" not found", err)
+	if !changed {
+		return
+	}
+	w.log.Warn("The Node does not exist; the last known pod CIDRs stay in use", "node", w.node)
+}
+
+// setReadState writes the k8s-node row, and reports whether it changed.
+func (w *watcher) setReadState(state tables.NodeReadState, err error) bool {
+	row := &tables.KubernetesNode{Name: w.node, State: state}
+	if err != nil {
+		row.Error = err.Error()
+	}
+	wtxn := w.db.WriteTxn(w.nodes)
+	defer wtxn.Commit()
+	if old, _, ok := w.nodes.Get(wtxn, tables.KubernetesNodeByName.Query(w.node)); ok && *old == *row {
+		return false
+	}
+	w.nodes.Insert(wtxn, row)
+	return true
 }
 
 func (w *watcher) onNode(obj any) {
@@ -118,6 +265,9 @@ func (w *watcher) onNode(obj any) {
 	if !ok {
 		return
 	}
+	w.readMu.Lock()
+	w.setReadState(tables.NodeRead, nil)
+	w.readMu.Unlock()
 	prefixes, err := w.podCIDRs(node)
 	if err != nil {
 		w.health.Degraded("Node "+w.node+" pod CIDRs", err)

@@ -34,6 +34,18 @@ type ipamConf struct {
 	// pool comes with each allocation. The pool gives the address its
 	// prefix length and, for IPv4, its gateway.
 	PodCIDRs []netip.Prefix `json:"podCIDRs,omitempty"`
+	// StateDir is the agent's --state-dir, optional (default
+	// /var/lib/ipmasq): a DEL that cannot reach the agent records the
+	// release there for the agent to do when it is back.
+	StateDir string `json:"stateDir,omitempty"`
+}
+
+// stateDir is StateDir or the agent's default.
+func (c ipamConf) stateDir() string {
+	if c.StateDir != "" {
+		return c.StateDir
+	}
+	return ipamapi.DefaultStateDir
 }
 
 // checkPools makes sure every family ADD asks for has a pod CIDR, before

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"slices"
 	"time"
 
@@ -124,10 +125,35 @@ func cmdDel(args *skel.CmdArgs) error {
 		return err
 	}
 	defer cancel()
-	if err := cl.client.ReleaseOwner(cl.ctx, cl.owner); err != nil && !isNotFound(err) {
+	err = cl.client.ReleaseOwner(cl.ctx, cl.owner)
+	var answered *ipamapi.Error
+	switch {
+	case err == nil || isNotFound(err):
+		return nil
+	case errors.As(err, &answered):
+		// The agent answered and refused: the runtime retries.
 		return agentError(cl.conf.IPAM.SocketPath, "release the addresses of "+cl.owner, err)
 	}
-	return nil
+	// The agent is unreachable (restarting, stopped, uninstalled): a DEL
+	// that failed would keep the pod Terminating. The agent releases the
+	// addresses from a record in its state directory when it is back, and
+	// holds them until then, so none is handed out twice.
+	stateDir := cl.conf.IPAM.stateDir()
+	werr := ipamapi.WritePendingRelease(stateDir, cl.owner)
+	switch {
+	case werr == nil:
+		fmt.Fprintf(os.Stderr, "ipmasq-cni: ipmasq-agent at %s is unreachable (%v); the release of %s is recorded in %s for the agent to do when it is back\n",
+			cl.conf.IPAM.SocketPath, err, cl.owner, ipamapi.PendingReleaseDir(stateDir))
+		return nil
+	case errors.Is(werr, ipamapi.ErrNoAgentState):
+		// No agent was ever installed there, or it was uninstalled with
+		// its state: nothing holds the addresses any more.
+		return nil
+	}
+	return types.NewError(types.ErrTryAgainLater,
+		fmt.Sprintf("ipmasq-cni: could not release the addresses of %s: ipmasq-agent API at %s is unreachable, and recording the release for later also failed: %v",
+			cl.owner, cl.conf.IPAM.SocketPath, werr),
+		err.Error())
 }
 
 func cmdCheck(args *skel.CmdArgs) error {

@@ -394,8 +394,8 @@ func TestStatus(t *testing.T) {
 	}
 }
 
-// TestDeadAgent: no socket, or a socket nobody serves: every command says
-// which socket and "try again later".
+// TestDeadAgent: no socket, or a socket nobody serves: every command but
+// DEL says which socket and "try again later" (DEL: TestDelWithoutAgent).
 func TestDeadAgent(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "api.sock")
 	refusing := filepath.Join(t.TempDir(), "api.sock")
@@ -407,9 +407,9 @@ func TestDeadAgent(t *testing.T) {
 	l.Close()
 
 	for _, socket := range []string{missing, refusing} {
-		stdin := conf(ipamFor(socket, ""))
+		stdin := conf(ipamFor(socket, fmt.Sprintf(`,"stateDir":%q`, t.TempDir())))
 		for name, cmd := range map[string]func(*skel.CmdArgs) error{
-			"ADD": cmdAdd, "DEL": cmdDel, "CHECK": cmdCheck, "GC": cmdGC,
+			"ADD": cmdAdd, "CHECK": cmdCheck, "GC": cmdGC,
 		} {
 			_, err := captureStdout(t, func() error { return cmd(cmdArgs("c0ffee", stdin)) })
 			e := cniError(t, err, types.ErrTryAgainLater)
@@ -417,6 +417,47 @@ func TestDeadAgent(t *testing.T) {
 				t.Errorf("%s with %s: error %q should name the socket and say it is unreachable", name, socket, e.Msg)
 			}
 		}
+	}
+}
+
+// TestDelWithoutAgent: a DEL that cannot reach the agent succeeds, so the
+// pod never sticks in Terminating: with an agent's state directory (its
+// lock file there) it records the release for the agent, again on a retry;
+// without one (never installed, or uninstalled) there is nothing to
+// release and it writes nothing; only a record that cannot be written is
+// "try again later".
+func TestDelWithoutAgent(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "api.sock")
+	state := t.TempDir()
+	if err := os.WriteFile(filepath.Join(state, ipamapi.AgentLockName), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdin := conf(ipamFor(missing, fmt.Sprintf(`,"stateDir":%q`, state)))
+	for range 2 {
+		if err := cmdDel(cmdArgs("c0ffee", stdin)); err != nil {
+			t.Fatalf("DEL with the agent down: %v", err)
+		}
+	}
+	recs, err := ipamapi.PendingReleases(state)
+	if err != nil || len(recs) != 1 || recs[0].Owner != "c0ffee/eth0" {
+		t.Fatalf("pending releases: %+v, %v; want one for c0ffee/eth0", recs, err)
+	}
+
+	gone := filepath.Join(t.TempDir(), "uninstalled")
+	if err := cmdDel(cmdArgs("c0ffee", conf(ipamFor(missing, fmt.Sprintf(`,"stateDir":%q`, gone))))); err != nil {
+		t.Fatalf("DEL after an uninstall: %v", err)
+	}
+	if _, err := os.Lstat(gone); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("DEL after an uninstall made %s: %v", gone, err)
+	}
+
+	// The record cannot be written: the runtime is told to retry.
+	blocked := t.TempDir()
+	os.WriteFile(filepath.Join(blocked, ipamapi.AgentLockName), nil, 0o600)
+	os.WriteFile(ipamapi.PendingReleaseDir(blocked), []byte("a file where the directory goes"), 0o600)
+	e := cniError(t, cmdDel(cmdArgs("c0ffee", conf(ipamFor(missing, fmt.Sprintf(`,"stateDir":%q`, blocked))))), types.ErrTryAgainLater)
+	if !strings.Contains(e.Msg, "unreachable") || !strings.Contains(e.Msg, "recording the release for later also failed") {
+		t.Fatalf("DEL that can neither reach the agent nor record: %q", e.Msg)
 	}
 }
 

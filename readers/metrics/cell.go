@@ -28,7 +28,7 @@ var DefaultConfig = Config{}
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("prometheus-serve-addr", def.PrometheusServeAddr,
-		"Serve Prometheus metrics (/metrics) and health (/healthz) on this TCP address, e.g. :9963; empty: off")
+		"Serve Prometheus metrics (/metrics), health (/healthz), readiness (/readyz) and liveness (/livez) on this TCP address, e.g. :9963; empty: off")
 }
 
 // Cell serves the metrics and /healthz on --prometheus-serve-addr and

@@ -118,6 +118,43 @@ func (s *Server) serveHealth(w http.ResponseWriter, r *http.Request) {
 	w.Write([]byte(b.String()))
 }
 
+// serveReady answers 200 "ready" when the node can do its job
+// (readers/readiness) and 503 with the conditions that hold otherwise: the
+// readiness probe. Unlike /healthz it ignores what does not stop the node
+// from masquerading and allocating, e.g. a rejected config edit while the
+// last good config is in force.
+func (s *Server) serveReady(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if s.ready == nil {
+		http.Error(w, "readiness is not tracked: the hive has no readiness.Cell", http.StatusNotImplemented)
+		return
+	}
+	conds := s.ready.NotReady()
+	if len(conds) == 0 {
+		w.Write([]byte("ready\n"))
+		return
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "not ready: %d conditions\n", len(conds))
+	for _, c := range conds {
+		b.WriteString(c.String() + "\n")
+	}
+	w.WriteHeader(http.StatusServiceUnavailable)
+	w.Write([]byte(b.String()))
+}
+
+// serveLive answers 200 while the agent's HTTP server serves: the liveness
+// probe. It reads nothing (no map, no table, no lock another goroutine
+// may hold long), so that a slow scrape or a condition a restart cannot
+// fix (a rejected config, an unreadable Node) never gets the agent
+// restarted; only a process that no longer answers does.
+func serveLive(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write([]byte("ok\n"))
+}
+
 func writeScope(b *strings.Builder, sc ScopeHealth) {
 	fmt.Fprintf(b, "%s: %s", sc.Scope, sc.Level)
 	if sc.Message != "" {

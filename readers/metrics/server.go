@@ -13,14 +13,28 @@ import (
 	"github.com/cilium/hive/cell"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ipmasq/ipmasq/readers/readiness"
 )
 
-// Server is the HTTP server of /metrics and /healthz.
+// Paths of the probes (deploy/daemonset.yaml uses them).
+const (
+	// HealthPath: 200, or 503 with every degraded health scope.
+	HealthPath = "/healthz"
+	// ReadyPath: the readiness probe; 200 when the node can do its job
+	// (readers/readiness), 503 with the conditions that hold.
+	ReadyPath = "/readyz"
+	// LivePath: the liveness probe; 200 while the agent answers.
+	LivePath = "/livez"
+)
+
+// Server is the HTTP server of /metrics, /healthz, /readyz and /livez.
 type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	mux    *http.ServeMux
 	health *cell.SimpleHealth
+	ready  *readiness.Checker
 
 	mu   sync.Mutex
 	srv  *http.Server
@@ -35,21 +49,25 @@ type serverParams struct {
 	Registry *prometheus.Registry
 	// Health is read for /healthz; without it /healthz answers 501.
 	Health *cell.SimpleHealth `optional:"true"`
+	// Readiness answers /readyz; without it /readyz answers 501.
+	Readiness *readiness.Checker `optional:"true"`
 }
 
 func newServer(p serverParams) *Server {
-	s := &Server{cfg: p.Config, log: p.Log, health: p.Health, mux: http.NewServeMux()}
+	s := &Server{cfg: p.Config, log: p.Log, health: p.Health, ready: p.Readiness, mux: http.NewServeMux()}
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(p.Registry, promhttp.HandlerOpts{
 		// A source that fails (e.g. a NAT map read) costs its own metrics,
 		// not the whole scrape.
 		ErrorHandling: promhttp.ContinueOnError,
 		ErrorLog:      scrapeErrorLog{p.Log},
 	}))
-	s.mux.HandleFunc("GET /healthz", s.serveHealth)
+	s.mux.HandleFunc("GET "+HealthPath, s.serveHealth)
+	s.mux.HandleFunc("GET "+ReadyPath, s.serveReady)
+	s.mux.HandleFunc("GET "+LivePath, serveLive)
 	return s
 }
 
-// Handler serves /metrics and /healthz; it works whether or not the server
+// Handler serves /metrics, /healthz, /readyz and /livez; it works whether or not the server
 // listens, for a host agent that serves it on its own server.
 func (s *Server) Handler() http.Handler { return s.mux }
 

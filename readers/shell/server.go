@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -103,7 +102,13 @@ type server struct {
 // start listens in the start hook, so that a socket another agent serves
 // stops this one with a clear error instead of a silent takeover.
 func (s *server) start(cell.HookContext) error {
-	ln, err := unixsock.Listen("--"+SocketFlag, s.path)
+	ln, err := unixsock.Listen("--"+SocketFlag, s.path, func(msg string, err error) {
+		if err != nil {
+			s.log.Error("Shell socket unusable", "error", err)
+			return
+		}
+		s.log.Warn(msg)
+	})
 	if err != nil {
 		return err
 	}
@@ -127,7 +132,6 @@ func (s *server) stop(cell.HookContext) error {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-	os.Remove(s.path)
 	return nil
 }
 

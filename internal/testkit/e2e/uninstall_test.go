@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -107,6 +108,39 @@ func testUninstall(t *testing.T, mode string, stop syscall.Signal) {
 	if err := topo.Node.Do(second.Run); err == nil || !strings.Contains(secondOut.String(), "another ipmasq-agent or an uninstall is running") {
 		t.Fatalf("a second agent on the same --state-dir: %v\n%s", err, secondOut.String())
 	}
+
+	// A second agent on another state directory but the same API socket
+	// stops at start on the socket's lock, and leaves the first's socket
+	// file as it was: the same inode, still answering.
+	apiSock := filepath.Join(a.dir, "api.sock")
+	before, err := os.Lstat(apiSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	third := exec.Command(agentBin, "--bpf-root="+a.bpfRoot, "--state-dir="+t.TempDir(),
+		"--api-socket="+apiSock, "--shell-sock-path=", "--ip-masq-agent-config-path="+a.config)
+	var thirdOut bytes.Buffer
+	third.Stdout, third.Stderr = &thirdOut, &thirdOut
+	if err := topo.Node.Do(third.Run); err == nil || !strings.Contains(thirdOut.String(), "--api-socket "+apiSock+": is in use by another process") {
+		t.Fatalf("a second agent on the same --api-socket: %v\n%s", err, thirdOut.String())
+	}
+	if after, err := os.Lstat(apiSock); err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the first agent's API socket after a second agent tried it: %v (same file: %v)", err, err == nil && os.SameFile(before, after))
+	}
+	if _, err := ipamapi.NewClient(apiSock).List(context.Background()); err != nil {
+		t.Fatalf("the first agent's API after a second agent tried its socket: %v", err)
+	}
+	// The socket file removed under the running agent (a cleanup of
+	// another process): it binds it again and answers there.
+	if err := os.Remove(apiSock); err != nil {
+		t.Fatal(err)
+	}
+	a.waitFor("the API socket bound again", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := ipamapi.NewClient(apiSock).List(ctx)
+		return err == nil
+	})
 
 	// 3. The agent stops; the uninstall removes everything and says what.
 	a.stop(stop)
