@@ -13,6 +13,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "flow.h"
+#include "ports.h"
 
 /*
  * A node socket may bind a port of the NAT range by itself (resolvers that
