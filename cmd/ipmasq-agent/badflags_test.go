@@ -19,7 +19,7 @@ var badValues = map[string]string{
 	"add_dir_header": "maybe", "alsologtostderr": "maybe", "logtostderr": "maybe", "one_output": "maybe",
 	"skip_headers": "maybe", "skip_log_headers": "maybe", "random-fully": "maybe", "version": "maybe",
 	"legacy_stderr_threshold_behavior": "maybe",
-	"enable-ipv4": "maybe", "enable-ipv6": "maybe", "nat-keep-source-port": "maybe", "nomasq-all-reserved-ranges": "maybe",
+	"enable-ipv4":                      "maybe", "enable-ipv6": "maybe", "nat-keep-source-port": "maybe", "nomasq-all-reserved-ranges": "maybe",
 	"v": "x", "log_file_max_size": "-1",
 	"egress-route-table": "x", "egress-rule-priority": "0", "max-nonmasq-cidrs": "0", "nat-max-entries": "x",
 	"ipam-config-wait": "x", "nat-gc-interval": "x",
@@ -47,7 +47,7 @@ var anyValue = map[string]string{
 	"shell-sock-path": "a path the agent creates (empty: no shell)", "ip-masq-agent-config-path": "a missing file is waited for",
 	"masq-chain": "ignored, one warning", "vmodule": "ignored, one warning", "stderrthreshold": "ignored, one warning",
 	"alsologtostderrthreshold": "ignored, one warning",
-	"log_dir": "ignored, one warning", "log_file": "ignored, one warning", "log_backtrace_at": "ignored, one warning",
+	"log_dir":                  "ignored, one warning", "log_file": "ignored, one warning", "log_backtrace_at": "ignored, one warning",
 	"help": "not a setting",
 }
 
