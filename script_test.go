@@ -263,7 +263,53 @@ func configCommands(path string) map[string]script.Cmd {
 				if err != nil {
 					return nil, err
 				}
-				return nil, configMapUpdate(dir, name, data)
+				return nil, configMapUpdate(dir, map[string][]byte{name: data})
+			}),
+		"config/projected": script.Command(
+			script.CmdUsage{Summary: "Update a projected volume of several ConfigMaps the way the kubelet does (one ..data swap; files not named are removed)",
+				Args: "name=file..."},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				files := map[string][]byte{}
+				for _, a := range args {
+					k, f, ok := strings.Cut(a, "=")
+					if !ok {
+						return nil, script.ErrUsage
+					}
+					data, err := os.ReadFile(s.Path(f))
+					if err != nil {
+						return nil, err
+					}
+					files[k] = data
+				}
+				return nil, configMapUpdate(dir, files)
+			}),
+		"config/dropin": script.Command(
+			script.CmdUsage{Summary: "Write a file from the archive beside the config file, under a name (a drop-in when it starts with ip-masq)",
+				Args: "name file"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				data, err := os.ReadFile(s.Path(args[1]))
+				if err != nil {
+					return nil, err
+				}
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					return nil, err
+				}
+				tmp := filepath.Join(dir, "."+args[0]+".swp")
+				if err := os.WriteFile(tmp, data, 0o644); err != nil {
+					return nil, err
+				}
+				return nil, os.Rename(tmp, filepath.Join(dir, args[0]))
+			}),
+		"config/dropin-delete": script.Command(
+			script.CmdUsage{Summary: "Delete a file beside the config file", Args: "name"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 1 {
+					return nil, script.ErrUsage
+				}
+				return nil, os.Remove(filepath.Join(dir, args[0]))
 			}),
 		"config/delete": script.Command(
 			script.CmdUsage{Summary: "Delete the config file"},
@@ -284,9 +330,10 @@ func configCommands(path string) map[string]script.Cmd {
 }
 
 // configMapUpdate does what the kubelet's atomic writer does: write the new
-// content into a fresh timestamped directory, point ..data at it with a
-// rename, and make the file a symlink through ..data.
-func configMapUpdate(dir, name string, data []byte) error {
+// content (files by name) into a fresh timestamped directory, point ..data
+// at it with a rename, make each file a symlink through ..data, and remove
+// the links of files the new content no longer has.
+func configMapUpdate(dir string, files map[string][]byte) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -294,8 +341,10 @@ func configMapUpdate(dir, name string, data []byte) error {
 	if err := os.Mkdir(ts, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(ts, name), data, 0o644); err != nil {
-		return err
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(ts, name), data, 0o644); err != nil {
+			return err
+		}
 	}
 	old, _ := os.Readlink(filepath.Join(dir, "..data"))
 	tmpLink := filepath.Join(dir, "..data_tmp")
@@ -305,14 +354,28 @@ func configMapUpdate(dir, name string, data []byte) error {
 	if err := os.Rename(tmpLink, filepath.Join(dir, "..data")); err != nil {
 		return err
 	}
-	userLink := filepath.Join(dir, name)
-	if target, err := os.Readlink(userLink); err != nil || target != filepath.Join("..data", name) {
-		os.Remove(userLink)
-		if err := os.Symlink(filepath.Join("..data", name), userLink); err != nil {
-			return err
+	for name := range files {
+		userLink := filepath.Join(dir, name)
+		if target, err := os.Readlink(userLink); err != nil || target != filepath.Join("..data", name) {
+			os.Remove(userLink)
+			if err := os.Symlink(filepath.Join("..data", name), userLink); err != nil {
+				return err
+			}
 		}
 	}
 	if old != "" {
+		// The links of the old content's files that are gone.
+		des, err := os.ReadDir(filepath.Join(dir, old))
+		if err != nil {
+			return err
+		}
+		for _, de := range des {
+			if _, ok := files[de.Name()]; !ok {
+				if err := os.Remove(filepath.Join(dir, de.Name())); err != nil {
+					return err
+				}
+			}
+		}
 		return os.RemoveAll(filepath.Join(dir, old))
 	}
 	return nil

@@ -187,11 +187,18 @@ const (
 )
 
 type masqMasqConfig struct {
-	_         structs.HostLayout
-	PortMin   uint16
-	PortMax   uint16
-	Flags     uint32
-	TimeoutNs [8]uint64
+	_          structs.HostLayout
+	PortMin    uint16
+	PortMax    uint16
+	Flags      uint32
+	TimeoutNs  [8]uint64
+	PortRanges uint32
+	PortTotal  uint32
+	Ranges     [8]struct {
+		_   structs.HostLayout
+		Min uint16
+		Max uint16
+	}
 }
 
 type masqMasqRule struct {

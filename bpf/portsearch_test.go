@@ -238,3 +238,79 @@ func TestTakenOverPairStartsClean(t *testing.T) {
 		t.Fatal("the new connection is closed-first on the old pair's FIN record")
 	}
 }
+
+// TestSearchSeveralRanges: with several NAT ranges (the Kubernetes agent's
+// --to-ports=a-b,c-d), a new flow draws one range by its share of the
+// ports, as that agent's one MASQUERADE --to-ports rule per range with
+// -m statistic --probability does, and searches that range alone: every
+// port is in a range, the 10-port range gets about a quarter of the flows
+// beside a 30-port one, and once its ports toward a server are all held,
+// the flows that draw it are refused as MASQUERADE refuses a connection
+// whose rule's range is full, while the others get the other range.
+func TestSearchSeveralRanges(t *testing.T) {
+	e := newEnv(t, envOptions{natMax: 8192})
+	if err := e.dp.SetPortRanges([][2]uint16{{1024, 1033}, {40000, 40029}}); err != nil {
+		t.Fatal(err)
+	}
+	inA := func(p uint16) bool { return p >= 1024 && p <= 1033 }
+	inB := func(p uint16) bool { return p >= 40000 && p <= 40029 }
+	// 400 flows, each to a server of its own, so none competes for a port.
+	a := 0
+	for i := range 400 {
+		dst := netip.AddrFrom4([4]byte{198, 51, byte(100 + i/250), byte(1 + i%250)})
+		f := flow{src: pod1, dst: dst, proto: protoTCP, sport: uint16(20000 + i), dport: 443, tcpFlags: tcpSYN}
+		p := parse(t, e.egress(f.packet()))
+		switch {
+		case inA(p.sport):
+			a++
+		case !inB(p.sport):
+			t.Fatalf("flow %d got port %d, in no range", i, p.sport)
+		}
+	}
+	// Binomial(400, 1/4): mean 100, sd 8.7; 60-140 is over 4.5 sd.
+	if a < 60 || a > 140 {
+		t.Fatalf("%d of 400 flows drew the 10-port range of 40, want about 100", a)
+	}
+
+	// Every port of the first range held toward remote4.
+	clearMap(t, e.dp.Maps.NatV4)
+	pod := netip.MustParseAddr("10.0.9.1")
+	now := monoNow()
+	for p := uint16(1024); p <= 1033; p++ {
+		putPair4(t, e, pod, remote4, p, p, now)
+	}
+	before := e.counters()
+	refused, got := 0, 0
+	for i := range 20 {
+		f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: uint16(30000 + i), dport: 443, tcpFlags: tcpSYN}
+		ret, out := e.run(e.dp.Egress, f.packet())
+		switch ret {
+		case tcActShot:
+			refused++
+		case tcActUnspec:
+			got++
+			if p := parse(t, out); !inB(p.sport) {
+				t.Fatalf("flow %d got port %d, want one of 40000-40029", i, p.sport)
+			}
+		default:
+			t.Fatalf("flow %d: verdict %d", i, int32(ret))
+		}
+	}
+	if refused == 0 || got == 0 {
+		t.Fatalf("%d flows refused and %d translated, want both: a flow that draws the full range is refused", refused, got)
+	}
+	e.checkCounters(before, map[Counter]uint64{CounterNoPort: uint64(refused), CounterNATNew: uint64(got), CounterMasqueraded: uint64(got)})
+}
+
+// TestSetPortRangesRefuses: overlapping, empty, inverted or too many ranges.
+func TestSetPortRangesRefuses(t *testing.T) {
+	e := newEnv(t, envOptions{natMax: 1024})
+	for _, rs := range [][][2]uint16{
+		nil, {{0, 10}}, {{10, 5}}, {{1000, 2000}, {2000, 3000}},
+		{{1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 5}, {6, 6}, {7, 7}, {8, 8}, {9, 9}},
+	} {
+		if err := e.dp.SetPortRanges(rs); err == nil {
+			t.Errorf("SetPortRanges(%v) accepted", rs)
+		}
+	}
+}

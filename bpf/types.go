@@ -93,10 +93,44 @@ func HostPort(v uint16) uint16 { return Port(v) }
 
 // SetPortRange sets the NAT port range (ICMP echo identifiers use it too).
 func (d *Datapath) SetPortRange(min, max uint16) error {
-	if min == 0 || max < min {
-		return fmt.Errorf("NAT port range %d-%d: want 1 <= min <= max", min, max)
+	return d.SetPortRanges([][2]uint16{{min, max}})
+}
+
+// NATPortRangesMax is the most NAT port ranges the datapath takes.
+const NATPortRangesMax = len(Config{}.Ranges)
+
+// SetPortRanges sets the NAT port ranges ({min, max} each, not
+// overlapping). With several, a new flow draws one by its share of the
+// ports and searches it alone, as the Kubernetes agent's one MASQUERADE
+// --to-ports rule per range does (lib/ports.h).
+func (d *Datapath) SetPortRanges(ranges [][2]uint16) error {
+	if len(ranges) == 0 || len(ranges) > NATPortRangesMax {
+		return fmt.Errorf("NAT port ranges %v: want 1 to %d ranges", ranges, NATPortRangesMax)
 	}
-	return d.updateConfig(func(c *Config) { c.PortMin, c.PortMax = min, max })
+	for i, r := range ranges {
+		if r[0] == 0 || r[1] < r[0] {
+			return fmt.Errorf("NAT port range %d-%d: want 1 <= min <= max", r[0], r[1])
+		}
+		for _, o := range ranges[:i] {
+			if r[0] <= o[1] && o[0] <= r[1] {
+				return fmt.Errorf("NAT port ranges %d-%d and %d-%d overlap", o[0], o[1], r[0], r[1])
+			}
+		}
+	}
+	return d.updateConfig(func(c *Config) {
+		c.PortMin, c.PortMax = ranges[0][0], ranges[0][1]
+		c.PortRanges, c.PortTotal = 0, 0
+		clear(c.Ranges[:])
+		if len(ranges) == 1 {
+			return
+		}
+		c.PortRanges = uint32(len(ranges))
+		for i, r := range ranges {
+			c.PortMin, c.PortMax = min(c.PortMin, r[0]), max(c.PortMax, r[1])
+			c.Ranges[i].Min, c.Ranges[i].Max = r[0], r[1]
+			c.PortTotal += uint32(r[1]) - uint32(r[0]) + 1
+		}
+	})
 }
 
 // ConfigKeepPort is masq_config's MASQ_CFG_KEEP_PORT bit (enum masq_cfg_flag

@@ -2,6 +2,7 @@ package tables
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cilium/statedb"
@@ -48,6 +49,40 @@ type ConfigStatus struct {
 	MasqueradeRules int
 	// ResyncInterval is the drift-repair interval in effect.
 	ResyncInterval time.Duration `json:"resyncInterval" yaml:"resyncInterval"`
+	// Files are the files merged into the applied config when there are
+	// several (Path and the ip-masq* files beside it, as Azure's
+	// ip-masq-agent-v2 reads them); empty for the one file at Path.
+	Files []string `json:"files,omitempty" yaml:"files,omitempty"`
+	// Warnings are what the applied config ignored or resolved: unknown
+	// keys, and conflicts between merged files. They do not make the
+	// status unhealthy.
+	Warnings []ConfigWarning `json:"warnings,omitempty" yaml:"warnings,omitempty"`
+}
+
+// ConfigWarningKind says what a ConfigWarning is about.
+type ConfigWarningKind string
+
+const (
+	// ConfigWarningUnknownKey is a key the format does not know, ignored.
+	ConfigWarningUnknownKey ConfigWarningKind = "unknown-key"
+	// ConfigWarningConflict is two merged files that disagree, resolved.
+	ConfigWarningConflict ConfigWarningKind = "conflict"
+)
+
+// ConfigWarning is one thing an operator should fix in an applied config.
+type ConfigWarning struct {
+	Kind ConfigWarningKind `json:"kind" yaml:"kind"`
+	// Message names the file, the key and the value, and what was done.
+	Message string `json:"message" yaml:"message"`
+}
+
+// WarningMessages returns the messages of the warnings, in order.
+func (s *ConfigStatus) WarningMessages() []string {
+	out := make([]string, len(s.Warnings))
+	for i, w := range s.Warnings {
+		out[i] = w.Message
+	}
+	return out
 }
 
 // Healthy reports whether the newest config content is the applied one.
@@ -55,7 +90,7 @@ func (s *ConfigStatus) Healthy() bool { return s.LastError == "" }
 
 // TableHeader implements statedb.TableWritable.
 func (s *ConfigStatus) TableHeader() []string {
-	return []string{"Path", "Origin", "Generation", "NoMasqV4", "NoMasqV6", "MasqExceptions", "Rules", "Resync", "LastError"}
+	return []string{"Path", "Origin", "Generation", "NoMasqV4", "NoMasqV6", "MasqExceptions", "Rules", "Resync", "LastError", "Files", "Warnings"}
 }
 
 // TableRow implements statedb.TableWritable.
@@ -65,6 +100,7 @@ func (s *ConfigStatus) TableRow() []string {
 		strconv.Itoa(s.NoMasqV4), strconv.Itoa(s.NoMasqV6),
 		strconv.Itoa(s.MasqExceptions), strconv.Itoa(s.MasqueradeRules),
 		s.ResyncInterval.String(), s.LastError,
+		strings.Join(s.Files, ", "), strings.Join(s.WarningMessages(), "; "),
 	}
 }
 

@@ -14,6 +14,7 @@
 #include "parse.h"
 #include "flow.h"
 #include "frag.h"
+#include "ports.h"
 
 /*
  * A node socket may bind a port of the NAT range by itself (resolvers that

@@ -76,7 +76,7 @@ __noinline int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
 		if (!reuse)
 			return HOST_PAIR;
 	}
-	if (port < cfg->port_min || port > cfg->port_max) {
+	if (!nat_port_in_range(cfg, port)) {
 		/* A pair that is over must not catch the node's replies
 		 * (claimed: this CPU's to delete). */
 		if (reuse == NAT_REUSE_CLAIMED)

@@ -18,6 +18,13 @@
  * the server that would refuse the new SYN (flow.h, nat_takeover). A port
  * outside the NAT range is also checked against the node's sockets, which
  * may use it.
+ *
+ * Several NAT ranges (the Kubernetes agent's --to-ports=1024-29999,
+ * 32768-65535) are searched as that agent's rules search them: one
+ * MASQUERADE --to-ports rule per range, each taking a new connection with
+ * the probability of its share of the ports (-m statistic --probability),
+ * so a flow draws one range, weighted by its size, and the search walks
+ * that range alone, as nf_nat walks the one range of its rule.
  */
 
 #ifndef IPMASQ_LIB_PORTS_H
@@ -56,6 +63,25 @@
 #define PORT_FULL	3	/* the map is full */
 #define PORT_DONE	4	/* the search is over */
 
+/* nat_port_in_range says whether port (host byte order) is one of the NAT
+ * ranges. */
+static __always_inline int nat_port_in_range(const struct masq_config *cfg, __u32 port)
+{
+	__u32 i;
+
+	if (port < cfg->port_min || port > cfg->port_max)
+		return 0;
+	if (cfg->port_ranges <= 1)
+		return 1;
+	for (i = 0; i < NAT_PORT_RANGES_MAX; i++) {
+		if (i >= cfg->port_ranges)
+			break;
+		if (port >= cfg->ranges[i].min && port <= cfg->ranges[i].max)
+			return 1;
+	}
+	return 0;
+}
+
 /* keep_port says whether a flow's own port is one Linux MASQUERADE keeps
  * outside the NAT range: TCP and UDP ports from 1024 of pods, with
  * MASQ_CFG_KEEP_PORT. Such a port is counted as kept when the flow gets
@@ -65,14 +91,17 @@ static __always_inline int keep_port(const struct masq_config *cfg, __u8 proto, 
 	__u16 own = bpf_ntohs(sport);
 
 	return (cfg->flags & MASQ_CFG_KEEP_PORT) && own >= PORT_WIDE_MIN &&
-	       (own < cfg->port_min || own > cfg->port_max) &&
+	       !nat_port_in_range(cfg, own) &&
 	       (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
 }
 
-/* port_space sets the space a new flow searches, [*min, *min + *size). */
+/* port_space sets the space a new flow searches, [*min, *min + *size):
+ * with several NAT ranges, one of them drawn by its share of the ports. */
 static __always_inline void port_space(const struct masq_config *cfg, __u8 proto, __u8 flags,
 				       __u32 *min, __u32 *size)
 {
+	__u32 i, r, n;
+
 	if ((cfg->flags & MASQ_CFG_KEEP_PORT) && !(flags & NAT_CREATE_NODE) &&
 	    (proto == IPPROTO_TCP || proto == IPPROTO_UDP)) {
 		*min = PORT_WIDE_MIN;
@@ -81,6 +110,19 @@ static __always_inline void port_space(const struct masq_config *cfg, __u8 proto
 	}
 	*min = cfg->port_min;
 	*size = (__u32)cfg->port_max - cfg->port_min + 1;
+	if (cfg->port_ranges <= 1 || !cfg->port_total)
+		return;
+	r = bpf_get_prandom_u32() % cfg->port_total;
+	for (i = 0; i < NAT_PORT_RANGES_MAX; i++) {
+		if (i >= cfg->port_ranges)
+			break;
+		n = (__u32)cfg->ranges[i].max - cfg->ranges[i].min + 1;
+		*min = cfg->ranges[i].min;
+		*size = n;
+		if (r < n)
+			return;
+		r -= n;
+	}
 }
 
 /* The walk through the space: the state of the rounds. */

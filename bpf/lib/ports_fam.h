@@ -64,7 +64,7 @@ __noinline int FAM(nat_try)(struct __sk_buff *skb, FAM_T(nat, key) *in, FAM_T(na
 	if (!port)
 		return PORT_DONE;
 	in->dport = bpf_htons(port);
-	if ((port < cfg->port_min || port > cfg->port_max) && FAM(node_socket)(skb, in))
+	if (!nat_port_in_range(cfg, port) && FAM(node_socket)(skb, in))
 		return PORT_TAKEN;
 	r = bpf_map_lookup_elem(&FAM(nat), in);
 	if (r) {

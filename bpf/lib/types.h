@@ -70,13 +70,30 @@ enum nat_state {
 /* Exported so that bpf2go emits the enum for Go (bpf.NATState). */
 const volatile enum nat_state nat_state_max = NAT_STATE_MAX;
 
+/* The most NAT port ranges (--nat-port-range a-b,c-d, the Kubernetes
+ * agent's --to-ports=1024-29999,32768-65535); Go reads the length of
+ * masq_config.ranges. */
+enum { NAT_PORT_RANGES_MAX = 8 };
+
+/* One NAT port range, host byte order, min <= max. */
+struct port_range {
+	__u16 min;
+	__u16 max;
+};
+
 /* Host byte order. timeout_ns: idle lifetime per enum nat_state, written by
- * the agent (a zero lifetime never expires a pair here). */
+ * the agent (a zero lifetime never expires a pair here). The NAT ports are
+ * port_min-port_max while port_ranges is 0; with several ranges,
+ * ranges[0..port_ranges) (port_total ports together), port_min and
+ * port_max their lowest and highest port. */
 struct masq_config {
 	__u16 port_min;
 	__u16 port_max;
 	__u32 flags;	/* MASQ_CFG_* */
 	__u64 timeout_ns[NAT_STATE_MAX];
+	__u32 port_ranges;
+	__u32 port_total;
+	struct port_range ranges[NAT_PORT_RANGES_MAX];
 };
 
 /* masq_config.flags */

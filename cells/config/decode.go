@@ -16,42 +16,73 @@ import (
 type yamlSyntaxError struct{ error }
 
 // decode fills raw from JSON (when data starts with '{') or YAML. absent is
-// the sentinel Parse put in raw.NonMasqueradeCIDRs.
-func decode(path string, data []byte, raw *rawFile, absent *[]string) error {
+// the sentinel Parse put in raw.NonMasqueradeCIDRs. It returns the
+// top-level keys the format does not know, sorted: they are ignored, as the
+// Kubernetes agent ignores them, and the caller warns about them. Unknown
+// keys inside masqueradeRules entries (ipmasq's own extension) are errors.
+func decode(path string, data []byte, raw *rawFile, absent *[]string) ([]string, error) {
 	if data[0] == '{' {
-		err := decodeJSON(path, data, raw)
+		unknown, err := decodeJSON(path, data, raw, absent)
 		var se *json.SyntaxError
 		if !errors.As(err, &se) {
-			return err
+			return unknown, err
 		}
 		// Not JSON; it may be a YAML flow mapping such as
 		// {nonMasqueradeCIDRs: [10.0.0.0/8]}.
-		*raw = rawFile{NonMasqueradeCIDRs: absent}
-		*absent = nil
-		yerr := decodeYAML(path, data, raw)
+		resetRaw(raw, absent)
+		unknown, yerr := decodeYAML(path, data, raw, absent)
 		if ys := (yamlSyntaxError{}); errors.As(yerr, &ys) {
 			// Neither; the author most likely meant JSON.
 			line, col := lineCol(data, se.Offset-1) // Offset is just past the bad byte
-			return fmt.Errorf("%s: invalid JSON at line %d, column %d: %s", path, line, col,
+			return nil, fmt.Errorf("%s: invalid JSON at line %d, column %d: %s", path, line, col,
 				strings.TrimPrefix(se.Error(), "json: "))
 		}
-		return yerr
+		return unknown, yerr
 	}
-	return decodeYAML(path, data, raw)
+	return decodeYAML(path, data, raw, absent)
 }
 
-func decodeJSON(path string, data []byte, raw *rawFile) error {
+// resetRaw empties raw for another decoding pass, with the absent sentinel.
+func resetRaw(raw *rawFile, absent *[]string) {
+	*raw = rawFile{NonMasqueradeCIDRs: absent}
+	*absent = nil
+}
+
+func decodeJSON(path string, data []byte, raw *rawFile, absent *[]string) ([]string, error) {
 	if fastDecodeJSON(data, raw) {
-		return nil
+		return nil, nil
 	}
-	return decodeWithEncodingJSON(path, data, raw)
+	return decodeWithEncodingJSON(path, data, raw, absent)
 }
 
 // decodeWithEncodingJSON decodes any JSON config, and names what is wrong
-// with a bad one.
-func decodeWithEncodingJSON(path string, data []byte, raw *rawFile) error {
+// with a bad one. Unknown top-level keys are returned, not refused.
+func decodeWithEncodingJSON(path string, data []byte, raw *rawFile, absent *[]string) ([]string, error) {
+	err := decodeEncodingJSON(path, data, raw, true)
+	if !errors.As(err, new(unknownFieldError)) {
+		return nil, err
+	}
+	unknown := unknownTopLevelKeys(data)
+	if len(unknown) == 0 {
+		return nil, err // the unknown key is in a masqueradeRules entry
+	}
+	resetRaw(raw, absent)
+	if err := decodeEncodingJSON(path, data, raw, false); err != nil {
+		return nil, err
+	}
+	if err := strictRules(path, data, true); err != nil {
+		return nil, err
+	}
+	return unknown, nil
+}
+
+// decodeEncodingJSON is one encoding/json pass over data; strict refuses
+// unknown keys at any depth (an unknownFieldError).
+func decodeEncodingJSON(path string, data []byte, raw *rawFile, strict bool) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
+	if strict {
+		dec.DisallowUnknownFields()
+	}
 	if err := dec.Decode(raw); err != nil {
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
@@ -72,11 +103,37 @@ func decodeWithEncodingJSON(path string, data []byte, raw *rawFile) error {
 	return nil
 }
 
-func decodeYAML(path string, data []byte, raw *rawFile) error {
+func decodeYAML(path string, data []byte, raw *rawFile, absent *[]string) ([]string, error) {
 	if line := secondYAMLDocument(data); line > 0 {
-		return fmt.Errorf("%s: line %d: a second YAML document starts here; put all keys in one document", path, line)
+		return nil, fmt.Errorf("%s: line %d: a second YAML document starts here; put all keys in one document", path, line)
 	}
-	err := yaml.UnmarshalStrict(data, raw)
+	err := yamlError(path, data, yaml.UnmarshalStrict(data, raw))
+	if !errors.As(err, new(unknownFieldError)) {
+		return nil, err
+	}
+	// The strict pass read the document, so it converts.
+	j, jerr := yaml.YAMLToJSON(data)
+	if jerr != nil {
+		return nil, err
+	}
+	unknown := unknownTopLevelKeys(j)
+	if len(unknown) == 0 {
+		return nil, err // the unknown key is in a masqueradeRules entry
+	}
+	resetRaw(raw, absent)
+	// yaml.Unmarshal, not a decoding of j: it coerces scalars to the
+	// field's type as the strict pass does (resyncInterval: 60 is "60").
+	if err := yamlError(path, data, yaml.Unmarshal(data, raw)); err != nil {
+		return nil, err
+	}
+	if err := strictRules(path, j, false); err != nil {
+		return nil, err
+	}
+	return unknown, nil
+}
+
+// yamlError turns an error of sigs.k8s.io/yaml into an operator message.
+func yamlError(path string, data []byte, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -87,6 +144,47 @@ func decodeYAML(path string, data []byte, raw *rawFile) error {
 		return yamlSyntaxError{fmt.Errorf("%s: invalid YAML: %s", path, oneLine(rest))}
 	}
 	return decodeError(path, err, data, false)
+}
+
+// unknownTopLevelKeys returns the keys of the JSON object data that match
+// no key of the format (case-insensitively, as encoding/json matches
+// them), sorted; nil when data is not an object.
+func unknownTopLevelKeys(data []byte) []string {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(data, &top) != nil {
+		return nil
+	}
+	var unknown []string
+	for k := range top {
+		if !slices.ContainsFunc(jsonKeys[rawFile](), func(known string) bool { return strings.EqualFold(k, known) }) {
+			unknown = append(unknown, k)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
+}
+
+// strictRules refuses an unknown key in a masqueradeRules entry of the
+// JSON data (the file, or a YAML file converted), which a pass that ignores
+// the unknown top-level keys let through.
+func strictRules(path string, data []byte, isJSON bool) error {
+	var top struct {
+		Rules []json.RawMessage `json:"masqueradeRules"`
+	}
+	if json.Unmarshal(data, &top) != nil {
+		return nil // the pass before decoded the file
+	}
+	for _, r := range top.Rules {
+		dec := json.NewDecoder(bytes.NewReader(r))
+		dec.DisallowUnknownFields()
+		var rule rawRule
+		if err := dec.Decode(&rule); err != nil {
+			if err := decodeError(path, err, data, isJSON); errors.As(err, new(unknownFieldError)) {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // secondYAMLDocument returns the 1-based line of a "---" document marker

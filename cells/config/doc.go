@@ -3,6 +3,13 @@
 // (one row per destination prefix) and the one-row ipmasq-config status
 // table. It is the only writer of both.
 //
+// Files named ip-masq* beside the config file (Azure's ip-masq-agent-v2
+// reads every such file of its folder: several ConfigMaps projected into
+// one volume) are read, watched and merged with it (merge.go); a bad one
+// is named while the others stay applied. A key the format does not know
+// is ignored, as the Kubernetes agent ignores it, and is a warning in the
+// status table, with the known key nearest to it.
+//
 // The file's directory is watched with fsnotify so that plain writes,
 // editors' rename dance, deletion and the Kubernetes ConfigMap symlink swap
 // are applied within milliseconds. A file that fails validation changes

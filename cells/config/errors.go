@@ -37,8 +37,8 @@ func decodeError(path string, err error, data []byte, isJSON bool) error {
 				hint = fmt.Sprintf("did you mean %s? ", s)
 			}
 		}
-		return fmt.Errorf("%s: unknown field %s (%sknown keys: %s; in masqueradeRules entries: %s)",
-			path, field, hint, topLevelKeys, ruleKeys)
+		return unknownFieldError{fmt.Errorf("%s: unknown field %s (%sknown keys: %s; in masqueradeRules entries: %s)",
+			path, field, hint, topLevelKeys, ruleKeys)}
 	}
 	msg = strings.TrimPrefix(msg, "error unmarshaling JSON: ")
 	msg = strings.TrimPrefix(msg, "while decoding JSON: ")
@@ -92,10 +92,20 @@ func describeType(field string, t reflect.Type) string {
 	return t.String()
 }
 
+// unknownFieldError is a key the format does not know, found by a strict
+// decoding pass.
+type unknownFieldError struct{ error }
+
+func (e unknownFieldError) Unwrap() error { return e.error }
+
 // closestKey suggests a known key for a misspelt one.
-func closestKey(s string) string {
+func closestKey(s string) string { return closestKeyIn(s, knownKeys) }
+
+// closestKeyIn suggests the key of keys nearest to s (edit distance under
+// 4, case-insensitively), or "".
+func closestKeyIn(s string, keys []string) string {
 	best, bestD := "", 4
-	for _, k := range knownKeys {
+	for _, k := range keys {
 		if d := editDistance(strings.ToLower(s), strings.ToLower(k)); d < bestD {
 			best, bestD = k, d
 		}

@@ -52,13 +52,17 @@ func fastDecodeJSON(data []byte, raw *rawFile) bool {
 				return false
 			}
 		case "masqLinkLocal":
-			if out.MasqLinkLocal, ok = d.bool(); !ok {
+			b, ok := d.bool()
+			if !ok {
 				return false
 			}
+			out.MasqLinkLocal = &b
 		case "masqLinkLocalIPv6":
-			if out.MasqLinkLocalIPv6, ok = d.bool(); !ok {
+			b, ok := d.bool()
+			if !ok {
 				return false
 			}
+			out.MasqLinkLocalIPv6 = &b
 		case "resyncInterval":
 			s, ok := d.str()
 			if !ok {

@@ -52,6 +52,10 @@ type File struct {
 	// MasqueradeRules masquerade non-pod sources, in file order; Sources
 	// are deduplicated and sorted, OutInterfaces deduplicated in file order.
 	MasqueradeRules []tables.MasqueradeRule
+	// UnknownKeys are the file's top-level keys the format does not know,
+	// sorted: ignored, as the Kubernetes agent ignores them (the loader
+	// warns about each, with the known key nearest to it).
+	UnknownKeys []string
 }
 
 // Entry is one desired row of the nonmasq-cidrs table.
@@ -129,8 +133,8 @@ func jsonKeys[T any]() []string {
 type rawFile struct {
 	NonMasqueradeCIDRs *[]string `json:"nonMasqueradeCIDRs"`
 	MasqueradeCIDRs    []string  `json:"masqueradeCIDRs"`
-	MasqLinkLocal      bool      `json:"masqLinkLocal"`
-	MasqLinkLocalIPv6  bool      `json:"masqLinkLocalIPv6"`
+	MasqLinkLocal      *bool     `json:"masqLinkLocal"`
+	MasqLinkLocalIPv6  *bool     `json:"masqLinkLocalIPv6"`
 	ResyncInterval     *string   `json:"resyncInterval"`
 	CIDRLimit          *int      `json:"cidrLimit"`
 	MasqueradeRules    []rawRule `json:"masqueradeRules"`
@@ -149,14 +153,27 @@ type rawRule struct {
 // key (with list index, e.g. nonMasqueradeCIDRs[2]) and the value, and say
 // what would be accepted. Parse does no I/O.
 func Parse(path string, data []byte, lim Limits) (*File, error) {
-	f, _, err := parse(path, data, lim)
-	return f, err
+	p, err := parse(path, data, lim)
+	if err != nil {
+		return nil, err
+	}
+	return p.file, nil
 }
 
-// parse is Parse that also returns f.Entries(lim), which validation
-// computes anyway: the loader needs them too, and computing them twice
-// cost a sort of 16 384 rows per load.
-func parse(path string, data []byte, lim Limits) (*File, []Entry, error) {
+// parsed is one file's content as the loader needs it.
+type parsed struct {
+	file *File
+	// entries are file.Entries(lim), which validation computes anyway:
+	// computing them twice cost a sort of 16 384 rows per load.
+	entries []Entry
+	// linkLocalSet and linkLocalV6Set say whether the file sets
+	// masqLinkLocal and masqLinkLocalIPv6 (to either value), which merging
+	// several files needs to tell a disagreement from silence.
+	linkLocalSet, linkLocalV6Set bool
+}
+
+// parse is Parse for the loader.
+func parse(path string, data []byte, lim Limits) (*parsed, error) {
 	if path == "" {
 		path = "<config>"
 	}
@@ -166,9 +183,9 @@ func parse(path string, data []byte, lim Limits) (*File, []Entry, error) {
 		f := &File{}
 		entries := f.Entries(lim)
 		if err := checkCapacity(path, f, lim, entries); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		return f, entries, nil
+		return &parsed{file: f, entries: entries}, nil
 	}
 
 	var raw rawFile
@@ -176,8 +193,9 @@ func parse(path string, data []byte, lim Limits) (*File, []Entry, error) {
 	// null (decoder sets the pointer to nil) and from a list (slice non-nil).
 	absent := new([]string)
 	raw.NonMasqueradeCIDRs = absent
-	if err := decode(path, trimmed, &raw, absent); err != nil {
-		return nil, nil, err
+	unknown, err := decode(path, trimmed, &raw, absent)
+	if err != nil {
+		return nil, err
 	}
 	nonMasqSet := true
 	var nonMasqRaw []string
@@ -188,5 +206,11 @@ func parse(path string, data []byte, lim Limits) (*File, []Entry, error) {
 	default:
 		nonMasqRaw = *raw.NonMasqueradeCIDRs
 	}
-	return validate(path, &raw, nonMasqSet, nonMasqRaw, lim)
+	f, entries, err := validate(path, &raw, nonMasqSet, nonMasqRaw, lim)
+	if err != nil {
+		return nil, err
+	}
+	f.UnknownKeys = unknown
+	return &parsed{file: f, entries: entries,
+		linkLocalSet: raw.MasqLinkLocal != nil, linkLocalV6Set: raw.MasqLinkLocalIPv6 != nil}, nil
 }

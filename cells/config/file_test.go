@@ -122,6 +122,20 @@ func TestParseValid(t *testing.T) {
 		{"no capacity bound when 0", "nonMasqueradeCIDRs: [10.0.0.0/8, 10.1.0.0/16]\n", Limits{EnableIPv4: true},
 			&File{NonMasqueradeCIDRs: pfx("10.0.0.0/8", "10.1.0.0/16"), NonMasqueradeCIDRsSet: true}},
 		{"keys match case-insensitively as in the Kubernetes agent", "MasqLinkLocal: true\n", limBoth, &File{MasqLinkLocal: true}},
+		// Unknown keys are ignored, as the Kubernetes agent ignores them;
+		// the known keys apply.
+		{"unknown key YAML", "resyncIntervall: 60s\nnonMasqueradeCIDRs: [10.0.0.0/8]\nmasqLinkLocal: true\n", limBoth,
+			&File{NonMasqueradeCIDRs: pfx("10.0.0.0/8"), NonMasqueradeCIDRsSet: true, MasqLinkLocal: true, UnknownKeys: []string{"resyncIntervall"}}},
+		{"misspelt list key: the defaults apply", "nonMasqueradeCIDR: [10.0.0.0/8]\n", limBoth,
+			&File{UnknownKeys: []string{"nonMasqueradeCIDR"}}},
+		{"unknown keys JSON", `{"zeta": 1, "nonMasqueradeCIDRs": ["10.0.0.0/8"], "alpha": {"x": [1, null]}, "resyncInterval": "30s"}`, limBoth,
+			&File{NonMasqueradeCIDRs: pfx("10.0.0.0/8"), NonMasqueradeCIDRsSet: true, ResyncInterval: 30 * time.Second,
+				UnknownKeys: []string{"alpha", "zeta"}}},
+		{"unknown key YAML flow mapping", "{nonMasqueradeCIDRs: [10.0.0.0/8], foo: bar}", limBoth,
+			&File{NonMasqueradeCIDRs: pfx("10.0.0.0/8"), NonMasqueradeCIDRsSet: true, UnknownKeys: []string{"foo"}}},
+		{"unknown key beside a rule", "foo: 1\nmasqueradeRules:\n- name: a\n  sources: [10.8.0.0/24]\n  outInterfaces: [eth0]\n", limBoth,
+			&File{MasqueradeRules: []tables.MasqueradeRule{{Name: "a", Sources: pfx("10.8.0.0/24"), OutInterfaces: []string{"eth0"}}},
+				UnknownKeys: []string{"foo"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,11 +162,25 @@ func TestParseErrors(t *testing.T) {
 		sub  bool   // want is only a substring
 	}{
 		// syntax and keys
-		{"unknown key YAML", "nonMasqueradeCIDRs: []\nfoo: 1\n", limBoth, `unknown field "foo"`, true},
-		{"unknown key JSON", `{"foo": 1}`, limBoth, `unknown field "foo"`, true},
-		{"misspelt key", "nonMasqueradeCIDR: []\n", limBoth, `unknown field "nonMasqueradeCIDR" (did you mean nonMasqueradeCIDRs?`, true},
+		// An unknown top-level key is ignored (TestParse), not the values
+		// of the known keys beside it, nor an unknown key in a rule.
+		{"unknown key beside a bad value YAML", "resyncIntervall: 60s\nnonMasqueradeCIDRs: [10.0.0.1/8]\n", limBoth,
+			"nonMasqueradeCIDRs[0]: 10.0.0.1/8 has host bits set; did you mean 10.0.0.0/8?", false},
+		{"unknown key before a wrong type JSON", `{"foo": 1, "masqLinkLocal": "yes"}`, limBoth,
+			"masqLinkLocal: got a string, want true or false (near line 1, column 33)", false},
+		{"unknown key after a wrong type YAML", "masqLinkLocal: \"yes\"\nfoo: 1\n", limBoth,
+			"masqLinkLocal: got a string, want true or false", false},
+		{"unknown key beside resyncInterval without unit", "resyncIntervall: 1\nresyncInterval: 60\n", limBoth,
+			`resyncInterval: "60" is not a duration (want e.g. 60s or 1m30s)`, false},
+		{"unknown key beside a duplicate key JSON", `{"foo": 1, "masqLinkLocal": true, "masqLinkLocal": false}`, limBoth,
+			`key "masqLinkLocal" is set more than once in the same object; keep one`, false},
 		{"unknown key in a rule", rule("  sources: [10.0.0.0/8]\n  outInterface: [eth0]\n"), limBoth,
 			`unknown field "outInterface" (did you mean outInterfaces?`, true},
+		{"unknown key in a rule beside an unknown top-level key", "foo: 1\n" + rule("  sources: [10.0.0.0/8]\n  outInterface: [eth0]\n"), limBoth,
+			`unknown field "outInterface" (did you mean outInterfaces?`, true},
+		{"unknown key in a JSON rule beside an unknown top-level key",
+			`{"foo": 1, "masqueradeRules": [{"name": "a", "sources": ["10.0.0.0/8"], "outInterfaces": ["eth0"], "toAdress": "10.0.0.1"}]}`, limBoth,
+			`unknown field "toAdress" (did you mean toAddress?`, true},
 		{"duplicate key YAML", "masqLinkLocal: true\nmasqLinkLocal: false\n", limBoth,
 			`invalid YAML: line 2: key "masqLinkLocal" already set in map`, false},
 		{"duplicate key JSON", `{"masqLinkLocal": true, "masqLinkLocal": false}`, limBoth,
@@ -312,7 +340,7 @@ func TestParseErrors(t *testing.T) {
 
 // TestParseEmptyPath checks that an empty path still yields a named error.
 func TestParseEmptyPath(t *testing.T) {
-	_, err := Parse("", []byte("foo: 1"), limBoth)
+	_, err := Parse("", []byte("masqLinkLocal: 1"), limBoth)
 	if err == nil || !strings.HasPrefix(err.Error(), "<config>: ") {
 		t.Fatalf("got %v", err)
 	}

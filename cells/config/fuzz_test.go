@@ -2,6 +2,7 @@ package config
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -26,6 +27,11 @@ func FuzzParse(f *testing.F) {
 		"nonMasqueradeCIDRs: [10.0.0/8]\n",
 		`{"nonMasqueradeCIDRs": ["::ffff:10.0.0.0/104"]}`,
 		"foo: 1\n",
+		// unknown keys: ignored, the known ones apply
+		"resyncIntervall: 60s\nnonMasqueradeCIDRs: [10.0.0.0/8]\n",
+		`{"b": [1, {"c": null}], "nonMasqueradeCIDRs": ["10.0.0.0/8"], "a": 1}`,
+		"foo: 1\nmasqueradeRules:\n- name: a\n  sources: [10.8.0.0/24]\n  outInterfaces: [eth0]\n  bar: 2\n",
+		"resyncIntervall: 1\nmasqLinkLocal: \"yes\"\n",
 		`{"a": 1, "a": 2}`,
 		`{"masqLinkLocal": true} x`,
 		"masqLinkLocal: true\n---\nmasqLinkLocal: false\n",
@@ -57,6 +63,19 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("error is not one line starting with the file name: %q", hostileShorten(msg))
 			}
 			return
+		}
+		// Unknown keys are reported once each, sorted, and none of them
+		// is a key of the format (in any case: encoding/json matches
+		// keys case-insensitively).
+		if !slices.IsSorted(file.UnknownKeys) || len(slices.Compact(slices.Clone(file.UnknownKeys))) != len(file.UnknownKeys) {
+			t.Fatalf("unknown keys %q are not sorted and unique", file.UnknownKeys)
+		}
+		for _, k := range file.UnknownKeys {
+			for _, known := range jsonKeys[rawFile]() {
+				if strings.EqualFold(k, known) {
+					t.Fatalf("known key %q reported as unknown", k)
+				}
+			}
 		}
 		es := file.Entries(lim)
 		checkEntries(t, file, lim, es)

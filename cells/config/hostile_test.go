@@ -60,7 +60,8 @@ func hostileCorpusCases() []hostileCase {
 		{name: "string for list", file: "wrong-type-string-for-list.yaml", want: "nonMasqueradeCIDRs: got a string, want a list"},
 		{name: "list for bool", file: "wrong-type-list-for-bool.yaml", want: "masqLinkLocal: got a list, want true or false"},
 		{name: "number for string", file: "wrong-type-number-for-string.json", want: "resyncInterval: got a number, want a duration string"},
-		{name: "unknown key", file: "unknown-key.yaml", want: `unknown field "nonMasqueradeCIDR" (did you mean nonMasqueradeCIDRs?`},
+		// An unknown key is ignored, not the bad value of a known one.
+		{name: "unknown key beside a bad value", file: "unknown-key-bad-value.yaml", want: "nonMasqueradeCIDRs[1]: 192.168.1.1/16 has host bits set"},
 		{name: "host bits", file: "host-bits.yaml", want: "nonMasqueradeCIDRs[1]: 192.168.1.1/16 has host bits set; did you mean 192.168.0.0/16?"},
 		{name: "bad CIDR", file: "bad-cidr.yaml", want: `nonMasqueradeCIDRs[1]: "10.0.0.0/33" is not a CIDR`},
 		{name: "IPv6 while disabled", file: "ipv6-disabled.yaml", noIPv6: true, want: "nonMasqueradeCIDRs[1]: fd00::/8 is IPv6 but IPv6 is disabled (--enable-ipv6=false)"},

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -50,6 +51,16 @@ type loader struct {
 	resync    time.Duration
 	// applied is the origin of the config in the tables.
 	applied tables.ConfigOrigin
+	// dropIns is the state of each file merged with path (merge.go), by
+	// path; nil while there is none.
+	dropIns map[string]*fileState
+}
+
+// fileState is one merged file's last content and last good parse.
+type fileState struct {
+	input string  // hash of the content last read
+	good  *parsed // the last content that was valid; nil: none yet
+	err   error   // why the content last read was refused; nil: it is good
 }
 
 // emptyFileSettle is how long, twice over, an empty file must stay empty
@@ -109,8 +120,24 @@ func (l *loader) run(ctx context.Context) error {
 	}
 }
 
-// load reads, validates and applies the config file once.
+// load reads, validates and applies the config once: the file at path
+// alone as it always was, or merged with the ip-masq* files beside it
+// (loadMerged) while there are some.
 func (l *loader) load() {
+	if names := l.listDropIns(); len(names) > 0 {
+		l.loadMerged(names)
+		return
+	}
+	if l.dropIns != nil {
+		// The last drop-in went: the file alone is read afresh.
+		l.dropIns = nil
+		l.lastInput = ""
+	}
+	l.loadOne()
+}
+
+// loadOne reads, validates and applies the config file alone.
+func (l *loader) loadOne() {
 	start := time.Now()
 	data, err := readConfigFile(l.path)
 	var input string
@@ -150,14 +177,20 @@ func (l *loader) load() {
 		entries []Entry
 	)
 	if len(bytes.TrimSpace(data)) > 0 {
-		if file, entries, err = parse(l.path, data, l.limits); err != nil {
+		p, err := parse(l.path, data, l.limits)
+		if err != nil {
 			l.reject(err)
 			return
 		}
+		file, entries = p.file, p.entries
 	} else {
 		entries = file.Entries(l.limits)
 	}
-	l.apply(file, entries, start)
+	var warnings []tables.ConfigWarning
+	if file != nil {
+		warnings = unknownKeyWarnings(l.path, file)
+	}
+	l.apply(file, entries, start, warnings, nil)
 }
 
 // readConfigFile reads at most MaxFileSize bytes, refusing larger files
@@ -222,8 +255,17 @@ func (l *loader) currentStatus(txn statedb.ReadTxn) *tables.ConfigStatus {
 }
 
 // apply makes nonmasq-cidrs hold exactly entries, the rows of file (nil:
-// no file), in one transaction, touching only rows that change.
-func (l *loader) apply(file *File, entries []Entry, start time.Time) {
+// no file), in one transaction, touching only rows that change. warnings
+// are logged when they change, and kept in the status row; files are the
+// merged files, if several.
+func (l *loader) apply(file *File, entries []Entry, start time.Time, warnings []tables.ConfigWarning, files []string) {
+	l.applyMerged(file, entries, start, warnings, files, nil)
+}
+
+// applyMerged is apply that also records refused, the error of merged
+// files that were refused while the others are applied (nil: none), in
+// the same transaction.
+func (l *loader) applyMerged(file *File, entries []Entry, start time.Time, warnings []tables.ConfigWarning, files []string, refused error) {
 	wtxn := l.db.WriteTxn(l.cidrs, l.status, l.rules)
 	changed := l.applyRules(wtxn, file) + l.applyCIDRs(wtxn, entries)
 
@@ -234,7 +276,13 @@ func (l *loader) apply(file *File, entries []Entry, start time.Time) {
 	// change of origin (file → defaults) are logged at INFO.
 	unchanged := changed == 0 && st.Generation > 0 && st.LastError == ""
 	prevOrigin := st.Origin
+	newWarnings := !slices.Equal(st.Warnings, warnings)
+	st.Warnings = warnings
+	st.Files = files
 	st.LastError = ""
+	if refused != nil {
+		st.LastError = refused.Error()
+	}
 	st.LastGoodLoad = time.Now()
 	st.Origin = tables.ConfigOriginDefaults
 	st.MasqueradeRules = 0
@@ -270,14 +318,32 @@ func (l *loader) apply(file *File, entries []Entry, start time.Time) {
 	wtxn.Commit()
 
 	level := slog.LevelInfo
-	if unchanged && prevOrigin == st.Origin {
+	if unchanged && prevOrigin == st.Origin && !newWarnings {
 		level = slog.LevelDebug
 	}
 	l.log.Log(context.Background(), level, "Config applied", "path", l.path, "origin", st.Origin, "generation", st.Generation,
 		"changedPrefixes", changed, "noMasqIPv4", st.NoMasqV4, "noMasqIPv6", st.NoMasqV6,
 		"masqueradeCIDRs", st.MasqExceptions, "duration", time.Since(start))
-	l.health.OK(fmt.Sprintf("config generation %d from %s (%s): %d IPv4 / %d IPv6 no-masquerade prefixes",
-		st.Generation, l.path, st.Origin, st.NoMasqV4, st.NoMasqV6))
+	for _, w := range warnings {
+		// Loud while new, then once per re-read at debug.
+		wl := slog.LevelWarn
+		if !newWarnings {
+			wl = slog.LevelDebug
+		}
+		l.log.Log(context.Background(), wl, "Config warning: "+w.Message, "path", l.path, "kind", w.Kind)
+	}
+	msg := fmt.Sprintf("config generation %d from %s (%s): %d IPv4 / %d IPv6 no-masquerade prefixes",
+		st.Generation, l.path, st.Origin, st.NoMasqV4, st.NoMasqV6)
+	if len(warnings) > 0 {
+		msg += fmt.Sprintf("; %d warning(s), see config/status", len(warnings))
+	}
+	if refused != nil {
+		l.log.Error("Config file rejected; the other files stay applied, with its last good content if it had one",
+			"path", l.path, "error", refused)
+		l.health.Degraded("config file rejected, the other files stay applied", refused)
+		return
+	}
+	l.health.OK(msg)
 }
 
 // applyCIDRs makes nonmasq-cidrs hold exactly entries and returns how many
@@ -374,4 +440,139 @@ func (l *loader) applyRules(wtxn statedb.WriteTxn, file *File) int {
 func sameRule(a, b *tables.MasqueradeRule) bool {
 	return a.Name == b.Name && a.ToAddress == b.ToAddress &&
 		slices.Equal(a.Sources, b.Sources) && slices.Equal(a.OutInterfaces, b.OutInterfaces)
+}
+
+// listDropIns returns the paths of the files merged with the config file
+// (isDropIn), sorted by name as ip-masq-agent-v2 reads them.
+func (l *loader) listDropIns() []string {
+	dir, main := filepath.Dir(l.path), filepath.Base(l.path)
+	des, err := os.ReadDir(dir) // sorted by name
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, de := range des {
+		if isDropIn(de.Name(), main) {
+			out = append(out, filepath.Join(dir, de.Name()))
+		}
+	}
+	return out
+}
+
+// loadMerged reads the config file and the drop-ins beside it, and applies
+// their merge (merge.go). A file that is refused keeps its last good
+// content in the merge, or adds nothing when it never had one, and is
+// named in the status row, health, the log and the metrics until it is
+// fixed: the other files stay applied. Only when no file has good content
+// are the tables left as they are, as for the one file.
+func (l *loader) loadMerged(dropIns []string) {
+	start := time.Now()
+	paths := append([]string{l.path}, dropIns...)
+	if l.dropIns == nil {
+		l.dropIns = map[string]*fileState{}
+		l.lastInput = ""
+	}
+	type read struct {
+		path  string
+		data  []byte
+		input string
+		err   error
+	}
+	var (
+		reads []read
+		all   strings.Builder
+	)
+	for _, p := range paths {
+		data, err := readConfigFile(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue // the config file itself may be absent; a drop-in may be gone
+		case err != nil:
+			reads = append(reads, read{path: p, err: err})
+			fmt.Fprintf(&all, "%s error %v\n", p, err)
+			continue
+		}
+		if st := l.dropIns[p]; len(bytes.TrimSpace(data)) == 0 && st != nil && st.good != nil && !isEmptyFile(st.good.file) {
+			// As for the one file: an in-place write truncates first.
+			for range 2 {
+				time.Sleep(emptyFileSettle)
+				if data, err = readConfigFile(p); err != nil || len(bytes.TrimSpace(data)) > 0 {
+					break
+				}
+			}
+			if err != nil {
+				reads = append(reads, read{path: p, err: err})
+				fmt.Fprintf(&all, "%s error %v\n", p, err)
+				continue
+			}
+		}
+		in := fmt.Sprintf("%x", sha256.Sum256(data))
+		reads = append(reads, read{path: p, data: data, input: in})
+		fmt.Fprintf(&all, "%s %s\n", p, in)
+	}
+	if all.String() == l.lastInput {
+		return
+	}
+	l.lastInput = all.String()
+
+	states := make(map[string]*fileState, len(reads))
+	var (
+		good []namedFile
+		errs []string
+	)
+	for _, r := range reads {
+		st := l.dropIns[r.path]
+		if st == nil {
+			st = &fileState{}
+		}
+		states[r.path] = st
+		switch {
+		case r.err != nil:
+			st.input, st.err = "", r.err
+		case r.input != st.input || (st.good == nil && st.err == nil):
+			st.input = r.input
+			if p, err := parse(r.path, r.data, l.limits); err != nil {
+				st.err = err
+			} else {
+				st.good, st.err = p, nil
+			}
+		}
+		if st.err != nil {
+			errs = append(errs, st.err.Error())
+		}
+		if st.good != nil {
+			good = append(good, namedFile{path: r.path, p: st.good})
+		}
+	}
+	l.dropIns = states
+
+	if len(good) == 0 {
+		if len(errs) == 0 { // every file went between the listing and the reads
+			l.lastInput = ""
+			l.apply(nil, (*File)(nil).Entries(l.limits), start, nil, nil)
+			return
+		}
+		l.reject(errors.New(strings.Join(errs, "; ")))
+		return
+	}
+	file, entries, warnings, err := merge(good, l.limits)
+	if err != nil {
+		l.reject(err)
+		return
+	}
+	names := make([]string, len(good))
+	for i, nf := range good {
+		names[i] = nf.path
+	}
+	var refused error
+	if len(errs) > 0 {
+		refused = errors.New(strings.Join(errs, "; "))
+	}
+	l.applyMerged(file, entries, start, warnings, baseNames(names), refused)
+}
+
+// isEmptyFile reports whether f sets nothing (the content was empty).
+func isEmptyFile(f *File) bool {
+	return f == nil || (!f.NonMasqueradeCIDRsSet && len(f.MasqueradeCIDRs) == 0 && !f.MasqLinkLocal &&
+		!f.MasqLinkLocalIPv6 && f.ResyncInterval == 0 && f.CIDRLimit == 0 && len(f.MasqueradeRules) == 0)
 }

@@ -92,8 +92,8 @@ func contains(sorted []netip.Prefix, p netip.Prefix) bool {
 func validate(path string, raw *rawFile, nonMasqSet bool, nonMasqRaw []string, lim Limits) (*File, []Entry, error) {
 	f := &File{
 		NonMasqueradeCIDRsSet: nonMasqSet,
-		MasqLinkLocal:         raw.MasqLinkLocal,
-		MasqLinkLocalIPv6:     raw.MasqLinkLocalIPv6,
+		MasqLinkLocal:         raw.MasqLinkLocal != nil && *raw.MasqLinkLocal,
+		MasqLinkLocalIPv6:     raw.MasqLinkLocalIPv6 != nil && *raw.MasqLinkLocalIPv6,
 	}
 
 	if raw.ResyncInterval != nil {

@@ -22,7 +22,8 @@ import (
 // Events of other entries of the directory (an editor's or the kubelet's
 // temporary file being created and written) are ignored: each one used to
 // cost a read of the config and woke the loader while the writer was still
-// busy.
+// busy. The drop-ins merged with the config file (merge.go, isDropIn) and
+// the entries they resolve through count as the config file does.
 type dirWatcher struct {
 	log     *slog.Logger
 	dir     string
@@ -47,7 +48,7 @@ func newDirWatcher(log *slog.Logger, path string) (*dirWatcher, error) {
 	}
 	path = filepath.Clean(path)
 	d := &dirWatcher{log: log, dir: filepath.Dir(path), name: filepath.Base(path), w: w, changed: make(chan struct{}, 1)}
-	d.path = configPathEntries(d.dir, d.name)
+	d.path = d.configEntries()
 	if err := d.arm(); err != nil {
 		w.Close()
 		return nil, err
@@ -159,9 +160,27 @@ func (d *dirWatcher) affectsConfig(name string) bool {
 		return true // the directory itself, or something unexpected
 	}
 	before := d.path
-	d.path = configPathEntries(d.dir, d.name)
+	d.path = d.configEntries()
 	base := filepath.Base(name)
-	return base == d.name || before[base] || d.path[base]
+	return base == d.name || isDropIn(base, d.name) || before[base] || d.path[base]
+}
+
+// configEntries returns the entries of dir that reading the config file and
+// its drop-ins goes through (configPathEntries of each).
+func (d *dirWatcher) configEntries() map[string]bool {
+	entries := configPathEntries(d.dir, d.name)
+	des, err := os.ReadDir(d.dir)
+	if err != nil {
+		return entries
+	}
+	for _, de := range des {
+		if isDropIn(de.Name(), d.name) {
+			for e := range configPathEntries(d.dir, de.Name()) {
+				entries[e] = true
+			}
+		}
+	}
+	return entries
 }
 
 // maxSymlinkHops bounds the resolution of a symlink chain (the kernel's

@@ -18,7 +18,8 @@ import (
 var badValues = map[string]string{
 	"add_dir_header": "maybe", "alsologtostderr": "maybe", "logtostderr": "maybe", "one_output": "maybe",
 	"skip_headers": "maybe", "skip_log_headers": "maybe", "random-fully": "maybe", "version": "maybe",
-	"enable-ipv4": "maybe", "enable-ipv6": "maybe", "nat-keep-source-port": "maybe", "nomasq-all-reserved-ranges": "maybe",
+	"legacy_stderr_threshold_behavior": "maybe",
+	"enable-ipv4":                      "maybe", "enable-ipv6": "maybe", "nat-keep-source-port": "maybe", "nomasq-all-reserved-ranges": "maybe",
 	"v": "x", "log_file_max_size": "-1",
 	"egress-route-table": "x", "egress-rule-priority": "0", "max-nonmasq-cidrs": "0", "nat-max-entries": "x",
 	"ipam-config-wait": "x", "nat-gc-interval": "x",
@@ -26,7 +27,7 @@ var badValues = map[string]string{
 	"nat-timeout-tcp-established": "0s", "nat-timeout-tcp-reset": "0s", "nat-timeout-tcp-syn": "0s",
 	"nat-timeout-udp": "0s", "nat-timeout-udp-replied": "0s",
 	"nat-port-range": "9-1", "tc-attach-mode": "xdp", "pod-cidr": "10.0.0.1/8", "cluster-cidr": "x",
-	"devices": "eth0,,eth1", "log-level": "loud", "log-format": "yaml", "to-ports": "1024-29999,32768-65535",
+	"devices": "eth0,,eth1", "log-level": "loud", "log-format": "yaml", "to-ports": "1024-29999,29000-65535",
 	"prometheus-serve-addr": "9464", "k8s-kubeconfig-path": "/nonexistent/kubeconfig", "k8s-node-name": "node-1",
 	"bpf-root": "", // filled in: a directory that is not a BPF filesystem
 }
@@ -45,7 +46,8 @@ var anyValue = map[string]string{
 	"api-socket": "a path the agent creates", "state-dir": "a path the agent creates",
 	"shell-sock-path": "a path the agent creates (empty: no shell)", "ip-masq-agent-config-path": "a missing file is waited for",
 	"masq-chain": "ignored, one warning", "vmodule": "ignored, one warning", "stderrthreshold": "ignored, one warning",
-	"log_dir": "ignored, one warning", "log_file": "ignored, one warning", "log_backtrace_at": "ignored, one warning",
+	"alsologtostderrthreshold": "ignored, one warning",
+	"log_dir":                  "ignored, one warning", "log_file": "ignored, one warning", "log_backtrace_at": "ignored, one warning",
 	"help": "not a setting",
 }
 

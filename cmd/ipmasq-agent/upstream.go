@@ -34,7 +34,9 @@ type ignoredUpstreamFlag struct {
 const klogWhy = "ipmasq logs with log/slog to stderr; use --log-level (debug, info, warn, error)"
 
 // ignoredUpstreamFlags: upstream's own, then the klog flags
-// (klog.InitFlags) its binary registers.
+// (klog.InitFlags) its binary registers. testdata/upstream-flags.txt lists
+// every flag of the upstream binary at the version the tests pin
+// (TestEveryUpstreamFlagStarts), read from its source.
 var ignoredUpstreamFlags = []ignoredUpstreamFlag{
 	{"masq-chain", "string", "IP-MASQ-AGENT", "ipmasq writes no iptables chain: the decision is made by its tc programs"},
 	{"random-fully", "bool", "true", "ipmasq picks NAT ports itself: a flow keeps its source port when free (--nat-keep-source-port), else gets one of --nat-port-range"},
@@ -42,6 +44,8 @@ var ignoredUpstreamFlags = []ignoredUpstreamFlag{
 	{"vmodule", "string", "", klogWhy},
 	{"logtostderr", "bool", "true", klogWhy},
 	{"alsologtostderr", "bool", "false", klogWhy},
+	{"alsologtostderrthreshold", "string", "0", klogWhy},
+	{"legacy_stderr_threshold_behavior", "bool", "true", klogWhy},
 	{"stderrthreshold", "string", "2", klogWhy},
 	{"log_dir", "string", "", klogWhy},
 	{"log_file", "string", "", klogWhy},
@@ -55,7 +59,7 @@ var ignoredUpstreamFlags = []ignoredUpstreamFlag{
 
 func (u *upstreamFlags) register(flags *pflag.FlagSet) {
 	flags.StringVar(&u.toPorts, "to-ports", "",
-		"Kubernetes ip-masq-agent compatibility: masquerade TCP, UDP and SCTP to ports of this one range only (e.g. 32768-65535); sets --nat-port-range and --nat-keep-source-port=false")
+		"Kubernetes ip-masq-agent compatibility: masquerade TCP, UDP and SCTP to ports of these ranges only (e.g. 1024-29999,32768-65535: a flow draws a range by its share of the ports, as upstream's rule per range does); sets --nat-port-range and --nat-keep-source-port=false")
 	for _, f := range ignoredUpstreamFlags {
 		usage := "Kubernetes ip-masq-agent compatibility, no effect: " + f.why
 		switch f.kind {
@@ -101,11 +105,12 @@ func (u *upstreamFlags) apply(flags *pflag.FlagSet) (warnings []string, err erro
 }
 
 // parseToPorts reads upstream's --to-ports syntax ("a-b" or "a", ranges
-// separated by commas). The NAT takes one range, so more than one is
-// refused, naming what is not supported.
-func parseToPorts(s string) (datapath.PortRange, error) {
+// separated by commas, as its help's example 1024-29999,32768-65535):
+// several ranges are searched as upstream's MASQUERADE rule per range
+// searches them (datapath.ParsePortRanges, bpf/lib/ports.h).
+func parseToPorts(s string) (datapath.PortRanges, error) {
 	if strings.Contains(s, ",") {
-		return datapath.PortRange{}, fmt.Errorf("--to-ports=%q: more than one port range is not supported (the NAT takes one range); give one, e.g. --to-ports=32768-65535", s)
+		return datapath.ParsePortRanges("--to-ports", s)
 	}
 	r := strings.TrimSpace(s)
 	if !strings.Contains(r, "-") {
@@ -113,9 +118,9 @@ func parseToPorts(s string) (datapath.PortRange, error) {
 	}
 	pr, err := datapath.ParsePortRange("--to-ports", r)
 	if err != nil {
-		return pr, fmt.Errorf("--to-ports=%q: want one range min-max (or one port), 1 <= min <= max <= 65535, e.g. 32768-65535", s)
+		return nil, fmt.Errorf("--to-ports=%q: want ranges min-max (or one port), 1 <= min <= max <= 65535, separated by commas, e.g. 1024-29999,32768-65535", s)
 	}
-	return pr, nil
+	return datapath.PortRanges{pr}, nil
 }
 
 // goStyleArgs rewrites "-name" and "-name=value" to "--name..." when name is

@@ -25,7 +25,9 @@ func parseUpstream(t *testing.T, args ...string) (*pflag.FlagSet, []string, erro
 }
 
 func TestToPortsSetsTheNATPortRange(t *testing.T) {
-	for in, want := range map[string]string{"32768-65535": "32768-65535", "40000": "40000-40000", " 1024-2048 ": "1024-2048"} {
+	for in, want := range map[string]string{"32768-65535": "32768-65535", "40000": "40000-40000", " 1024-2048 ": "1024-2048",
+		// upstream's help example: several ranges, a MASQUERADE rule each
+		"1024-29999,32768-65535": "1024-29999,32768-65535", "80,1024-2048": "80-80,1024-2048"} {
 		flags, warnings, err := parseUpstream(t, "--to-ports="+in)
 		if err != nil || len(warnings) != 0 {
 			t.Fatalf("--to-ports=%s: %v %v", in, warnings, err)
@@ -49,10 +51,12 @@ func TestToPortsRefusals(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--to-ports=1024-29999,32768-65535"}, "more than one port range is not supported"},
-		{[]string{"--to-ports=0-10"}, `--to-ports="0-10": want one range`},
-		{[]string{"--to-ports=10-5"}, `--to-ports="10-5": want one range`},
-		{[]string{"--to-ports=1-2-3"}, `--to-ports="1-2-3": want one range`},
+		{[]string{"--to-ports=1024-29999,29000-65535"}, "ranges 1024-29999 and 29000-65535 overlap"},
+		{[]string{"--to-ports=1024-29999,x"}, `range "x-x": want min-max`},
+		{[]string{"--to-ports=1,2,3,4,5,6,7,8,9"}, "9 ranges, at most 8 are supported"},
+		{[]string{"--to-ports=0-10"}, `--to-ports="0-10": want ranges`},
+		{[]string{"--to-ports=10-5"}, `--to-ports="10-5": want ranges`},
+		{[]string{"--to-ports=1-2-3"}, `--to-ports="1-2-3": want ranges`},
 		{[]string{"--to-ports=5000", "--nat-port-range=1-2"}, "--to-ports and --nat-port-range are both given"},
 		{[]string{"--to-ports=5000", "--nat-keep-source-port=true"}, "--to-ports and --nat-keep-source-port are both given"},
 	} {

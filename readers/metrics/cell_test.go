@@ -144,6 +144,8 @@ func TestConfigMetricsAndHealth(t *testing.T) {
 		`ipmasq_config_nonmasq_prefixes{family="ipv6"}`: 1, // fe80::/10
 		"ipmasq_config_masquerade_prefixes":             1,
 		"ipmasq_config_masquerade_rules":                0,
+		`ipmasq_config_warnings{kind="unknown-key"}`:    0,
+		`ipmasq_config_warnings{kind="conflict"}`:       0,
 	})
 	firstLoad := got["ipmasq_config_last_good_load_timestamp_seconds"]
 	if firstLoad < float64(start.Unix()) || firstLoad > float64(time.Now().Unix()+1) {
@@ -215,6 +217,20 @@ func TestConfigMetricsAndHealth(t *testing.T) {
 		"ipmasq_config_load_failures_total": 2,
 		"ipmasq_config_valid":               0,
 	})
+
+	// 5. Unknown keys: the file is applied, each unknown key is a warning,
+	// health stays OK.
+	writeConfig(t, path, "nonMasqueradeCIDRs: [10.0.0.0/8]\nresyncIntervall: 60s\nfoo: 1\n")
+	waitFor(t, base+"/metrics", map[string]float64{
+		"ipmasq_config_valid":                           1,
+		"ipmasq_config_generation":                      3,
+		`ipmasq_config_nonmasq_prefixes{family="ipv4"}`: 2,
+		`ipmasq_config_warnings{kind="unknown-key"}`:    2,
+		`ipmasq_config_warnings{kind="conflict"}`:       0,
+	})
+	if code, body := get(t, base+"/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz with unknown keys: %d %q, want 200", code, body)
+	}
 }
 
 // TestServerOff: without --prometheus-serve-addr nothing listens.

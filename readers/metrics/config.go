@@ -23,7 +23,12 @@ var (
 		"masqueradeCIDRs exceptions of the applied config.", nil, nil)
 	configMasqRulesDesc = prometheus.NewDesc("ipmasq_config_masquerade_rules",
 		"masqueradeRules entries of the applied config.", nil, nil)
+	configWarningsDesc = prometheus.NewDesc("ipmasq_config_warnings",
+		"Warnings of the applied config, by kind: unknown-key (a key the format does not know, ignored) and conflict (merged files that disagree, resolved); the config/status command and the log name each.", []string{"kind"}, nil)
 )
+
+// configWarningKinds are the kinds ipmasq_config_warnings always has, 0 or not.
+var configWarningKinds = []tables.ConfigWarningKind{tables.ConfigWarningUnknownKey, tables.ConfigWarningConflict}
 
 // configCollector reads the ipmasq-config table at scrape time.
 type configCollector struct {
@@ -33,7 +38,7 @@ type configCollector struct {
 
 func (c *configCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{configValidDesc, configGenerationDesc, configLastGoodLoadDesc,
-		configNonMasqPrefixesDesc, configMasqPrefixesDesc, configMasqRulesDesc} {
+		configNonMasqPrefixesDesc, configMasqPrefixesDesc, configMasqRulesDesc, configWarningsDesc} {
 		ch <- d
 	}
 }
@@ -59,6 +64,15 @@ func (c *configCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(configNonMasqPrefixesDesc, float64(st.NoMasqV6), tables.IPv6.String())
 		gauge(configMasqPrefixesDesc, float64(st.MasqExceptions))
 		gauge(configMasqRulesDesc, float64(st.MasqueradeRules))
+		for _, kind := range configWarningKinds {
+			n := 0
+			for _, w := range st.Warnings {
+				if w.Kind == kind {
+					n++
+				}
+			}
+			gauge(configWarningsDesc, float64(n), string(kind))
+		}
 		return
 	}
 }

@@ -2,7 +2,10 @@
 // must act on. The config file's state: it reads the ipmasq-config table
 // and posts an Event when a file is rejected (reason IPMasqConfigRejected,
 // the error naming file, key and value), once per distinct error, and when
-// a good file follows a rejected one (IPMasqConfigAccepted). Conditions
+// a good file follows a rejected one (IPMasqConfigAccepted); and when the
+// applied config has warnings (IPMasqConfigWarnings: unknown keys ignored,
+// with the key likely meant; merged files that disagree), once per
+// distinct set, and when they are gone (IPMasqConfigWarningsCleared). Conditions
 // (conditions.go): a device the programs could not be attached to
 // (IPMasqDeviceNotAttached, from table datapath-devices), a netfilter NAT
 // rule deciding before the programs (IPMasqNetfilterDecidesFirst, from table
@@ -20,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -39,6 +43,11 @@ import (
 const (
 	ReasonRejected = "IPMasqConfigRejected"
 	ReasonAccepted = "IPMasqConfigAccepted"
+	// ReasonWarnings: the applied config has warnings (unknown keys
+	// ignored, merged files that disagree); ReasonWarningsCleared: no
+	// longer.
+	ReasonWarnings        = "IPMasqConfigWarnings"
+	ReasonWarningsCleared = "IPMasqConfigWarningsCleared"
 )
 
 // Component is the Events' source component.
@@ -114,12 +123,16 @@ type Event struct {
 	Type, Reason, Message string
 }
 
-// decider turns config states into Events: one per distinct rejection, and
-// one when a good file replaces a rejected one.
+// decider turns config states into Events: one per distinct rejection,
+// one when a good file replaces a rejected one, one per distinct set of
+// warnings of the applied config and one when they are gone.
 type decider struct {
 	// reported is the rejection last posted; empty when none is
 	// outstanding.
 	reported string
+	// warned is the warnings message last posted; empty when none is
+	// outstanding.
+	warned string
 }
 
 // next is the Event the state st calls for, or nil. It does not change the
@@ -133,15 +146,36 @@ func (d *decider) next(st *tables.ConfigStatus) *Event {
 		return &Event{Type: corev1.EventTypeNormal, Reason: ReasonAccepted,
 			Message: fmt.Sprintf("%s: accepted (generation %d); the rejected content is replaced", st.Path, st.Generation)}
 	}
+	if w := warningsMessage(st); w != d.warned {
+		if w == "" {
+			return &Event{Type: corev1.EventTypeNormal, Reason: ReasonWarningsCleared,
+				Message: fmt.Sprintf("%s: the applied config (generation %d) has no warnings", st.Path, st.Generation)}
+		}
+		return &Event{Type: corev1.EventTypeWarning, Reason: ReasonWarnings, Message: w}
+	}
 	return nil
+}
+
+// warningsMessage is the Event message of st's warnings; "" when none.
+func warningsMessage(st *tables.ConfigStatus) string {
+	if len(st.Warnings) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d config warning(s), the rest of the config is applied: %s",
+		len(st.Warnings), strings.Join(st.WarningMessages(), "; "))
 }
 
 // posted records that e was posted.
 func (d *decider) posted(e *Event) {
-	if e.Reason == ReasonRejected {
+	switch e.Reason {
+	case ReasonRejected:
 		d.reported = e.Message
-	} else {
+	case ReasonAccepted:
 		d.reported = ""
+	case ReasonWarnings:
+		d.warned = e.Message
+	case ReasonWarningsCleared:
+		d.warned = ""
 	}
 }
 
@@ -161,17 +195,17 @@ func (r *reporter) run(ctx context.Context, health cell.Health) error {
 		var retryC <-chan time.Time
 		iter, watch := r.status.AllWatch(r.db.ReadTxn())
 		for st := range iter {
-			e := r.d.next(st)
-			if e == nil {
-				continue
+			// A state may call for several Events (a rejected file
+			// beside merged ones with warnings): each is posted in turn.
+			for e := r.d.next(st); e != nil; e = r.d.next(st) {
+				if err := r.poster.post(ctx, e); err != nil {
+					health.Degraded("post Event "+e.Reason+" on Node "+r.poster.client.NodeName, err)
+					retryC = time.After(retry)
+					break
+				}
+				r.d.posted(e)
+				health.OK("posted " + e.Reason)
 			}
-			if err := r.poster.post(ctx, e); err != nil {
-				health.Degraded("post Event "+e.Reason+" on Node "+r.poster.client.NodeName, err)
-				retryC = time.After(retry)
-				continue
-			}
-			r.d.posted(e)
-			health.OK("posted " + e.Reason)
 		}
 		select {
 		case <-ctx.Done():

@@ -151,6 +151,12 @@ func (s sources) writeConfig(b *strings.Builder, txn statedb.ReadTxn) {
 		}
 		fmt.Fprintf(b, "Config:     %s (%s, generation %d, last good load %s, resync %s): %s\n",
 			st.Path, st.Origin, st.Generation, good, st.ResyncInterval, state)
+		if len(st.Files) > 0 {
+			fmt.Fprintf(b, "Merged:     %d files: %s\n", len(st.Files), strings.Join(st.Files, ", "))
+		}
+		for _, w := range st.Warnings {
+			fmt.Fprintf(b, "Warning:    %s: %s\n", w.Kind, w.Message)
+		}
 	}
 }
 

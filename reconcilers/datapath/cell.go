@@ -49,7 +49,7 @@ type params struct {
 type PortReservation func(PortRange) (note string, err error)
 
 func register(p params) error {
-	ports, err := ParsePortRange("--nat-port-range", p.Config.NATPortRange)
+	ports, err := ParsePortRanges("--nat-port-range", p.Config.NATPortRange)
 	if err != nil {
 		return err
 	}
@@ -73,12 +73,14 @@ func register(p params) error {
 	pinDir := p.Agent.PinDir()
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
-			note, err := p.Reserve(ports)
-			if err != nil {
-				return err
-			}
-			if note != "" {
-				p.Log.Info(note)
+			for _, r := range ports {
+				note, err := p.Reserve(r)
+				if err != nil {
+					return err
+				}
+				if note != "" {
+					p.Log.Info(note)
+				}
 			}
 			p.Log.Info("NAT maps sized", "size", natSize.String())
 			nm4, nm6, err := openNonMasq(p.Log, pinDir, p.Agent)
@@ -98,7 +100,7 @@ func register(p params) error {
 			if err != nil {
 				return err
 			}
-			if err := dp.SetPortRange(ports.Min, ports.Max); err != nil {
+			if err := dp.SetPortRanges(ports.Pairs()); err != nil {
 				dp.Close()
 				return err
 			}

@@ -15,7 +15,8 @@ import (
 // Config is the datapath's command-line configuration.
 type Config struct {
 	// NATPortRange is the range of source ports (and ICMP echo ids)
-	// masqueraded flows get when their own port is taken, "min-max".
+	// masqueraded flows get when their own port is taken, "min-max", or
+	// several ranges "a-b,c-d" (ParsePortRanges).
 	NATPortRange string `mapstructure:"nat-port-range"`
 	// NATKeepSourcePort: a TCP or UDP flow keeps its own source port (from
 	// 1024) when no other flow and no node socket holds that port toward its
@@ -87,7 +88,8 @@ var DefaultConfig = Config{
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("nat-port-range", def.NATPortRange,
-		"Source ports (and ICMP echo ids) of masqueraded flows whose ports are not kept (see --nat-keep-source-port) and of node flows that clash with a pod's, min-max; reserved from the node's own connections if ip_local_port_range overlaps")
+		"Source ports (and ICMP echo ids) of masqueraded flows whose ports are not kept (see --nat-keep-source-port) and of node flows that clash with a pod's, min-max; reserved from the node's own connections if ip_local_port_range overlaps. "+
+			"Several ranges, min-max,min-max (at most 8): a flow draws one by its share of the ports and searches it alone, as the Kubernetes agent's MASQUERADE rule per --to-ports range does")
 	flags.Bool("nat-keep-source-port", def.NATKeepSourcePort,
 		"A TCP or UDP flow keeps its own source port (1024 and up) when no other flow and no node socket holds it toward the same destination, else gets a free one of 1024-65535, as Linux MASQUERADE does; false: every flow gets a port of --nat-port-range (MASQUERADE --to-ports)")
 	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries; a full map drops a pair that is not assured (unanswered, closing, a UDP query) for a new flow, or refuses it. "+
@@ -123,6 +125,61 @@ func ParsePortRange(flag, s string) (PortRange, error) {
 		return PortRange{}, fmt.Errorf("%s=%q: want min-max with 1 <= min <= max <= 65535, e.g. 61000-65535", flag, s)
 	}
 	return PortRange{uint16(min), uint16(max)}, nil
+}
+
+// PortRanges are NAT port ranges that do not overlap, in the order given.
+type PortRanges []PortRange
+
+func (rs PortRanges) String() string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = r.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// Pairs returns the ranges as bpf.Datapath.SetPortRanges takes them.
+func (rs PortRanges) Pairs() [][2]uint16 {
+	out := make([][2]uint16, len(rs))
+	for i, r := range rs {
+		out[i] = [2]uint16{r.Min, r.Max}
+	}
+	return out
+}
+
+// ParsePortRanges parses "min-max" or several ranges "a-b,c-d" (a single
+// port "p" is p-p in a list, as iptables and the Kubernetes agent take it),
+// at most bpf.NATPortRangesMax, none overlapping another.
+func ParsePortRanges(flag, s string) (PortRanges, error) {
+	if !strings.Contains(s, ",") {
+		r, err := ParsePortRange(flag, s)
+		if err != nil {
+			return nil, err
+		}
+		return PortRanges{r}, nil
+	}
+	parts := strings.Split(s, ",")
+	if len(parts) > bpf.NATPortRangesMax {
+		return nil, fmt.Errorf("%s=%q: %d ranges, at most %d are supported", flag, s, len(parts), bpf.NATPortRangesMax)
+	}
+	var out PortRanges
+	for _, part := range parts {
+		part = strings.TrimSpace(part)
+		if part != "" && !strings.Contains(part, "-") {
+			part += "-" + part
+		}
+		r, err := ParsePortRange(flag, part)
+		if err != nil {
+			return nil, fmt.Errorf("%s=%q: range %q: want min-max with 1 <= min <= max <= 65535, e.g. 1024-29999,32768-65535", flag, s, strings.TrimSpace(part))
+		}
+		for _, o := range out {
+			if r.Overlaps(o) {
+				return nil, fmt.Errorf("%s=%q: ranges %s and %s overlap", flag, s, o, r)
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 const (

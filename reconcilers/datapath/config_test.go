@@ -54,3 +54,30 @@ func TestLifetimeFlags(t *testing.T) {
 		t.Fatalf("negative lifetime: %v", err)
 	}
 }
+
+// TestParsePortRanges: --nat-port-range takes several ranges (upstream's
+// --to-ports=1024-29999,32768-65535), refusing overlaps and more than the
+// datapath holds.
+func TestParsePortRanges(t *testing.T) {
+	for in, want := range map[string]string{
+		"61000-65535": "61000-65535", "1024-29999,32768-65535": "1024-29999,32768-65535",
+		" 80 , 1024-2048": "80-80,1024-2048", "1,2,3,4,5,6,7,8": "1-1,2-2,3-3,4-4,5-5,6-6,7-7,8-8",
+	} {
+		got, err := ParsePortRanges("--nat-port-range", in)
+		if err != nil || got.String() != want {
+			t.Errorf("ParsePortRanges(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+	for in, want := range map[string]string{
+		"1024-2048,2000-3000":         "ranges 1024-2048 and 2000-3000 overlap",
+		"1024-2048,":                  `range "": want min-max`,
+		"1,2,3,4,5,6,7,8,9":           "9 ranges, at most 8 are supported",
+		"1024-2048,0-5":               `range "0-5"`,
+		"61000":                       "want min-max",
+		"1024-29999,32768-65535,x-y,": `range "x-y"`,
+	} {
+		if _, err := ParsePortRanges("--nat-port-range", in); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParsePortRanges(%q) error %v, want %q", in, err, want)
+		}
+	}
+}

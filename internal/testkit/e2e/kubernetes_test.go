@@ -396,6 +396,13 @@ func TestKubernetesCluster(t *testing.T) {
 	waitEvent(t, admin, cl.Nodes[0].Name, nodeevents.ReasonRejected, "10.244.0.1/16")
 	agents[0].writeConfig(clusterConfig)
 	waitEvent(t, admin, cl.Nodes[0].Name, nodeevents.ReasonAccepted, "accepted")
+
+	// An unknown key is applied around, and named on that Node with the
+	// key likely meant; fixed, the warning is cleared.
+	agents[0].writeConfig(clusterConfig + "resyncIntervall: 60s\n")
+	waitEvent(t, admin, cl.Nodes[0].Name, nodeevents.ReasonWarnings, `unknown key "resyncIntervall" ignored (did you mean resyncInterval?`)
+	agents[0].writeConfig(clusterConfig)
+	waitEvent(t, admin, cl.Nodes[0].Name, nodeevents.ReasonWarningsCleared, "no warnings")
 }
 
 func waitEvent(t *testing.T, c kubernetes.Interface, node, reason, text string) {

@@ -83,6 +83,11 @@ var upstreamCorpus = []upstreamCase{
 	{"IPv6, masqLinkLocalIPv6", file("nonMasqueradeCIDRs: [2001:db8:1::/48, 172.16.0.0/12]\nmasqLinkLocalIPv6: true\n"), []string{"--enable-ipv6=true"}},
 	{"IPv6 defaults", nil, []string{"--enable-ipv6"}},
 	{"IPv6 CIDR without --enable-ipv6", file("nonMasqueradeCIDRs: [10.0.0.0/8, fd00::/8]\n"), nil},
+	// Upstream's help example: several ranges, one MASQUERADE rule each.
+	{"--to-ports with several ranges", file("nonMasqueradeCIDRs: [10.0.0.0/8]\n"),
+		[]string{"--to-ports=40000-40009,50000-50019", "--random-fully=false"}},
+	// Upstream ignores a key it does not know; so does ipmasq, warning.
+	{"unknown key", file("nonMasqueradeCIDRs: [10.0.0.0/8, 100.64.0.0/10]\nresyncIntervall: 60s\nmasqLinkLocal: true\n"), nil},
 }
 
 // upstreamConfig is upstream's MasqConfig as its syncConfig leaves it.
@@ -167,12 +172,51 @@ func upstreamRules(c upstreamCase, v6 bool) [][]string {
 	if a.randomFully {
 		masq = append(masq, "--random-fully")
 	}
-	if a.toPorts != "" { // one range in the corpus: no statistic match
+	if a.toPorts != "" {
+		// writeMasqToPortsRules: a rule per range, each but the last
+		// taking what is left with the probability of its share.
+		ranges := strings.Split(a.toPorts, ",")
+		sizes := make([]int, len(ranges))
+		left := 0
+		for i, r := range ranges {
+			lo, hi, ok := strings.Cut(r, "-")
+			if !ok {
+				hi = lo
+			}
+			n1, _ := strconv.Atoi(lo)
+			n2, _ := strconv.Atoi(hi)
+			sizes[i] = n2 - n1 + 1
+			left += sizes[i]
+		}
 		for _, proto := range []string{"tcp", "udp", "sctp"} {
-			rules = append(rules, append(slices.Clone(masq), "-p", proto, "--to-ports", a.toPorts))
+			size := left
+			for i, r := range ranges {
+				rule := append(slices.Clone(masq), "-p", proto)
+				if sizes[i] != size {
+					rule = append(rule, "-m", "statistic", "--mode", "random", "--probability",
+						strconv.FormatFloat(float64(sizes[i])/float64(size), 'f', -1, 64))
+				}
+				size -= sizes[i]
+				rules = append(rules, append(rule, "--to-ports", r))
+			}
 		}
 	}
 	return append(rules, masq)
+}
+
+// inToPorts reports whether port is in one of the ranges of --to-ports.
+func inToPorts(t *testing.T, toPorts string, port uint16) (int, bool) {
+	t.Helper()
+	for i, r := range strings.Split(toPorts, ",") {
+		lo, hi, ok := strings.Cut(r, "-")
+		if !ok {
+			hi = lo
+		}
+		if min, max := mustAtoi(t, lo), mustAtoi(t, hi); int(port) >= min && int(port) <= max {
+			return i, true
+		}
+	}
+	return -1, false
 }
 
 // Addresses of the differential topology:
@@ -506,6 +550,7 @@ func TestSameDecisionsAsUpstream(t *testing.T) {
 
 			want := ref[c.name]
 			diffs, masq, plain := 0, 0, 0
+			firstRange := map[string]int{"upstream": 0, "ipmasq": 0}
 			for _, dst := range dsts {
 				w, g := want[dst], got[dst]
 				switch w.decision() {
@@ -520,13 +565,25 @@ func TestSameDecisionsAsUpstream(t *testing.T) {
 						t.Errorf("%s: upstream %s, ipmasq %s", dst, w, g)
 					}
 				}
-				// --to-ports: both give masqueraded UDP a port of the range.
+				// --to-ports: both give masqueraded UDP a port of a range.
 				if tp := parseUpstreamArgs(c.args).toPorts; tp != "" && g.decision() == "masqueraded" {
 					for who, o := range map[string]outcome{"upstream": w, "ipmasq": g} {
-						lo, hi, _ := strings.Cut(tp, "-")
-						if min, max := mustAtoi(t, lo), mustAtoi(t, hi); int(o.port) < min || int(o.port) > max {
+						i, ok := inToPorts(t, tp, o.port)
+						if !ok {
 							t.Errorf("%s: %s masqueraded to port %d, outside --to-ports=%s", dst, who, o.port, tp)
+						} else if i == 0 {
+							firstRange[who]++
 						}
+					}
+				}
+			}
+			// Several ranges: each flow draws one by its share of the
+			// ports, under both (--to-ports=40000-40009,50000-50019:
+			// a third of the flows in the first).
+			if tp := parseUpstreamArgs(c.args).toPorts; strings.Contains(tp, ",") {
+				for who, n := range firstRange {
+					if share := float64(n) / float64(masq); masq < 300 || share < 0.2 || share > 0.47 {
+						t.Errorf("%s: %d of %d masqueraded flows in the first range of --to-ports=%s, want about a third", who, n, masq, tp)
 					}
 				}
 			}

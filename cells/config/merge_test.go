@@ -1,0 +1,125 @@
+package config
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ipmasq/ipmasq/tables"
+)
+
+func mustParse(t *testing.T, path, content string) namedFile {
+	t.Helper()
+	p, err := parse(path, []byte(content), limBoth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return namedFile{path: path, p: p}
+}
+
+// TestMerge: several files merge as ip-masq-agent-v2 merges them, and each
+// disagreement is a warning that names the files and what was done.
+func TestMerge(t *testing.T) {
+	a := mustParse(t, "a", `
+nonMasqueradeCIDRs: [10.0.0.0/8, 192.168.0.0/16]
+masqueradeCIDRs: [10.96.0.0/12, 192.168.1.0/24]
+masqLinkLocal: false
+resyncInterval: 60s
+foo: 1
+masqueradeRules:
+- {name: wg, sources: [10.8.0.0/24], outInterfaces: [eth0]}
+- {name: same, sources: [10.9.0.0/24], outInterfaces: [eth0]}
+`)
+	b := mustParse(t, "b", `
+nonMasqueradeCIDRs: [10.244.0.0/16, 10.0.0.0/8, 192.168.1.0/24]
+masqLinkLocal: true
+masqLinkLocalIPv6: false
+resyncInterval: 30s
+masqueradeRules:
+- {name: wg, sources: [10.8.1.0/24], outInterfaces: [eth0]}
+- {name: same, sources: [10.9.0.0/24], outInterfaces: [eth0]}
+`)
+	c := mustParse(t, "c", "") // adds nothing
+	f, entries, warnings, err := merge([]namedFile{a, b, c}, limBoth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := pfx("10.0.0.0/8", "10.244.0.0/16", "192.168.0.0/16", "192.168.1.0/24"); !slices.Equal(f.NonMasqueradeCIDRs, want) {
+		t.Errorf("nonMasqueradeCIDRs %v, want the union %v", f.NonMasqueradeCIDRs, want)
+	}
+	if want := pfx("10.96.0.0/12"); !slices.Equal(f.MasqueradeCIDRs, want) {
+		t.Errorf("masqueradeCIDRs %v, want %v (192.168.1.0/24 is b's nonMasqueradeCIDRs)", f.MasqueradeCIDRs, want)
+	}
+	if !f.MasqLinkLocal || f.MasqLinkLocalIPv6 {
+		t.Errorf("masqLinkLocal %v, masqLinkLocalIPv6 %v: want true (b says so), false", f.MasqLinkLocal, f.MasqLinkLocalIPv6)
+	}
+	if f.ResyncInterval != 30*time.Second {
+		t.Errorf("resyncInterval %v, want the shortest", f.ResyncInterval)
+	}
+	if len(f.MasqueradeRules) != 2 || f.MasqueradeRules[0].Sources[0] != pfx("10.8.0.0/24")[0] {
+		t.Errorf("rules %+v, want a's wg and one same", f.MasqueradeRules)
+	}
+	if !slices.Equal(entries, f.Entries(limBoth)) {
+		t.Error("entries are not the merged file's")
+	}
+	var got []string
+	for _, w := range warnings {
+		got = append(got, string(w.Kind)+": "+w.Message)
+	}
+	for _, want := range []string{
+		`unknown-key: a: unknown key "foo" ignored`,
+		"conflict: a: masqueradeCIDRs lists 192.168.1.0/24, which b lists in nonMasqueradeCIDRs; it is not masqueraded",
+		"conflict: masqLinkLocal: true in b, false in a; 169.254.0.0/16 is masqueraded",
+		"conflict: resyncInterval: 1m0s in a, 30s in b; the shortest, 30s, is used",
+		`conflict: b: masqueradeRules: rule "wg" differs from the rule of that name in a; the rule of a is used`,
+	} {
+		if !slices.ContainsFunc(got, func(g string) bool { return strings.HasPrefix(g, want) }) {
+			t.Errorf("no warning %q in\n%s", want, strings.Join(got, "\n"))
+		}
+	}
+	if len(got) != 5 {
+		t.Errorf("%d warnings, want 5 (same rule twice and masqLinkLocalIPv6 false alone are none):\n%s", len(got), strings.Join(got, "\n"))
+	}
+}
+
+// TestMergeNoKey: as in v2, files without nonMasqueradeCIDRs add nothing;
+// the defaults are for no file at all.
+func TestMergeNoKey(t *testing.T) {
+	f, _, warnings, err := merge([]namedFile{mustParse(t, "a", "masqLinkLocal: true\n"), mustParse(t, "b", "")}, limBoth)
+	if err != nil || len(warnings) != 0 {
+		t.Fatal(err, warnings)
+	}
+	if !f.NonMasqueradeCIDRsSet || len(f.NonMasqueradeCIDRs) != 0 {
+		t.Errorf("nonMasqueradeCIDRs %v (set %v), want an empty list", f.NonMasqueradeCIDRs, f.NonMasqueradeCIDRsSet)
+	}
+	for _, e := range f.Entries(limBoth) {
+		if e.Origin == tables.OriginDefault {
+			t.Errorf("default row %v", e)
+		}
+	}
+}
+
+// TestMergeCapacity: the merged rows are checked against the map capacity,
+// naming the files.
+func TestMergeCapacity(t *testing.T) {
+	lim := Limits{EnableIPv4: true, MaxCIDRsPerFamily: 3}
+	a, _ := parse("a", []byte("nonMasqueradeCIDRs: [10.0.0.0/8]\n"), lim)
+	b, _ := parse("b", []byte("nonMasqueradeCIDRs: [11.0.0.0/8, 12.0.0.0/8]\n"), lim)
+	_, _, _, err := merge([]namedFile{{"a", a}, {"b", b}}, lim)
+	if err == nil || !strings.HasPrefix(err.Error(), "a + b: 4 IPv4 prefixes") {
+		t.Fatalf("error %v, want the capacity exceeded naming a + b", err)
+	}
+}
+
+func TestIsDropIn(t *testing.T) {
+	for name, want := range map[string]bool{
+		"ip-masq-agent-reconciled": true, "ip-masq-custom": true, "ip-masq": true, "ip-masq-agent-reconciled.yaml": true,
+		"ip-masq-agent": false, "ip-masq-agent.tmp": false, "ip-masq-agent.yaml": false, "ip-masq-x~": false,
+		"ip-masq-x.swp": false, ".ip-masq-x": false, "..data": false, "config": false, "IP-MASQ-x": false,
+	} {
+		if got := isDropIn(name, "ip-masq-agent"); got != want {
+			t.Errorf("isDropIn(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
