@@ -41,6 +41,7 @@ type sources struct {
 	Attached  statedb.Table[*tables.DatapathDevice]       `optional:"true"`
 	RuleSrcs  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
 	Sources   statedb.Table[*tables.MasqueradeSource]     `optional:"true"`
+	NATSize   tables.NATSizing                            `optional:"true"`
 	Netfilter statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
 }
 
@@ -131,6 +132,9 @@ func (s sources) summary() string {
 		// reconciler.
 		if n4, n6, capacity, err := (bpf.Pinned{Dir: s.Agent.PinDir()}).NATOccupancy(); err == nil {
 			fmt.Fprintf(&b, "NAT:        %d IPv4 and %d IPv6 entries of %d each (two per flow)\n", n4, n6, capacity)
+			if s.NATSize.Summary != "" {
+				fmt.Fprintf(&b, "NAT size:   %s\n", s.NATSize.Summary)
+			}
 		} else {
 			fmt.Fprintf(&b, "NAT:        %v\n", err)
 		}

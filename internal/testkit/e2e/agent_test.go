@@ -56,7 +56,11 @@ type agent struct {
 	args    []string // extra agent flags
 	// noPodCIDR: start without --pod-cidr (no pod CIDR named at all).
 	noPodCIDR bool
-	cmd       *exec.Cmd
+	// cgroupProcs, when set, is the cgroup.procs file the agent's process
+	// joins before it execs the agent (so everything it allocates, BPF
+	// maps included, is charged to that cgroup).
+	cgroupProcs string
+	cmd         *exec.Cmd
 }
 
 func newAgent(t testing.TB, node *topology.Netns, config string) *agent {
@@ -126,6 +130,9 @@ func (a *agent) startProcess() {
 		a.cmd.Args = append(a.cmd.Args, "--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6)
 	}
 	a.cmd.Args = append(a.cmd.Args, a.args...)
+	if a.cgroupProcs != "" {
+		a.cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ > "$1" && shift && exec "$@"`, "sh", a.cgroupProcs}, a.cmd.Args...)...)
+	}
 	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
 	if err := a.node.Start(a.cmd); err != nil {
 		a.t.Fatalf("start agent: %v", err)

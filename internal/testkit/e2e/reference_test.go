@@ -47,6 +47,8 @@ type setupSpec struct {
 	agentArgs []string
 	// noPodCIDR starts ipmasq with no --pod-cidr.
 	noPodCIDR bool
+	// prepareAgent runs on the agent before it starts.
+	prepareAgent func(t *testing.T, a *agent)
 	// leakSources are more sources the leak watcher looks for.
 	leakSources []string
 	// podAddressesOnWire: the scenario sends pod addresses to ext on
@@ -75,6 +77,9 @@ func underBoth(t *testing.T, spec setupSpec, fn func(t *testing.T, s *scenario))
 		a = newAgent(t, topo.Node, spec.config)
 		a.args = spec.agentArgs
 		a.noPodCIDR = spec.noPodCIDR
+		if spec.prepareAgent != nil {
+			spec.prepareAgent(t, a)
+		}
 		a.start()
 	}}
 	ms := []masquerader{linuxMasqueradeOf(spec.sources...), ipmasq}
