@@ -34,7 +34,7 @@ type layer struct {
 // connection) import no other package
 // of the module and may be imported by all.
 var layers = []layer{
-	{"leaf", []string{"settings", "bpfmap", "ipamapi", "internal/unixsock", "internal/kubeclient", "internal/buildinfo", "internal/agentlock"}},
+	{"leaf", []string{"settings", "bpfmap", "ipamapi", "internal/unixsock", "internal/kubeclient", "internal/buildinfo", "internal/agentlock", "internal/cgroupmem"}},
 	{"tables", []string{"tables"}},
 	{"bpf", []string{"bpf"}},
 	{"reconcilers", []string{"reconcilers/"}},

@@ -223,6 +223,13 @@ type masqMasqRuleV6Key struct {
 	Addr      [16]uint8
 }
 
+type masqMasqSrcFlag uint32
+
+const (
+	masqMasqSrcFlagMASQ_SRC_MASQUERADE masqMasqSrcFlag = 1
+	masqMasqSrcFlagMASQ_SRC_RULES      masqMasqSrcFlag = 2
+)
+
 type masqNatClass uint32
 
 const (
@@ -401,6 +408,7 @@ const (
 	masqVarCsumIpv6Flag       = "csum_ipv6_flag"
 	masqVarDropReasonMax      = "drop_reason_max"
 	masqVarMasqCfgFlagsKnown  = "masq_cfg_flags_known"
+	masqVarMasqSrcFlagsKnown  = "masq_src_flags_known"
 	masqVarNatClassMax        = "nat_class_max"
 	masqVarNatDirLast         = "nat_dir_last"
 	masqVarNatFlagsStored     = "nat_flags_stored"
@@ -502,6 +510,7 @@ type masqVariableSpecs struct {
 	CsumIpv6Flag       *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
 	DropReasonMax      *ebpf.VariableSpec `ebpf:"drop_reason_max"`
 	MasqCfgFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
+	MasqSrcFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_src_flags_known"`
 	NatClassMax        *ebpf.VariableSpec `ebpf:"nat_class_max"`
 	NatDirLast         *ebpf.VariableSpec `ebpf:"nat_dir_last"`
 	NatFlagsStored     *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
@@ -602,6 +611,7 @@ type masqVariables struct {
 	CsumIpv6Flag       *ebpf.Variable `ebpf:"csum_ipv6_flag"`
 	DropReasonMax      *ebpf.Variable `ebpf:"drop_reason_max"`
 	MasqCfgFlagsKnown  *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
+	MasqSrcFlagsKnown  *ebpf.Variable `ebpf:"masq_src_flags_known"`
 	NatClassMax        *ebpf.Variable `ebpf:"nat_class_max"`
 	NatDirLast         *ebpf.Variable `ebpf:"nat_dir_last"`
 	NatFlagsStored     *ebpf.Variable `ebpf:"nat_flags_stored"`

@@ -1,18 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"runtime/metrics"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/ipmasq/ipmasq/internal/cgroupmem"
 )
 
 // memoryLimitShare is the part of the agent's cgroup memory limit that the
@@ -51,72 +47,26 @@ func setGCPercent(log *slog.Logger, lookupEnv func(string) (string, bool)) {
 }
 
 // setMemoryLimit gives the Go runtime a soft memory limit of
-// memoryLimitShare of the agent's cgroup (v2) memory limit, unless the
-// operator chose one with GOMEMLIMIT (which the runtime has applied
-// already; "off" disables it) or the cgroup has no limit.
+// memoryLimitShare of the agent's cgroup memory limit (v2, or v1's memory
+// controller: internal/cgroupmem), unless the operator chose one with
+// GOMEMLIMIT (which the runtime has applied already; "off" disables it) or
+// the cgroup has no limit. The datapath lowers it further once it has sized
+// the NAT maps, whose kernel memory the cgroup counts too.
 func setMemoryLimit(log *slog.Logger) {
 	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
 		return
 	}
-	limit, err := cgroupMemoryLimit("/proc/self/cgroup", "/sys/fs/cgroup")
+	limit, err := cgroupmem.Read(cgroupmem.ProcSelfCgroup, cgroupmem.Root)
 	if err != nil {
 		log.Debug("No Go memory limit: cgroup memory limit unknown", "error", err)
 		return
 	}
-	if limit <= 0 {
+	if limit.Bytes <= 0 {
 		return
 	}
-	soft := int64(float64(limit) * memoryLimitShare)
+	soft := int64(float64(limit.Bytes) * memoryLimitShare)
 	debug.SetMemoryLimit(soft)
-	log.Debug("Go memory limit from the cgroup", "cgroupLimit", limit, "goMemoryLimit", soft)
-}
-
-// cgroupMemoryLimit returns the memory.max of the process's cgroup v2, read
-// through the cgroup file of /proc (procCgroup) and the cgroup2 mount
-// (root); 0 means no limit ("max").
-func cgroupMemoryLimit(procCgroup, root string) (int64, error) {
-	f, err := os.Open(procCgroup)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	dir, err := unifiedCgroup(f)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", procCgroup, err)
-	}
-	path := filepath.Join(root, dir, "memory.max")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return parseMemoryMax(string(raw))
-}
-
-// unifiedCgroup finds the cgroup v2 path ("0::<path>") in /proc/<pid>/cgroup.
-func unifiedCgroup(r io.Reader) (string, error) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		if dir, ok := strings.CutPrefix(sc.Text(), "0::"); ok {
-			return dir, nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", err
-	}
-	return "", fmt.Errorf("no cgroup v2 entry")
-}
-
-// parseMemoryMax reads a cgroup v2 memory.max: bytes, or "max" for none.
-func parseMemoryMax(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	if s == "max" {
-		return 0, nil
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("memory.max %q is not a byte count", s)
-	}
-	return n, nil
+	log.Debug("Go memory limit from the cgroup", "cgroupLimit", limit.String(), "goMemoryLimit", soft)
 }
 
 // How the agent notices that a burst of work has ended.

@@ -40,6 +40,8 @@ type sources struct {
 	Devices   statedb.Table[*tables.EgressDevice]         `optional:"true"`
 	Attached  statedb.Table[*tables.DatapathDevice]       `optional:"true"`
 	RuleSrcs  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
+	Sources   statedb.Table[*tables.MasqueradeSource]     `optional:"true"`
+	NATSize   tables.NATSizing                            `optional:"true"`
 	Netfilter statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
 }
 
@@ -97,6 +99,10 @@ func (s sources) summary() string {
 		}
 		fmt.Fprintf(&b, "Datapath:   attached to %s\n", orNone(strings.Join(att, ", ")))
 	}
+	if s.Sources != nil {
+		fmt.Fprintf(&b, "Sources:    masquerading %s; %s\n", tables.DescribeMasqueradeSources(s.Sources.All(txn)),
+			reconciled(statusesOf(s.Sources, txn, (*tables.MasqueradeSource).GetStatus)))
+	}
 	if s.Netfilter != nil {
 		if rows := tables.NetfilterNATRules(s.Netfilter.All(txn)); len(rows) == 0 {
 			fmt.Fprintf(&b, "Netfilter:  no NAT rule decides before ipmasq\n")
@@ -126,6 +132,9 @@ func (s sources) summary() string {
 		// reconciler.
 		if n4, n6, capacity, err := (bpf.Pinned{Dir: s.Agent.PinDir()}).NATOccupancy(); err == nil {
 			fmt.Fprintf(&b, "NAT:        %d IPv4 and %d IPv6 entries of %d each (two per flow)\n", n4, n6, capacity)
+			if s.NATSize.Summary != "" {
+				fmt.Fprintf(&b, "NAT size:   %s\n", s.NATSize.Summary)
+			}
 		} else {
 			fmt.Fprintf(&b, "NAT:        %v\n", err)
 		}

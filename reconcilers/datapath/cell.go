@@ -27,6 +27,7 @@ var Cell = cell.Group(
 		newHandle,
 		scriptCommands,
 		func() PortReservation { return reserveNATPorts },
+		newNATSizing,
 	),
 	cell.Invoke(register),
 )
@@ -41,6 +42,7 @@ type params struct {
 	Handle    *Handle
 	// Reserve keeps the NAT ports from the node's own connections.
 	Reserve PortReservation
+	NATSize natSizing
 }
 
 // PortReservation keeps the NAT port range from the node's own connections
@@ -57,11 +59,7 @@ func register(p params) error {
 	if err != nil {
 		return err
 	}
-	natSize, err := sizeNATMaps(p.Config.NATMaxEntries, meminfoPath, conntrackMaxPath)
-	if err != nil {
-		return err
-	}
-	natSize = natSize.forFamilies(p.Agent.EnableIPv4, p.Agent.EnableIPv6)
+	natSize := p.NATSize
 	if p.Config.NATGCInterval <= 0 {
 		return fmt.Errorf("--nat-gc-interval=%s: want a positive duration, e.g. 10s", p.Config.NATGCInterval)
 	}
@@ -82,7 +80,11 @@ func register(p params) error {
 					p.Log.Info(note)
 				}
 			}
-			p.Log.Info("NAT maps sized", "size", natSize.String())
+			if natSize.TooSmall || natSize.OverBudget {
+				p.Log.Warn("NAT maps sized", "size", natSize.String())
+			} else {
+				p.Log.Info("NAT maps sized", "size", natSize.String())
+			}
 			nm4, nm6, err := openNonMasq(p.Log, pinDir, p.Agent)
 			if err != nil {
 				return err

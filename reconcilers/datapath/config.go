@@ -26,6 +26,9 @@ type Config struct {
 	// default) sizes them from the node's memory and conntrack limit
 	// (sizeNATMaps).
 	NATMaxEntries uint32 `mapstructure:"nat-max-entries"`
+	// ConntrackMaxPath is the file the node's conntrack limit is read from
+	// when --nat-max-entries is 0 (absent: no conntrack).
+	ConntrackMaxPath string `mapstructure:"nf-conntrack-max-path"`
 	// NATGCInterval is how often idle NAT entries are expired.
 	NATGCInterval time.Duration `mapstructure:"nat-gc-interval"`
 	// TCAttachMode is how programs are attached: auto, tcx or clsact.
@@ -72,6 +75,7 @@ var DefaultConfig = Config{
 	NATPortRange:      "61000-65535",
 	NATKeepSourcePort: true,
 	NATMaxEntries:     0,
+	ConntrackMaxPath:  conntrackMaxPath,
 	NATGCInterval:     10 * time.Second,
 	TCAttachMode:      AttachAuto,
 
@@ -95,7 +99,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries; a full map drops a pair that is not assured (unanswered, closing, a UDP query) for a new flow, or refuses it. "+
 		"0: two entries per flow the node's conntrack holds, max(Linux's default nf_conntrack_max for the node's memory "+
 		"(MemTotal/128 KiB, at least 1024; 65536 above 1 GiB; 262144 above 4 GiB), /proc/sys/net/netfilter/nf_conntrack_max when present); "+
-		"the maps are preallocated: about 112 bytes (IPv4) and 160 bytes (IPv6) of kernel memory per entry, charged to the agent's cgroup; a disabled family's map has 1024 entries")
+		"and no more than fit the agent's cgroup memory limit beside the Go heap (GOMEMLIMIT, else max(128 MiB, a quarter of the limit)) and 48 MiB for the rest; "+
+		"the maps are not preallocated: up to about 128 bytes (IPv4) and 182 bytes (IPv6) of kernel memory per entry with their unmasq records, charged to the agent's cgroup as flows come; a disabled family's map has 1024 entries")
+	flags.String("nf-conntrack-max-path", def.ConntrackMaxPath, "File holding the node's conntrack limit that --nat-max-entries=0 sizes the NAT maps from (absent: the node has no conntrack)")
 	flags.Duration("nat-gc-interval", def.NATGCInterval, "How often idle NAT entries are expired")
 	flags.String("tc-attach-mode", def.TCAttachMode, "How the programs are attached: auto (tcx where the kernel has it, clsact otherwise), tcx or clsact")
 	flags.Duration("nat-timeout-tcp-syn", def.TimeoutTCPSyn, "Lifetime of a NAT pair whose TCP SYN is not answered")

@@ -2,6 +2,8 @@ package datapath
 
 import (
 	"os"
+
+	"github.com/ipmasq/ipmasq/internal/cgroupmem"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,52 +71,97 @@ func TestSizeNATMaps(t *testing.T) {
 	ctMax := write("nf_conntrack_max", "1048576\n")
 	noCT := filepath.Join(dir, "absent")
 
-	s, err := sizeNATMaps(0, meminfo, ctMax)
+	in := func(configured uint32, mem, ct string) natInputs {
+		return natInputs{Configured: configured, Meminfo: mem, ConntrackMax: ct, IPv4: true}
+	}
+	s, err := sizeNATMaps(in(0, meminfo, ctMax))
 	if err != nil || s.Entries != 2<<20 || s.Configured {
 		t.Errorf("24 GiB, nf_conntrack_max 1048576: %+v %v, want 2097152 entries", s, err)
 	}
-	if !strings.Contains(s.String(), "nf_conntrack_max 1048576") {
+	if !strings.Contains(s.String(), "nf_conntrack_max 1048576 from "+ctMax) {
 		t.Errorf("log line %q does not say where the size comes from", s)
 	}
-	if s, err := sizeNATMaps(0, small, noCT); err != nil || s.Entries != 16384 {
+	if s, err := sizeNATMaps(in(0, small, noCT)); err != nil || s.Entries != 16384 {
 		t.Errorf("1 GiB, no conntrack: %+v %v, want 16384 entries", s, err)
 	}
 	// A configured size is kept, even one far below the node's conntrack.
 	for _, n := range []uint32{64, 131072, 1 << 22} {
-		if s, err := sizeNATMaps(n, meminfo, ctMax); err != nil || s.Entries != n || !s.Configured {
+		if s, err := sizeNATMaps(in(n, meminfo, ctMax)); err != nil || s.Entries != n || !s.Configured {
 			t.Errorf("--nat-max-entries=%d: %+v %v", n, s, err)
 		}
-		if s, err := sizeNATMaps(n, noCT, noCT); err != nil || s.Entries != n {
+		if s, err := sizeNATMaps(in(n, noCT, noCT)); err != nil || s.Entries != n {
 			t.Errorf("--nat-max-entries=%d without /proc files: %+v %v", n, s, err)
 		}
 	}
 	// Unreadable input is an error that names the file.
 	bad := write("bad-ct", "lots\n")
-	if _, err := sizeNATMaps(0, meminfo, bad); err == nil || !strings.Contains(err.Error(), bad) {
+	if _, err := sizeNATMaps(in(0, meminfo, bad)); err == nil || !strings.Contains(err.Error(), bad) {
 		t.Errorf("bad nf_conntrack_max: %v", err)
 	}
-	if _, err := sizeNATMaps(0, write("no-total", "MemFree: 1 kB\n"), ctMax); err == nil || !strings.Contains(err.Error(), "MemTotal") {
+	if _, err := sizeNATMaps(in(0, write("no-total", "MemFree: 1 kB\n"), ctMax)); err == nil || !strings.Contains(err.Error(), "MemTotal") {
 		t.Errorf("meminfo without MemTotal: %v", err)
 	}
 }
 
-// TestDisabledFamilyNATMapIsSmall: a disabled family's NAT map is
-// disabledFamilyNATEntries, whatever the node or --nat-max-entries says,
-// and the log line says why; the enabled family keeps its size.
-func TestDisabledFamilyNATMapIsSmall(t *testing.T) {
-	s := natSizing{Entries: 524288}
-	if v4, v6 := s.forFamilies(true, true).V4(), s.forFamilies(true, true).V6(); v4 != 524288 || v6 != 524288 {
-		t.Errorf("both families: nat_v4 %d, nat_v6 %d, want 524288 each", v4, v6)
+// TestSizeNATMapsUnderAMemoryLimit: a 32-core node whose kube-proxy set
+// nf_conntrack_max to 32 768 per core wants 2 097 152 entries a family;
+// under the container's memory limit the maps get what the Go heap and the
+// rest leave, and the log says so. Without a limit nothing changes.
+func TestSizeNATMapsUnderAMemoryLimit(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
-	v4only := s.forFamilies(true, false)
-	if v4only.V4() != 524288 || v4only.V6() != disabledFamilyNATEntries {
-		t.Errorf("IPv6 disabled: nat_v4 %d, nat_v6 %d, want 524288 and %d", v4only.V4(), v4only.V6(), disabledFamilyNATEntries)
-	}
-	if !strings.Contains(v4only.String(), "nat_v6 has 1024 (--enable-ipv6=false") {
-		t.Errorf("log line %q does not say nat_v6 is small and why", v4only)
-	}
-	v6only := natSizing{Entries: 64, Configured: true}.forFamilies(false, true)
-	if v6only.V4() != disabledFamilyNATEntries || v6only.V6() != 64 {
-		t.Errorf("IPv4 disabled, --nat-max-entries=64: nat_v4 %d, nat_v6 %d", v6only.V4(), v6only.V6())
+	meminfo := write("meminfo", "MemTotal:       134217728 kB\n") // 128 GiB
+	kubeProxy := write("nf_conntrack_max", "1048576\n")           // 32768 x 32 cores
+	const mib = 1 << 20
+	limit := func(b int64) cgroupmem.Limit { return cgroupmem.Limit{Bytes: b, File: "/sys/fs/cgroup/x/memory.max"} }
+	for _, c := range []struct {
+		name       string
+		limit      int64
+		goMem      int64
+		v6         bool
+		configured uint32
+		entries    uint32
+		capped     bool
+		says       string
+	}{
+		{name: "no limit", entries: 2 << 20, says: "not bounded by one"},
+		// 512 Mi: 128 Mi Go heap, 48 Mi rest, 336 Mi: IPv4's 2 Mi entries
+		// of 128 bytes fit
+		{name: "512 Mi, IPv4", limit: 512 * mib, entries: 2 << 20,
+			says: "container memory limit 512 MiB (/sys/fs/cgroup/x/memory.max): 128 MiB for the Go heap, 48 MiB for the rest, 336 MiB for the NAT maps (they take 256 MiB)"},
+		{name: "384 Mi, IPv4", limit: 384 * mib, entries: 208 * mib / 128 / 1024 * 1024, capped: true,
+			says: "1703936 entries per family, fewer than the 2097152 entries per family"},
+		{name: "512 Mi, both families", limit: 512 * mib, v6: true, entries: 336 * mib / (128 + 182) / 1024 * 1024, capped: true},
+		{name: "512 Mi with GOMEMLIMIT=300MiB", limit: 512 * mib, goMem: 300 * mib, entries: 164 * mib / 128 / 1024 * 1024, capped: true,
+			says: "300 MiB for the Go heap"},
+		{name: "4 Gi: a quarter for the Go heap", limit: 4096 * mib, entries: 2 << 20, says: "1024 MiB for the Go heap"},
+		{name: "too small", limit: 160 * mib, entries: minLimitedNATEntries, capped: true, says: "TOO SMALL"},
+		{name: "configured, over the budget", limit: 512 * mib, configured: 4 << 20, entries: 4 << 20, says: "OVER the budget"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := sizeNATMaps(natInputs{Meminfo: meminfo, ConntrackMax: kubeProxy, Limit: limit(c.limit), GoMemLimit: c.goMem,
+				IPv4: true, IPv6: c.v6, Configured: c.configured})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Entries != c.entries || s.CappedByLimit != c.capped {
+				t.Errorf("%d entries (capped %v), want %d (%v): %s", s.Entries, s.CappedByLimit, c.entries, c.capped, s)
+			}
+			if !strings.Contains(s.String(), c.says) {
+				t.Errorf("log line %q lacks %q", s, c.says)
+			}
+			if c.limit > 0 && !s.TooSmall && !s.OverBudget {
+				// The maps, the Go heap's soft limit and the slack fit.
+				if total := s.Bytes() + s.GoSoftLimit() + natSlack; total > c.limit {
+					t.Errorf("maps %d + Go %d + slack %d = %d MiB over the %d MiB limit", s.Bytes()>>20, s.GoSoftLimit()>>20, natSlack>>20, total>>20, c.limit>>20)
+				}
+			}
+		})
 	}
 }

@@ -54,7 +54,13 @@ type agent struct {
 	config  string
 	log     string
 	args    []string // extra agent flags
-	cmd     *exec.Cmd
+	// noPodCIDR: start without --pod-cidr (no pod CIDR named at all).
+	noPodCIDR bool
+	// cgroupProcs, when set, is the cgroup.procs file the agent's process
+	// joins before it execs the agent (so everything it allocates, BPF
+	// maps included, is charged to that cgroup).
+	cgroupProcs string
+	cmd         *exec.Cmd
 }
 
 func newAgent(t testing.TB, node *topology.Netns, config string) *agent {
@@ -116,12 +122,17 @@ func (a *agent) startProcess() {
 		"--state-dir="+filepath.Join(a.dir, "state"),
 		"--api-socket="+filepath.Join(a.dir, "api.sock"),
 		"--shell-sock-path="+filepath.Join(a.dir, "shell.sock"),
-		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6,
 		// Both families: IPv6 is off by default (the Kubernetes agent's
 		// default); a test's own args may still turn it off.
 		"--enable-ipv6=true",
 		"--log-level=debug")
+	if !a.noPodCIDR {
+		a.cmd.Args = append(a.cmd.Args, "--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6)
+	}
 	a.cmd.Args = append(a.cmd.Args, a.args...)
+	if a.cgroupProcs != "" {
+		a.cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ > "$1" && shift && exec "$@"`, "sh", a.cgroupProcs}, a.cmd.Args...)...)
+	}
 	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
 	if err := a.node.Start(a.cmd); err != nil {
 		a.t.Fatalf("start agent: %v", err)

@@ -37,7 +37,7 @@ const (
 	agentImageV1 = "localhost/ipmasq-nodee2e/ipmasq-agent:1"
 	agentImageV2 = "localhost/ipmasq-nodee2e/ipmasq-agent:2"
 	// cniConfigPath is where the host step puts deploy/cni's file.
-	cniConfigPath = "/etc/cni/net.d/10-ipmasq.conflist"
+	cniConfigPath = "/etc/cni/net.d/90-ipmasq.conflist"
 )
 
 // The external host's services as pods name them.
@@ -226,7 +226,7 @@ func (c *cluster) startControl(name, bin string, args ...string) {
 
 // installCNI is the host step of docs/deploy.md: ipmasq-cni and the
 // upstream ptp (and loopback, which the runtime runs for every pod) in
-// /opt/cni/bin, deploy/cni/10-ipmasq.conflist in /etc/cni/net.d with
+// /opt/cni/bin, deploy/cni/90-ipmasq.conflist in /etc/cni/net.d with
 // routeTable set, as a routed node's operator does.
 func (c *cluster) installCNI() {
 	t := c.t
@@ -243,21 +243,21 @@ func (c *cluster) installCNI() {
 		}
 		c.node.WriteFile("/opt/cni/bin/"+filepath.Base(b), data, 0o755)
 	}
-	shipped, err := os.ReadFile("../../../deploy/cni/10-ipmasq.conflist")
+	shipped, err := os.ReadFile("../../../deploy/cni/90-ipmasq.conflist")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var conf map[string]any
 	if err := json.Unmarshal(shipped, &conf); err != nil {
-		t.Fatalf("deploy/cni/10-ipmasq.conflist: %v", err)
+		t.Fatalf("deploy/cni/90-ipmasq.conflist: %v", err)
 	}
 	plugins, _ := conf["plugins"].([]any)
 	if len(plugins) == 0 {
-		t.Fatal("deploy/cni/10-ipmasq.conflist has no plugins")
+		t.Fatal("deploy/cni/90-ipmasq.conflist has no plugins")
 	}
 	ipam, _ := plugins[0].(map[string]any)["ipam"].(map[string]any)
 	if ipam["type"] != "ipmasq-cni" {
-		t.Fatalf("deploy/cni/10-ipmasq.conflist: the first plugin's ipam is %v, want ipmasq-cni", ipam["type"])
+		t.Fatalf("deploy/cni/90-ipmasq.conflist: the first plugin's ipam is %v, want ipmasq-cni", ipam["type"])
 	}
 	ipam["routeTable"] = 11
 	data, err := json.MarshalIndent(conf, "", "  ")
