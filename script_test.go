@@ -488,6 +488,23 @@ func netnsCommands(h *netlink.Handle) map[string]script.Cmd {
 				ipnet := &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())}
 				return nil, h.AddrAdd(l, &netlink.Addr{IPNet: ipnet})
 			}),
+		"netns/addr-del": script.Command(
+			script.CmdUsage{Summary: "Remove an address from a device in the test netns", Args: "device cidr"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				if len(args) != 2 {
+					return nil, script.ErrUsage
+				}
+				prefix, err := netip.ParsePrefix(args[1])
+				if err != nil {
+					return nil, err
+				}
+				l, err := h.LinkByName(args[0])
+				if err != nil {
+					return nil, err
+				}
+				ipnet := &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())}
+				return nil, h.AddrDel(l, &netlink.Addr{IPNet: ipnet})
+			}),
 		"netns/del-default-route": script.Command(
 			script.CmdUsage{Summary: "Delete the IPv4 default route of a device in the test netns", Args: "device"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {

@@ -99,8 +99,8 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 	}
 	v4 := func(s string) LPMKeyV4 { return LPMKeyV4From(netip.MustParsePrefix(s)) }
 	v6 := func(s string) LPMKeyV6 { return LPMKeyV6From(netip.MustParsePrefix(s)) }
-	put(dp.Maps.MasqSrcV4, v4("10.0.0.0/16"), uint8(1))
-	put(dp.Maps.MasqSrcV6, v6("fd00:10::/64"), uint8(1))
+	put(dp.Maps.MasqSrcV4, v4(podSources4.String()), MasqSrcMasquerade)
+	put(dp.Maps.MasqSrcV6, v6(podSources6.String()), MasqSrcMasquerade)
 	put(dp.Maps.NonmasqV4, v4("192.168.0.0/16"), uint8(0))
 	put(dp.Maps.NonmasqV4, v4("192.168.7.0/24"), uint8(1))
 	put(dp.Maps.NonmasqV6, v6("fd00::/8"), uint8(0))

@@ -6,8 +6,9 @@
  *
  * Two tc programs run on every selected egress device (attached with tcx):
  *
- *   ipmasq_egress   decides per new flow whether to masquerade (source in
- *                   masq_src_* or in a masq_rules_* entry for the egress
+ *   ipmasq_egress   decides per new flow whether to masquerade (source a
+ *                   masquerade source in masq_src_* (by default every one
+ *                   but the node's addresses) or in a masq_rules_* entry for the egress
  *                   device, destination neither a node address nor "do not
  *                   masquerade" in nonmasq_*, an SNAT address of the family:
  *                   the rule's or the device's), allocates a NAT port and

@@ -193,6 +193,13 @@ type masqMasqRuleV6Key struct {
 	Addr      [16]uint8
 }
 
+type masqMasqSrcFlag uint32
+
+const (
+	masqMasqSrcFlagMASQ_SRC_MASQUERADE masqMasqSrcFlag = 1
+	masqMasqSrcFlagMASQ_SRC_RULES      masqMasqSrcFlag = 2
+)
+
 type masqNatDir uint32
 
 const (
@@ -331,6 +338,7 @@ const (
 	masqVarCsumIpv6Flag       = "csum_ipv6_flag"
 	masqVarDropReasonMax      = "drop_reason_max"
 	masqVarMasqCfgFlagsKnown  = "masq_cfg_flags_known"
+	masqVarMasqSrcFlagsKnown  = "masq_src_flags_known"
 	masqVarNatDirLast         = "nat_dir_last"
 	masqVarNatFlagsStored     = "nat_flags_stored"
 	masqVarNatGcResultLast    = "nat_gc_result_last"
@@ -426,6 +434,7 @@ type masqVariableSpecs struct {
 	CsumIpv6Flag       *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
 	DropReasonMax      *ebpf.VariableSpec `ebpf:"drop_reason_max"`
 	MasqCfgFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
+	MasqSrcFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_src_flags_known"`
 	NatDirLast         *ebpf.VariableSpec `ebpf:"nat_dir_last"`
 	NatFlagsStored     *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
 	NatGcResultLast    *ebpf.VariableSpec `ebpf:"nat_gc_result_last"`
@@ -515,6 +524,7 @@ type masqVariables struct {
 	CsumIpv6Flag       *ebpf.Variable `ebpf:"csum_ipv6_flag"`
 	DropReasonMax      *ebpf.Variable `ebpf:"drop_reason_max"`
 	MasqCfgFlagsKnown  *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
+	MasqSrcFlagsKnown  *ebpf.Variable `ebpf:"masq_src_flags_known"`
 	NatDirLast         *ebpf.Variable `ebpf:"nat_dir_last"`
 	NatFlagsStored     *ebpf.Variable `ebpf:"nat_flags_stored"`
 	NatGcResultLast    *ebpf.Variable `ebpf:"nat_gc_result_last"`

@@ -11,10 +11,13 @@ import (
 // User masquerade rules cover sources that are not pods, e.g. WireGuard
 // clients (192.168.6.0/24 arriving on wg0): "masquerade these sources when
 // they leave through this device, to the device's own address or to the
-// rule's address". The egress program looks them up only for sources that
-// are not in masq_src_*, by (egress ifindex, source), longest source prefix
-// first; everything else about the decision (node and non-masquerade
-// destinations, the device being an egress device) is the same as for pods.
+// rule's address". The egress program looks them up only for sources whose
+// masq_src_* entry has MasqSrcRules, by (egress ifindex, source), longest
+// source prefix first, before it takes the entry's MasqSrcMasquerade: a
+// rule found for the device wins (its toAddress), also for a source that
+// is masqueraded anyway. Everything else about the decision (node and
+// non-masquerade destinations, the device being an egress device) is the
+// same as for pods.
 //
 // Replies need nothing rule-specific: the NAT pair records the SNAT address
 // the flow was given. A changed rule applies to new flows; a removed rule

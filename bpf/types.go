@@ -97,6 +97,18 @@ func (d *Datapath) SetPortRange(min, max uint16) error {
 // in lib/types.h).
 const ConfigKeepPort = uint32(masqMasqCfgFlagMASQ_CFG_KEEP_PORT)
 
+// Flags of a masq_src_v4/v6 value (enum masq_src_flag in lib/types.h): the
+// longest source prefix's value alone decides, so the agent gives every
+// entry the flags of all the prefixes that cover it.
+const (
+	// MasqSrcMasquerade: a masquerade source on every device the
+	// datapath is attached to.
+	MasqSrcMasquerade = uint8(masqMasqSrcFlagMASQ_SRC_MASQUERADE)
+	// MasqSrcRules: a masquerade rule names the prefix (on some device):
+	// masq_rules_v4/v6 are looked up first, and a rule found there wins.
+	MasqSrcRules = uint8(masqMasqSrcFlagMASQ_SRC_RULES)
+)
+
 // SetKeepSourcePort sets whether a new TCP or UDP flow first tries its own
 // source port (from 1024, outside the NAT range) before the range, as Linux
 // MASQUERADE keeps it when the tuple is free.

@@ -7,22 +7,24 @@
 
 #include "family.h"
 
-static __always_inline int FAM(is_masq_source)(const FAM_ADDR src)
+/* masq_src_flags_v4/v6 return the masq_src_* flags of src (0: no entry). */
+static __always_inline __u8 FAM(masq_src_flags)(const FAM_ADDR src)
 {
 	FAM_T(lpm, key) k = { .prefixlen = FAM_ADDR_BITS };
 	__u8 *v;
 
 	__builtin_memcpy(k.addr, FAM_PTR(src), FAM_ADDR_LEN);
 	v = bpf_map_lookup_elem(&FAM(masq_src), &k);
-	return v && *v == 1;
+	return v ? *v : 0;
 }
 
 /*
  * masq_source_v4/v6 say whether a packet from src leaving through the skb's
- * device is a masquerade candidate: a pod source (masq_src_*, *rule = NULL)
- * or a source with a user rule for this device (*rule = its masq_rules_*
- * entry). Pod sources take one lookup; only the others, mostly the host's
- * own traffic, pay for the rule lookup too.
+ * device is a masquerade candidate: a masquerade source (masq_src_*, *rule =
+ * NULL) or a source with a user rule for this device (*rule = its
+ * masq_rules_* entry). A source no rule names (pods, the node's own
+ * addresses) takes one lookup; only a rule's sources pay for the rule
+ * lookup too, which comes first so that the rule's toAddress applies.
  *
  * The check runs before the NAT lookup of established flows, so that host
  * traffic never pays for one: removing a rule (like removing a pod CIDR)
@@ -36,13 +38,16 @@ static __always_inline int FAM(masq_source)(struct __sk_buff *skb, const FAM_ADD
 {
 	/* the 32 ifindex bits always match in full */
 	FAM_T(masq_rule, key) k = { .prefixlen = 32 + FAM_ADDR_BITS, .ifindex = skb->ifindex };
+	__u8 flags = FAM(masq_src_flags)(src);
 
 	*rule = NULL;
-	if (FAM(is_masq_source)(src))
-		return 1;
-	__builtin_memcpy(k.addr, FAM_PTR(src), FAM_ADDR_LEN);
-	*rule = bpf_map_lookup_elem(&FAM(masq_rules), &k);
-	return *rule != NULL;
+	if (flags & MASQ_SRC_RULES) {
+		__builtin_memcpy(k.addr, FAM_PTR(src), FAM_ADDR_LEN);
+		*rule = bpf_map_lookup_elem(&FAM(masq_rules), &k);
+		if (*rule)
+			return 1;
+	}
+	return (flags & MASQ_SRC_MASQUERADE) != 0;
 }
 
 /* fib_source_v4/v6 return 1 with *snat set, 0 when the kernel has no route

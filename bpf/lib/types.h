@@ -35,6 +35,21 @@ struct masq_rule_v6_key {
 	__u8 addr[16];
 };
 
+/* The value of masq_src_v4/v6 (LPM, longest source prefix wins): what a
+ * packet from the prefix is, whatever device it leaves through. The agent
+ * computes each entry's flags from every prefix that covers it, so the
+ * longest match alone decides. MASQ_SRC_MASQUERADE: a masquerade source
+ * (by default every forwarded source; the node's own addresses are entries
+ * without it). MASQ_SRC_RULES: some masquerade rule names the prefix, so
+ * masq_rules_* is looked up first (its toAddress and devices apply); a
+ * source without it costs one lookup. */
+enum masq_src_flag {
+	MASQ_SRC_MASQUERADE = 1,
+	MASQ_SRC_RULES = 2,
+};
+
+const volatile enum masq_src_flag masq_src_flags_known = MASQ_SRC_RULES;
+
 /* The value of both rule maps. has_to: SNAT to the rule's address (to_v4 in
  * masq_rules_v4, to_v6 in masq_rules_v6) rather than the device's. */
 struct masq_rule {

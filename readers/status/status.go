@@ -40,6 +40,7 @@ type sources struct {
 	Devices   statedb.Table[*tables.EgressDevice]         `optional:"true"`
 	Attached  statedb.Table[*tables.DatapathDevice]       `optional:"true"`
 	RuleSrcs  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
+	Sources   statedb.Table[*tables.MasqueradeSource]     `optional:"true"`
 	Netfilter statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
 }
 
@@ -96,6 +97,10 @@ func (s sources) summary() string {
 			att = append(att, fmt.Sprintf("%s [%s]", d.Name, tables.StatusString(d.Status)))
 		}
 		fmt.Fprintf(&b, "Datapath:   attached to %s\n", orNone(strings.Join(att, ", ")))
+	}
+	if s.Sources != nil {
+		fmt.Fprintf(&b, "Sources:    masquerading %s; %s\n", tables.DescribeMasqueradeSources(s.Sources.All(txn)),
+			reconciled(statusesOf(s.Sources, txn, (*tables.MasqueradeSource).GetStatus)))
 	}
 	if s.Netfilter != nil {
 		if rows := tables.NetfilterNATRules(s.Netfilter.All(txn)); len(rows) == 0 {

@@ -1,6 +1,6 @@
-// Package masqsources writes table masquerade-sources (the pod CIDRs whose
-// packets are masqueraded) into the datapath's LPM maps masq_src_v4/v6. It
-// is built like reconcilers/nodeaddrs.
+// Package masqsources writes table masquerade-sources (the source prefixes
+// and whether their packets are masqueraded) into the datapath's LPM maps
+// masq_src_v4/v6. It is built like reconcilers/nodeaddrs.
 package masqsources
 
 import (
@@ -43,15 +43,27 @@ func buildOps(dp *bpf.Datapath) (reconciler.Operations[*tables.MasqueradeSource]
 	}
 	return &bpfmap.ByFamily[*tables.MasqueradeSource]{
 		V4: bpfmap.NewOps(m4, func(s *tables.MasqueradeSource) (bpf.LPMKeyV4, uint8) {
-			return bpf.LPMKeyV4From(s.Prefix), 1
+			return bpf.LPMKeyV4From(s.Prefix), flags(s)
 		}),
 		V6: bpfmap.NewOps(m6, func(s *tables.MasqueradeSource) (bpf.LPMKeyV6, uint8) {
-			return bpf.LPMKeyV6From(s.Prefix), 1
+			return bpf.LPMKeyV6From(s.Prefix), flags(s)
 		}),
 		Is4:   func(s *tables.MasqueradeSource) bool { return s.Prefix.Addr().Is4() },
 		Name:  func(s *tables.MasqueradeSource) string { return s.Prefix.String() },
 		MapV4: bpf.MapMasqSrcV4, MapV6: bpf.MapMasqSrcV6,
 	}, nil
+}
+
+// flags is the entry's masq_src value.
+func flags(s *tables.MasqueradeSource) uint8 {
+	var f uint8
+	if s.Masquerade {
+		f |= bpf.MasqSrcMasquerade
+	}
+	if s.Rules {
+		f |= bpf.MasqSrcRules
+	}
+	return f
 }
 
 func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.MasqueradeSource],

@@ -54,7 +54,9 @@ type agent struct {
 	config  string
 	log     string
 	args    []string // extra agent flags
-	cmd     *exec.Cmd
+	// noPodCIDR: start without --pod-cidr (no pod CIDR named at all).
+	noPodCIDR bool
+	cmd       *exec.Cmd
 }
 
 func newAgent(t testing.TB, node *topology.Netns, config string) *agent {
@@ -116,11 +118,13 @@ func (a *agent) startProcess() {
 		"--state-dir="+filepath.Join(a.dir, "state"),
 		"--api-socket="+filepath.Join(a.dir, "api.sock"),
 		"--shell-sock-path="+filepath.Join(a.dir, "shell.sock"),
-		"--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6,
 		// Both families: IPv6 is off by default (the Kubernetes agent's
 		// default); a test's own args may still turn it off.
 		"--enable-ipv6=true",
 		"--log-level=debug")
+	if !a.noPodCIDR {
+		a.cmd.Args = append(a.cmd.Args, "--pod-cidr="+topology.PodCIDR4, "--pod-cidr="+topology.PodCIDR6)
+	}
 	a.cmd.Args = append(a.cmd.Args, a.args...)
 	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
 	if err := a.node.Start(a.cmd); err != nil {

@@ -45,6 +45,10 @@ type setupSpec struct {
 	sources []string
 	// agentArgs are extra ipmasq-agent flags.
 	agentArgs []string
+	// noPodCIDR starts ipmasq with no --pod-cidr.
+	noPodCIDR bool
+	// leakSources are more sources the leak watcher looks for.
+	leakSources []string
 	// podAddressesOnWire: the scenario sends pod addresses to ext on
 	// purpose (answers to flows ext opened), so there is no leak watcher.
 	podAddressesOnWire bool
@@ -70,6 +74,7 @@ func underBoth(t *testing.T, spec setupSpec, fn func(t *testing.T, s *scenario))
 		}
 		a = newAgent(t, topo.Node, spec.config)
 		a.args = spec.agentArgs
+		a.noPodCIDR = spec.noPodCIDR
 		a.start()
 	}}
 	ms := []masquerader{linuxMasqueradeOf(spec.sources...), ipmasq}
@@ -96,7 +101,7 @@ func underBoth(t *testing.T, spec setupSpec, fn func(t *testing.T, s *scenario))
 			fn(t, s)
 			return
 		}
-		leaks := watchLeaks(t, topo.Ext, "eth0", topology.PodCIDR4, topology.PodCIDR6, topology.ClientCIDR4, topology.ClientCIDR6)
+		leaks := watchLeaks(t, topo.Ext, "eth0", append([]string{topology.PodCIDR4, topology.PodCIDR6, topology.ClientCIDR4, topology.ClientCIDR6}, spec.leakSources...)...)
 		s.leaks = leaks
 		fn(t, s)
 		leaks.check(t)

@@ -14,7 +14,7 @@ import (
 // fd00:6::1) behind wg0 on the node, the node's eth0 10.0.0.5, and the load
 // balancer ext (10.0.0.2) with no route to the client prefixes unless
 // routeBack.
-func rulesSetup(t *testing.T, config string, routeBack bool) (*topology.Masquerade, *agent, *servers) {
+func rulesSetup(t *testing.T, config string, routeBack bool, agentArgs ...string) (*topology.Masquerade, *agent, *servers) {
 	t.Helper()
 	topo, err := topology.NewMasquerade()
 	if err != nil {
@@ -34,6 +34,7 @@ func rulesSetup(t *testing.T, config string, routeBack bool) (*topology.Masquera
 	}
 	ext := startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
 	a := newAgent(t, topo.Node, config)
+	a.args = agentArgs
 	a.start()
 	return topo, a, ext
 }
@@ -64,12 +65,14 @@ func TestRuleMasqueradesTunnelClients(t *testing.T) {
 	clientSources(t, topo, ext, topology.ExtIP6, topology.NodeIP6, 20)
 }
 
-// TestRuleNotInForce: without the rule the client is not masqueraded (ext
-// sees 192.168.6.1 over its route back), nor with the destination in
-// nonMasqueradeCIDRs; adding and removing the rule while the agent runs
-// flips it for new flows.
+// TestRuleNotInForce: with the masquerade sources restricted to the pod
+// CIDRs (--masquerade-pod-cidrs-only), without the rule the client is not
+// masqueraded (ext sees 192.168.6.1 over its route back), nor with the
+// destination in nonMasqueradeCIDRs; adding and removing the rule while
+// the agent runs flips it for new flows. (By default every source is
+// masqueraded: TestTunnelClientsWithoutRule.)
 func TestRuleNotInForce(t *testing.T) {
-	topo, a, ext := rulesSetup(t, "nonMasqueradeCIDRs: []\n", true)
+	topo, a, ext := rulesSetup(t, "nonMasqueradeCIDRs: []\n", true, "--masquerade-pod-cidrs-only")
 	clientSources(t, topo, ext, topology.ExtIP4, topology.ClientIP4, 5)
 	clientSources(t, topo, ext, topology.ExtIP6, topology.ClientIP6, 5)
 

@@ -46,10 +46,12 @@ import (
 //   - IPv6 only with --enable-ipv6: the same chain in ip6tables with
 //     fe80::/10 (unless masqLinkLocalIPv6) and the IPv6 CIDRs.
 //
-// Deliberate differences, excluded here and documented in docs/migrate.md:
-// upstream masquerades every source leaving the node (no source match),
-// ipmasq only pods (pod CIDRs) and masqueradeRules sources, so every probe
-// is sent from the pod; ipmasq-only keys (masqueradeCIDRs exceptions,
+// Both masquerade every forwarded source (upstream has no source match,
+// ipmasq's default is every source but the node's own addresses), so the
+// probes are sent from two sources of the pod: its address in the pod CIDR
+// and one outside every configured CIDR (as Calico blocks or ENI secondary
+// addresses are). Deliberate differences, excluded here and documented in
+// docs/migrate.md: ipmasq-only keys (masqueradeCIDRs exceptions,
 // masqueradeRules) are not in the corpus; upstream's cidrLimit default of 64
 // (ipmasq takes up to --max-nonmasq-cidrs) is not exercised.
 
@@ -177,15 +179,29 @@ func upstreamRules(c upstreamCase, v6 bool) [][]string {
 
 // Addresses of the differential topology:
 //
-//	pod (10.244.1.2, fd00:244::2) ──pod0── node (10.244.1.1, fd00:244::1 | eth0 11.11.11.1, 2a01:ffff::1)
+//	pod (10.244.1.2, fd00:244::2; 10.200.7.66, fd00:200::66) ──pod0── node (10.244.1.1, fd00:244::1 | eth0 11.11.11.1, 2a01:ffff::1)
 //	  ──eth0── remote (11.11.11.2, 2a01:ffff::2)
 //
+// The pod's second pair of addresses is outside every CIDR the agent is
+// given (--pod-cidr names 10.244.1.0/24 and fd00:244::/64 only).
 // Every probe leaves the node towards remote (default route), which records
 // what arrives on its link with a packet socket, whatever the destination.
 var (
 	diffNode4, diffRemote4 = netip.MustParseAddr("11.11.11.1"), netip.MustParseAddr("11.11.11.2")
 	diffNode6, diffRemote6 = netip.MustParseAddr("2a01:ffff::1"), netip.MustParseAddr("2a01:ffff::2")
+	// diffPodSources are the pod's sources: in the pod CIDR, and outside
+	// every configured CIDR.
+	diffPodSources = []podSource{
+		{"pod CIDR", netip.MustParseAddr("10.244.1.2"), netip.MustParseAddr("fd00:244::2")},
+		{"outside every configured CIDR", netip.MustParseAddr("10.200.7.66"), netip.MustParseAddr("fd00:200::66")},
+	}
 )
+
+// podSource is a pair of the pod's addresses the probes are sent from.
+type podSource struct {
+	name   string
+	v4, v6 netip.Addr
+}
 
 type diffTopology struct{ pod, node, remote *topology.Netns }
 
@@ -208,10 +224,14 @@ func newDiffTopology(t *testing.T) *diffTopology {
 		func() error { return topology.Veth(d.node, "eth0", d.remote, "eth0", 0) },
 		func() error { return d.pod.Addr("eth0", "10.244.1.2/24") },
 		func() error { return d.pod.Addr("eth0", "fd00:244::2/64") },
+		func() error { return d.pod.Addr("eth0", "10.200.7.66/32") },
+		func() error { return d.pod.Addr("eth0", "fd00:200::66/128") },
 		func() error { return d.pod.Route("default", "10.244.1.1", "eth0") },
 		func() error { return d.pod.Route("default", "fd00:244::1", "eth0") },
 		func() error { return d.node.Addr("pod0", "10.244.1.1/24") },
 		func() error { return d.node.Addr("pod0", "fd00:244::1/64") },
+		func() error { return d.node.Route("10.200.7.66/32", "10.244.1.2", "pod0") },
+		func() error { return d.node.Route("fd00:200::66/128", "fd00:244::2", "pod0") },
 		func() error { return d.node.Addr("eth0", diffNode4.String()+"/30") },
 		func() error { return d.node.Addr("eth0", diffNode6.String()+"/64") },
 		func() error { return d.node.Route("default", diffRemote4.String(), "eth0") },
@@ -253,11 +273,11 @@ func (o outcome) decision() string {
 	return "not masqueraded (" + o.src.String() + ")"
 }
 
-// probe sends one UDP datagram from the pod to each destination, to UDP
-// port dport, and returns what remote saw of each. Destinations that did not
+// probe sends one UDP datagram from the pod's source src to each
+// destination, to UDP port dport, and returns what remote saw of each. Destinations that did not
 // arrive are sent again (twice), so a dropped packet is not read as a
 // decision.
-func (d *diffTopology) probe(t *testing.T, dport uint16, dsts []netip.Addr) map[netip.Addr]outcome {
+func (d *diffTopology) probe(t *testing.T, dport uint16, src podSource, dsts []netip.Addr) map[netip.Addr]outcome {
 	t.Helper()
 	var fd int
 	if err := d.remote.Do(func() error {
@@ -282,10 +302,10 @@ func (d *diffTopology) probe(t *testing.T, dport uint16, dsts []netip.Addr) map[
 	var c4, c6 *net.UDPConn
 	if err := d.pod.Do(func() error {
 		var err error
-		if c4, err = net.ListenUDP("udp4", nil); err != nil {
+		if c4, err = net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src.v4, 0))); err != nil {
 			return err
 		}
-		c6, err = net.ListenUDP("udp6", nil)
+		c6, err = net.ListenUDP("udp6", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src.v6, 0)))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -465,7 +485,9 @@ func TestSameDecisionsAsUpstream(t *testing.T) {
 				}
 			}
 		}
-		ref[c.name] = up.probe(t, uint16(20000+i), dsts)
+		for j, src := range diffPodSources {
+			ref[c.name+"/"+src.name] = up.probe(t, uint16(20000+1000*j+i), src, dsts)
+		}
 		for _, v6 := range []bool{false, true} {
 			if upstreamRules(c, v6) == nil {
 				continue
@@ -502,42 +524,49 @@ func TestSameDecisionsAsUpstream(t *testing.T) {
 				a.start()
 			}
 			waitConfigSettled(t, a)
-			got := d.probe(t, uint16(20000+i), dsts)
-
-			want := ref[c.name]
-			diffs, masq, plain := 0, 0, 0
-			for _, dst := range dsts {
-				w, g := want[dst], got[dst]
-				switch w.decision() {
-				case "masqueraded":
-					masq++
-				case "not delivered":
-				default:
-					plain++
-				}
-				if w.decision() != g.decision() {
-					if diffs++; diffs <= 20 {
-						t.Errorf("%s: upstream %s, ipmasq %s", dst, w, g)
-					}
-				}
-				// --to-ports: both give masqueraded UDP a port of the range.
-				if tp := parseUpstreamArgs(c.args).toPorts; tp != "" && g.decision() == "masqueraded" {
-					for who, o := range map[string]outcome{"upstream": w, "ipmasq": g} {
-						lo, hi, _ := strings.Cut(tp, "-")
-						if min, max := mustAtoi(t, lo), mustAtoi(t, hi); int(o.port) < min || int(o.port) > max {
-							t.Errorf("%s: %s masqueraded to port %d, outside --to-ports=%s", dst, who, o.port, tp)
-						}
-					}
-				}
+			for j, src := range diffPodSources {
+				got := d.probe(t, uint16(20000+1000*j+i), src, dsts)
+				compareDecisions(t, c, src, dsts, ref[c.name+"/"+src.name], got)
 			}
-			if diffs > 0 {
-				t.Fatalf("%d of %d destinations decided differently", diffs, len(dsts))
-			}
-			t.Logf("%d destinations: %d masqueraded, %d not masqueraded, %d not delivered, under both",
-				len(dsts), masq, plain, len(dsts)-masq-plain)
 			checkUpstreamFlagWarnings(t, a, c.args)
 		})
 	}
+}
+
+// compareDecisions fails on every destination whose decision for src
+// differs between upstream (want) and ipmasq (got).
+func compareDecisions(t *testing.T, c upstreamCase, src podSource, dsts []netip.Addr, want, got map[netip.Addr]outcome) {
+	t.Helper()
+	diffs, masq, plain := 0, 0, 0
+	for _, dst := range dsts {
+		w, g := want[dst], got[dst]
+		switch w.decision() {
+		case "masqueraded":
+			masq++
+		case "not delivered":
+		default:
+			plain++
+		}
+		if w.decision() != g.decision() {
+			if diffs++; diffs <= 20 {
+				t.Errorf("from %s (%s) to %s: upstream %s, ipmasq %s", src.v4, src.name, dst, w, g)
+			}
+		}
+		// --to-ports: both give masqueraded UDP a port of the range.
+		if tp := parseUpstreamArgs(c.args).toPorts; tp != "" && g.decision() == "masqueraded" {
+			for who, o := range map[string]outcome{"upstream": w, "ipmasq": g} {
+				lo, hi, _ := strings.Cut(tp, "-")
+				if min, max := mustAtoi(t, lo), mustAtoi(t, hi); int(o.port) < min || int(o.port) > max {
+					t.Errorf("%s: %s masqueraded to port %d, outside --to-ports=%s", dst, who, o.port, tp)
+				}
+			}
+		}
+	}
+	if diffs > 0 {
+		t.Fatalf("from the pod's %s source: %d of %d destinations decided differently", src.name, diffs, len(dsts))
+	}
+	t.Logf("from the pod's %s source, %d destinations: %d masqueraded, %d not masqueraded, %d not delivered, under both",
+		src.name, len(dsts), masq, plain, len(dsts)-masq-plain)
 }
 
 // waitConfigSettled waits until the agent has applied (or rejected) its
