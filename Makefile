@@ -7,19 +7,22 @@ PKGS      := ./...
 BENCHTIME ?= 20x
 
 # The version stamped into the binaries (ipmasq-agent --version, the start
-# log line, the ipmasq_build_info metric) and the image tag.
+# log line, the ipmasq_build_info metric) and the image's version label.
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS   := -X github.com/ipmasq/ipmasq/internal/buildinfo.version=$(VERSION) \
              -X github.com/ipmasq/ipmasq/internal/buildinfo.revision=$(REVISION)
 # The image: its reference (registry/repository:tag) and the tarball.
-IMAGE_REPO ?= ghcr.io/ipmasq/ipmasq-agent
-IMAGE      ?= $(IMAGE_REPO):$(VERSION)
+# Unset, the reference is the one deploy/image/kustomization.yaml names,
+# so that `kubectl apply -k deploy/` runs what `make image` built.
+IMAGE      ?=
 IMAGE_TAR  ?= $(BIN)/ipmasq-agent-image.tar
+# The platforms of the image (the eBPF object is little-endian: both load it).
+IMAGE_ARCHS := amd64 arm64
 # Image files get the commit's time, so a commit builds the same image.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: all build image deps test demo generate bench vet fmt clean
+.PHONY: all build image push deps test demo generate bench vet fmt clean
 
 all: build
 
@@ -27,14 +30,29 @@ all: build
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
-## image: the agent's OCI image (a static binary and nothing else), built
-## without a container daemon, as a docker-archive tarball $(IMAGE_TAR)
-## tagged $(IMAGE): ctr -n k8s.io images import $(IMAGE_TAR)
-## Override the reference with IMAGE=registry/repo:tag or IMAGE_REPO=...
+## image: the agent's OCI image index for linux/amd64 and linux/arm64 (a
+## static binary and nothing else), built without a container daemon, as
+## an OCI image layout tarball $(IMAGE_TAR) tagged as deploy/ names it
+## (deploy/image/kustomization.yaml): ctr -n k8s.io images import $(IMAGE_TAR)
+## Another reference: IMAGE=registry/repo:tag
 image:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/image/ipmasq-agent ./cmd/ipmasq-agent
-	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./tools/mkimage --binary $(BIN)/image/ipmasq-agent \
-		--image $(IMAGE) --version $(VERSION) --output $(IMAGE_TAR)
+	for arch in $(IMAGE_ARCHS); do \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" \
+			-o $(BIN)/image/linux-$$arch/ipmasq-agent ./cmd/ipmasq-agent || exit 1; \
+	done
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./tools/mkimage \
+		$(foreach arch,$(IMAGE_ARCHS),--binary $(BIN)/image/linux-$(arch)/ipmasq-agent) \
+		$(if $(IMAGE),--image $(IMAGE)) --version $(VERSION) --output $(IMAGE_TAR)
+
+## push: build the image and push it, both platforms, to IMAGE=registry/repo:tag
+## without a container daemon (credentials: ~/.docker/config.json)
+ifneq ($(filter push,$(MAKECMDGOALS)),)
+ifeq ($(IMAGE),)
+$(error make push needs IMAGE=registry/repository:tag)
+endif
+endif
+push: image
+	$(GO) run ./tools/mkimage push --archive $(IMAGE_TAR) --image $(IMAGE)
 
 FUZZTIME  ?= 60000x
 

@@ -13,13 +13,15 @@
 #   containernetworking-plugins  container runtime and CNI plugins
 #   conntrack                    conntrack -L, the reference the NAT listing
 #                                is checked and benchmarked against
+#   qemu-user                    qemu-aarch64: the image's arm64 binary runs
+#                                under it (tools/mkimage)
 #
 # As root, what is missing is installed with one line saying so; otherwise
 # one line names the missing packages and the exit status is 1. Nothing is
 # printed when everything is there.
 set -eu
 
-packages="make iptables etcd-server containerd runc containernetworking-plugins conntrack"
+packages="make iptables etcd-server containerd runc containernetworking-plugins conntrack qemu-user"
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
 	echo "deps: not a Debian system (no dpkg-query): install by hand: $packages" >&2

@@ -1,89 +1,174 @@
 // Command mkimage builds the ipmasq-agent container image without a
-// container daemon: one layer holding the agent's static binary and
-// nothing else, written as a docker-archive tarball that `ctr -n k8s.io
-// images import`, `docker load` and `podman load` read.
+// container daemon and pushes it to a registry.
 //
-//	CGO_ENABLED=0 go build -o bin/image/ipmasq-agent ./cmd/ipmasq-agent
-//	go run ./tools/mkimage --binary bin/image/ipmasq-agent \
-//	    --image ghcr.io/ipmasq/ipmasq-agent:v0.1.0 --version v0.1.0 \
+// Build: one OCI image index for linux/amd64 and linux/arm64 (one image
+// per static binary given, its platform read from the ELF header), each
+// image one layer holding the agent's binary and nothing else, written as
+// an OCI image layout in a tarball that `ctr -n k8s.io images import`,
+// `podman load` and `docker load` (Docker 25 and later) read:
+//
+//	CGO_ENABLED=0 GOARCH=amd64 go build -o bin/image/linux-amd64/ipmasq-agent ./cmd/ipmasq-agent
+//	CGO_ENABLED=0 GOARCH=arm64 go build -o bin/image/linux-arm64/ipmasq-agent ./cmd/ipmasq-agent
+//	go run ./tools/mkimage --binary bin/image/linux-amd64/ipmasq-agent \
+//	    --binary bin/image/linux-arm64/ipmasq-agent --version v0.1.0 \
 //	    --output bin/ipmasq-agent-image.tar
 //
-// `make image` runs both steps with the version from git describe. The
-// image runs as root (uid 0) with whatever capabilities the pod grants:
-// docs/deploy.md says why not as another user.
+// Without --image the reference is the one deploy/image/kustomization.yaml
+// names, so that `kubectl apply -k deploy/` runs what `make image` built.
+//
+// Push: the index of such a tarball to a registry, with the credentials of
+// ~/.docker/config.json (docker login, or a credential helper it names):
+//
+//	go run ./tools/mkimage push --archive bin/ipmasq-agent-image.tar \
+//	    --image registry.example.com/net/ipmasq-agent:v0.1.0
+//
+// `make image` and `make push IMAGE=...` run these. The image runs as root
+// (uid 0) with whatever capabilities the pod grants: docs/deploy.md says
+// why not as another user.
 //
 // The program is a build tool: it is not linked into the agent; go.mod
-// requires go-containerregistry for it alone.
+// requires go-containerregistry for it (and the real-node test's images).
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"debug/elf"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"sigs.k8s.io/yaml"
 )
 
 // BinaryPath is where the agent sits in the image. /usr/local/bin is on
 // the image's PATH, so the DaemonSet's `command: [ipmasq-agent]` finds it.
 const BinaryPath = "/usr/local/bin/ipmasq-agent"
 
+// DeployImageFile is the kustomize component that names the agent's image
+// for every manifest of deploy/; its reference is the default tag.
+const DeployImageFile = "deploy/image/kustomization.yaml"
+
+// Annotations on the index's entry in the layout's index.json: the name a
+// runtime gives the image when it imports the tarball. containerd reads
+// the first (and, failing it, the second); podman and Docker the second.
+const (
+	annotationContainerdName = "io.containerd.image.name"
+	annotationRefName        = "org.opencontainers.image.ref.name"
+)
+
 // options say what to build and where to write it.
 type options struct {
-	// binary is the agent to put in the image; it must be statically
-	// linked (CGO_ENABLED=0): the image has no C library.
-	binary string
+	// binaries are the agents to put in the image, one per architecture;
+	// each must be statically linked (CGO_ENABLED=0): the image has no C
+	// library.
+	binaries []string
 	// ref is the image reference the tarball carries (repository:tag),
-	// the name a runtime gives the image when it loads it.
+	// the name a runtime gives the image when it imports it.
 	ref string
-	// version goes into the image's org.opencontainers.image.version label.
+	// version goes into the images' org.opencontainers.image.version label.
 	version string
-	// output is the docker-archive tarball to write.
+	// output is the OCI layout tarball to write.
 	output string
-	// created is the image's creation time and every file's mtime: the
+	// created is the images' creation time and every file's mtime: the
 	// commit time (SOURCE_DATE_EPOCH) makes the same commit build the
 	// same image, byte for byte.
 	created time.Time
 }
 
+// multiFlag is a flag given once per value.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(s string) error { *m = append(*m, s); return nil }
+
 func main() {
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == "push" {
+		err = pushMain(os.Args[2:])
+	} else {
+		err = buildMain(os.Args[1:])
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "mkimage: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func buildMain(args []string) error {
+	fl := flag.NewFlagSet("mkimage", flag.ContinueOnError)
 	var o options
-	flag.StringVar(&o.binary, "binary", "bin/image/ipmasq-agent", "static ipmasq-agent binary to put in the image (CGO_ENABLED=0)")
-	flag.StringVar(&o.ref, "image", "ghcr.io/ipmasq/ipmasq-agent:dev", "image reference (repository:tag) recorded in the tarball")
-	flag.StringVar(&o.version, "version", "", "version for the image's org.opencontainers.image.version label (default: the reference's tag)")
-	flag.StringVar(&o.output, "output", "bin/ipmasq-agent-image.tar", "docker-archive tarball to write")
-	flag.Parse()
-	if flag.NArg() > 0 {
-		fail(fmt.Errorf("unexpected arguments %q", flag.Args()))
+	var binaries multiFlag
+	var deployFile string
+	fl.Var(&binaries, "binary", "static ipmasq-agent binary (CGO_ENABLED=0) to put in the image; once per architecture (amd64, arm64)")
+	fl.StringVar(&o.ref, "image", "", "image reference (repository:tag) recorded in the tarball (default: the one --deploy-image names)")
+	fl.StringVar(&deployFile, "deploy-image", DeployImageFile, "the kustomize component whose images: entry names the default reference")
+	fl.StringVar(&o.version, "version", "", "version for the images' org.opencontainers.image.version label (default: the reference's tag)")
+	fl.StringVar(&o.output, "output", "bin/ipmasq-agent-image.tar", "OCI image layout tarball to write")
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	if fl.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fl.Args())
+	}
+	o.binaries = binaries
+	if o.ref == "" {
+		ref, err := deployReference(deployFile)
+		if err != nil {
+			return err
+		}
+		o.ref = ref
 	}
 	created, err := sourceDateEpoch(os.Getenv("SOURCE_DATE_EPOCH"))
 	if err != nil {
-		fail(err)
+		return err
 	}
 	o.created = created
 	digest, err := write(o)
 	if err != nil {
-		fail(err)
+		return err
 	}
-	fmt.Printf("wrote %s: image %s (%s)\n", o.output, o.ref, digest)
+	fmt.Printf("wrote %s: image %s (index %s)\n", o.output, o.ref, digest)
+	return nil
 }
 
-func fail(err error) {
-	fmt.Fprintf(os.Stderr, "mkimage: %v\n", err)
-	os.Exit(1)
+func pushMain(args []string) error {
+	fl := flag.NewFlagSet("mkimage push", flag.ContinueOnError)
+	var archive, ref string
+	fl.StringVar(&archive, "archive", "bin/ipmasq-agent-image.tar", "OCI image layout tarball `make image` wrote")
+	fl.StringVar(&ref, "image", "", "where to push it: registry/repository:tag (required)")
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	if fl.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fl.Args())
+	}
+	if ref == "" {
+		return fmt.Errorf("push: --image is required (make push IMAGE=registry/repository:tag)")
+	}
+	digest, err := push(context.Background(), archive, ref, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+	if err != nil {
+		return err
+	}
+	fmt.Printf("pushed %s to %s@%s\n", archive, ref, digest)
+	return nil
 }
 
 // sourceDateEpoch reads SOURCE_DATE_EPOCH (seconds since 1970, the
@@ -100,8 +185,40 @@ func sourceDateEpoch(s string) (time.Time, error) {
 	return time.Unix(sec, 0).UTC(), nil
 }
 
-// write builds the image and writes it as a docker-archive tarball tagged
-// with o.ref; it returns the image's manifest digest.
+// deployReference is the reference (newName:newTag) of the one images:
+// entry of the kustomize component file.
+func deployReference(file string) (string, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("the default image reference: %w (run from the repository's root, or give --image)", err)
+	}
+	var component struct {
+		Images []struct {
+			Name    string `json:"name"`
+			NewName string `json:"newName"`
+			NewTag  string `json:"newTag"`
+			Digest  string `json:"digest"`
+		} `json:"images"`
+	}
+	if err := yaml.Unmarshal(data, &component); err != nil {
+		return "", fmt.Errorf("%s: %w", file, err)
+	}
+	if len(component.Images) != 1 {
+		return "", fmt.Errorf("%s: %d images: entries, want one", file, len(component.Images))
+	}
+	img := component.Images[0]
+	repo := img.NewName
+	if repo == "" {
+		repo = img.Name
+	}
+	if img.NewTag == "" || img.Digest != "" {
+		return "", fmt.Errorf("%s: images: entry %q: want newTag (a tag make image can write), got newTag %q, digest %q", file, img.Name, img.NewTag, img.Digest)
+	}
+	return repo + ":" + img.NewTag, nil
+}
+
+// write builds the image index and writes it as an OCI layout tarball
+// naming it o.ref; it returns the index's digest.
 func write(o options) (v1.Hash, error) {
 	tag, err := name.NewTag(o.ref, name.StrictValidation)
 	if err != nil {
@@ -110,7 +227,7 @@ func write(o options) (v1.Hash, error) {
 	if o.version == "" {
 		o.version = tag.TagStr()
 	}
-	img, err := build(o)
+	idx, err := buildIndex(o)
 	if err != nil {
 		return v1.Hash{}, err
 	}
@@ -120,24 +237,58 @@ func write(o options) (v1.Hash, error) {
 	// Written next to the target and renamed: a failed build never leaves
 	// a truncated tarball that a later import would take for an image.
 	tmp := o.output + ".tmp"
-	if err := tarball.WriteToFile(tmp, tag, img); err != nil {
+	if err := writeArchive(tmp, tag.String(), idx, o.created); err != nil {
 		os.Remove(tmp)
 		return v1.Hash{}, fmt.Errorf("write %s: %w", o.output, err)
 	}
 	if err := os.Rename(tmp, o.output); err != nil {
 		return v1.Hash{}, err
 	}
-	return img.Digest()
+	return idx.Digest()
 }
 
-// build makes the image: one layer with the binary at BinaryPath, run as
-// root, for the binary's architecture.
-func build(o options) (v1.Image, error) {
-	arch, err := checkStatic(o.binary)
-	if err != nil {
-		return nil, err
+// buildIndex makes one image per binary and the index of them, each
+// entry with its image's platform.
+func buildIndex(o options) (v1.ImageIndex, error) {
+	if len(o.binaries) == 0 {
+		return nil, errors.New("no --binary: give one static agent per architecture")
 	}
-	bin, err := os.ReadFile(o.binary)
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	seen := map[string]string{}
+	var adds []mutate.IndexAddendum
+	for _, bin := range o.binaries {
+		arch, err := checkStatic(bin)
+		if err != nil {
+			return nil, err
+		}
+		if other, dup := seen[arch]; dup {
+			return nil, fmt.Errorf("--binary %s and %s are both %s: want one binary per architecture", other, bin, arch)
+		}
+		seen[arch] = bin
+		img, err := build(bin, arch, o)
+		if err != nil {
+			return nil, err
+		}
+		platform := v1.Platform{OS: "linux", Architecture: arch}
+		if arch == "arm64" {
+			// The variant runtimes match arm64 nodes with (containerd
+			// normalizes arm64 to arm64/v8).
+			platform.Variant = "v8"
+		}
+		adds = append(adds, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &platform}})
+	}
+	// amd64 before arm64 whatever the flags' order: the same binaries
+	// make the same index.
+	slices.SortFunc(adds, func(a, b mutate.IndexAddendum) int {
+		return strings.Compare(a.Descriptor.Platform.Architecture, b.Descriptor.Platform.Architecture)
+	})
+	return mutate.AppendManifests(idx, adds...), nil
+}
+
+// build makes one image: one layer with the binary at BinaryPath, run as
+// root, for arch.
+func build(binary, arch string, o options) (v1.Image, error) {
+	bin, err := os.ReadFile(binary)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +305,7 @@ func build(o options) (v1.Image, error) {
 	created := v1.Time{Time: o.created}
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.ConfigFile(img, &v1.ConfigFile{
+	cfg := &v1.ConfigFile{
 		Architecture: arch,
 		OS:           "linux",
 		Created:      created,
@@ -171,7 +322,11 @@ func build(o options) (v1.Image, error) {
 			},
 		},
 		RootFS: v1.RootFS{Type: "layers"},
-	})
+	}
+	if arch == "arm64" {
+		cfg.Variant = "v8"
+	}
+	img, err = mutate.ConfigFile(img, cfg)
 	if err != nil {
 		return nil, err
 	}

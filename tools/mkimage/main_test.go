@@ -19,9 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
@@ -35,9 +34,9 @@ const testVersion = "v0.0.0-imagetest"
 // testRevision is stamped as the commit.
 const testRevision = "0123456789abcdef"
 
-// buildAgent builds cmd/ipmasq-agent as `make image` does: static, with
-// the version linked into internal/buildinfo.
-func buildAgent(t *testing.T) string {
+// buildAgent builds cmd/ipmasq-agent for linux/arch as `make image`
+// does: static, with the version linked into internal/buildinfo.
+func buildAgent(t *testing.T, arch string) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "ipmasq-agent")
 	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-trimpath",
@@ -45,7 +44,7 @@ func buildAgent(t *testing.T) string {
 			" -X github.com/ipmasq/ipmasq/internal/buildinfo.revision="+testRevision,
 		"-o", out, "./cmd/ipmasq-agent")
 	cmd.Dir = "../.."
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/ipmasq-agent: %v\n%s", err, b)
 	}
@@ -57,81 +56,183 @@ func TestRefusesDynamicBinary(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no sh to use as a dynamically linked binary: %v", err)
 	}
-	_, err = write(options{binary: sh, ref: "example.org/x:1", output: filepath.Join(t.TempDir(), "x.tar")})
+	_, err = write(options{binaries: []string{sh}, ref: "example.org/x:1", output: filepath.Join(t.TempDir(), "x.tar")})
 	if err == nil || !strings.Contains(err.Error(), "dynamically linked") || !strings.Contains(err.Error(), "CGO_ENABLED=0") {
 		t.Fatalf("write with %s: %v, want a dynamically linked error naming CGO_ENABLED=0", sh, err)
 	}
 }
 
 func TestRefusesReferenceWithoutTag(t *testing.T) {
-	_, err := write(options{binary: "unused", ref: "Not A Reference", output: filepath.Join(t.TempDir(), "x.tar")})
+	_, err := write(options{binaries: []string{"unused"}, ref: "Not A Reference", output: filepath.Join(t.TempDir(), "x.tar")})
 	if err == nil || !strings.Contains(err.Error(), `--image "Not A Reference"`) {
 		t.Fatalf("got %v, want an error naming --image", err)
 	}
 }
 
-// TestImage builds the image, checks what it holds (the binary and its
-// directories, nothing else), unpacks its layers into a scratch root and
-// runs the agent from there: --version, then a real start chrooted into
-// the scratch root, in a network namespace, on a private bpffs, with
-// /proc and /sys as a container runtime gives them, until /healthz
-// answers 200.
-func TestImage(t *testing.T) {
-	privtest.Require(t)
-	bin := buildAgent(t)
-	const ref = "example.org/ipmasq/ipmasq-agent:" + testVersion
-	out := filepath.Join(t.TempDir(), "image.tar")
-	digest, err := write(options{binary: bin, ref: ref, output: out})
+// platforms are the image's, in the index's order.
+var platforms = []string{"linux/amd64", "linux/arm64/v8"}
+
+// buildIndexOfBoth builds the agent for amd64 and arm64 and writes the
+// image of both to a tarball; it returns the binaries by GOARCH.
+func buildIndexOfBoth(t *testing.T, ref, out string) (v1.Hash, map[string]string) {
+	t.Helper()
+	bins := map[string]string{"amd64": buildAgent(t, "amd64"), "arm64": buildAgent(t, "arm64")}
+	// arm64 first: the index's order is the platforms', not the flags'.
+	digest, err := write(options{binaries: []string{bins["arm64"], bins["amd64"]}, ref: ref, output: out})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The same binary and time make the same image.
-	again, err := write(options{binary: bin, ref: ref, output: filepath.Join(t.TempDir(), "again.tar")})
+	return digest, bins
+}
+
+// loadArchive reads the tarball as a runtime does: its one index, the
+// name it gives it, and the image of each platform.
+func loadArchive(t *testing.T, file string) (v1.ImageIndex, string, map[string]v1.Image) {
+	t.Helper()
+	idx, ref, err := readArchive(file, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return idx, ref, imagesOf(t, idx)
+}
+
+// imagesOf are the index's images by platform ("linux/arm64/v8"), in
+// the index's order checked against platforms.
+func imagesOf(t *testing.T, idx v1.ImageIndex) map[string]v1.Image {
+	t.Helper()
+	m, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	imgs := map[string]v1.Image{}
+	for _, d := range m.Manifests {
+		if d.Platform == nil || d.MediaType != types.OCIManifestSchema1 {
+			t.Fatalf("index entry %+v: want an OCI image manifest with a platform", d)
+		}
+		p := d.Platform.String()
+		got = append(got, p)
+		img, err := idx.Image(d.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		imgs[p] = img
+	}
+	if !slices.Equal(got, platforms) {
+		t.Fatalf("index platforms %q, want %q", got, platforms)
+	}
+	return imgs
+}
+
+// qemu is the qemu-user emulator of a GOARCH (Debian's qemu-user).
+var qemu = map[string]string{"amd64": "qemu-x86_64", "arm64": "qemu-aarch64"}
+
+// TestImage builds the image, checks what it holds: an index of a
+// linux/amd64 and a linux/arm64 image, each the binary and its
+// directories, nothing else; unpacks the layers of each into a scratch
+// root and runs the agent from there: --version and --help (the other
+// architecture's under qemu-user), then a real start of this machine's,
+// chrooted into the scratch root, in a network namespace, on a private
+// bpffs, with /proc and /sys as a container runtime gives them, until
+// /healthz answers 200.
+func TestImage(t *testing.T) {
+	privtest.Require(t)
+	const ref = "example.org/ipmasq/ipmasq-agent:" + testVersion
+	out := filepath.Join(t.TempDir(), "image.tar")
+	digest, bins := buildIndexOfBoth(t, ref, out)
+	// The same binaries and time make the same image, byte for byte.
+	againFile := filepath.Join(t.TempDir(), "again.tar")
+	again, err := write(options{binaries: []string{bins["amd64"], bins["arm64"]}, ref: ref, output: againFile})
 	if err != nil || again != digest {
 		t.Fatalf("a second build: %v %v, want the same digest %v", again, err, digest)
 	}
+	if a, b := readFile(t, out), readFile(t, againFile); a != b {
+		t.Fatalf("a second build wrote another tarball (%d and %d bytes)", len(a), len(b))
+	}
 
-	// 1. The tarball names the image by its reference (what `ctr images
-	// import` calls it) and the config runs the binary as root.
-	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(out) })
+	// 1. The tarball is an OCI layout whose one index is named by the
+	// reference (what `ctr images import` calls it), and each platform's
+	// config runs the binary as root.
+	idx, name, imgs := loadArchive(t, out)
+	if got, err := idx.Digest(); err != nil || got != digest {
+		t.Fatalf("the tarball's index is %v (%v), want the digest write returned, %v", got, err, digest)
+	}
+	if name != ref {
+		t.Fatalf("the tarball names its index %q, want %q", name, ref)
+	}
+	for platform, img := range imgs {
+		cfg, err := img.ConfigFile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(cfg.Config.Entrypoint, []string{BinaryPath}) || cfg.Config.User != "0:0" ||
+			cfg.Platform().String() != platform ||
+			cfg.Config.Labels["org.opencontainers.image.version"] != testVersion {
+			t.Fatalf("image config of %s: %+v", platform, cfg)
+		}
+	}
+
+	// 2. Each image's layers, unpacked: the binary and its directories
+	// only, the binary the one built for the platform.
+	roots := map[string]string{}
+	for arch, bin := range bins {
+		platform := "linux/" + arch
+		if arch == "arm64" {
+			platform += "/v8"
+		}
+		root := filepath.Join(t.TempDir(), "rootfs-"+arch)
+		files := unpack(t, imgs[platform], root)
+		if want := []string{"usr/", "usr/local/", "usr/local/bin/", "usr/local/bin/ipmasq-agent"}; !slices.Equal(files, want) {
+			t.Fatalf("image %s holds %q, want %q", platform, files, want)
+		}
+		if readFile(t, filepath.Join(root, BinaryPath)) != readFile(t, bin) {
+			t.Fatalf("image %s holds another binary than the %s build", platform, arch)
+		}
+		roots[arch] = root
+	}
+
+	// 3. --version and --help of each binary in the image; the other
+	// architecture's under qemu-user, which translates its system calls.
+	for arch, root := range roots {
+		for _, flag := range []string{"--version", "--help"} {
+			cmd := exec.Command(filepath.Join(root, BinaryPath), flag)
+			if arch != runtime.GOARCH {
+				q, err := exec.LookPath(qemu[arch])
+				if err != nil {
+					t.Fatalf("%s not found (%v): the Debian package qemu-user runs the %s binary", qemu[arch], err, arch)
+				}
+				cmd = exec.Command(q, filepath.Join(root, BinaryPath), flag)
+			}
+			v, err := cmd.CombinedOutput()
+			want := "ipmasq-agent " + testVersion + " (go" // --version
+			if flag == "--help" {
+				want = "Masquerade agent for Linux and Kubernetes nodes, in eBPF"
+			}
+			if err != nil || !strings.HasPrefix(string(v), want) {
+				t.Fatalf("%s ipmasq-agent %s: %v: %q, want %q...", arch, flag, err, v, want)
+			}
+			if flag == "--version" && !strings.Contains(string(v), "linux/"+arch+")") {
+				t.Fatalf("%s ipmasq-agent --version: %q, want linux/%s", arch, v, arch)
+			}
+		}
+	}
+
+	// 4. Both binaries embed the one eBPF object bpf2go generated
+	// (little-endian, bpfel), byte for byte: the object the kernel of the
+	// start below verifies is the one an arm64 node's kernel gets.
+	obj := readFile(t, "../../bpf/masq_bpfel.o")
+	for arch, root := range roots {
+		if !strings.Contains(readFile(t, filepath.Join(root, BinaryPath)), obj) {
+			t.Fatalf("the %s binary does not embed bpf/masq_bpfel.o", arch)
+		}
+	}
+	root := roots[runtime.GOARCH]
+	cfg, err := imgs["linux/"+runtime.GOARCH].ConfigFile()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m) != 1 || !slices.Equal(m[0].RepoTags, []string{ref}) {
-		t.Fatalf("manifest.json: %+v, want one image tagged %s", m, ref)
-	}
-	tag, err := name.NewTag(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := tarball.ImageFromPath(out, &tag)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(cfg.Config.Entrypoint, []string{BinaryPath}) || cfg.Config.User != "0:0" ||
-		cfg.OS != "linux" || cfg.Architecture != runtime.GOARCH ||
-		cfg.Config.Labels["org.opencontainers.image.version"] != testVersion {
-		t.Fatalf("image config: %+v", cfg)
-	}
 
-	// 2. Its layers, unpacked: the binary and its directories only.
-	root := filepath.Join(t.TempDir(), "rootfs")
-	files := unpack(t, img, root)
-	if want := []string{"usr/", "usr/local/", "usr/local/bin/", "usr/local/bin/ipmasq-agent"}; !slices.Equal(files, want) {
-		t.Fatalf("image holds %q, want %q", files, want)
-	}
-
-	// 3. --version of the binary in the image.
-	v, err := exec.Command(filepath.Join(root, BinaryPath), "--version").CombinedOutput()
-	if err != nil || !strings.HasPrefix(string(v), "ipmasq-agent "+testVersion+" (go") {
-		t.Fatalf("ipmasq-agent --version: %v: %q, want ipmasq-agent %s (go...)", err, v, testVersion)
-	}
-
-	// 4. A real start in the node namespace, chrooted into the image's
+	// 5. A real start in the node namespace, chrooted into the image's
 	// files: the DaemonSet's paths (the defaults) resolve inside it.
 	topo, err := topology.NewMasquerade()
 	if err != nil {
@@ -196,7 +297,7 @@ func TestImage(t *testing.T) {
 			healthz, started, pins, attached, readFile(t, logPath))
 	}
 
-	// 5. The version is in the start log line and in ipmasq_build_info.
+	// 6. The version is in the start log line and in ipmasq_build_info.
 	resp, err := client.Get("http://127.0.0.1:9464/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -210,7 +311,7 @@ func TestImage(t *testing.T) {
 		t.Errorf("no start line with version=%s in the log:\n%s", testVersion, log)
 	}
 
-	// 6. SIGTERM stops it cleanly.
+	// 7. SIGTERM stops it cleanly.
 	if err := cmd.Process.Signal(unix.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

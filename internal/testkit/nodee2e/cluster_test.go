@@ -62,9 +62,22 @@ type cluster struct {
 }
 
 // startCluster brings everything up to a Ready node with ipmasq's CNI
-// installed, and the images of the test imported; the agent is not
-// deployed yet.
+// installed (and the routing of a routed node, nodeNetwork), and the
+// images of the test imported, the agent's as agentImageV1; the agent is
+// not deployed yet.
 func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	return startClusterWith(t, agentImageV1, func(c *cluster) {
+		c.nodeNetwork()
+		c.installCNI()
+	})
+}
+
+// startClusterWith is startCluster with the agent's image built by `make
+// image IMAGE=agentImage` (empty: plain `make image`, the reference deploy/
+// names) and the pods' network installed by installCNI (the host step,
+// before containerd starts).
+func startClusterWith(t *testing.T, agentImage string, installCNI func(*cluster)) *cluster {
 	t.Helper()
 	privtest.Require(t)
 	for _, tool := range []string{"containerd", "ctr", "runc", "nsenter", "unshare", "iptables", "ip"} {
@@ -80,7 +93,7 @@ func startCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatalf("kubelet, kube-scheduler, kube-controller-manager: %v", err)
 	}
-	images := c.buildImages()
+	images := c.buildImages(agentImage)
 	t.Logf("binaries and images ready in %v", time.Since(begin).Round(time.Millisecond))
 
 	begin = time.Now()
@@ -96,8 +109,7 @@ func startCluster(t *testing.T) *cluster {
 		}
 		c.node.stop(c.admin)
 	})
-	c.nodeNetwork()
-	c.installCNI()
+	installCNI(c)
 	c.node.startContainerd(images...)
 	c.node.startKubelet(c.api, bins.Kubelet)
 	c.waitNodeReady()
@@ -122,15 +134,16 @@ func (c *cluster) logs() {
 	}
 }
 
-// buildImages builds the pause and pod images, and the agent's with
-// `make image` (as an operator does), as docker archives.
-func (c *cluster) buildImages() []string {
+// buildImages builds the pause and pod images as docker archives, and the
+// agent's with `make image` (as an operator does; IMAGE=agentImage unless
+// empty).
+func (c *cluster) buildImages(agentImage string) []string {
 	bin := filepath.Join(c.dir, "bin")
 	prog := goBuild(c.t, bin, "github.com/ipmasq/ipmasq/internal/testkit/nodee2e/podprog")
 	pause, pod, agent := filepath.Join(c.dir, "pause.tar"), filepath.Join(c.dir, "pod.tar"), filepath.Join(c.dir, "agent.tar")
 	writeImage(c.t, pause, pauseImage, prog, "podprog", "pause")
 	writeImage(c.t, pod, podImage, prog, "podprog")
-	make := exec.Command("make", "-C", "../../..", "image", "IMAGE="+agentImageV1, "IMAGE_TAR="+agent, "BIN="+bin)
+	make := exec.Command("make", "-C", "../../..", "image", "IMAGE="+agentImage, "IMAGE_TAR="+agent, "BIN="+bin)
 	if out, err := make.CombinedOutput(); err != nil {
 		c.t.Fatalf("make image: %v\n%s", err, out)
 	}

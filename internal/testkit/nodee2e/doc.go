@@ -2,8 +2,12 @@
 // containerd (in a network namespace and a mount namespace of their own)
 // run the agent's image from deploy/ against a real API server, scheduler
 // and controller manager, and the pods they start get their addresses from
-// ipmasq-cni and are masqueraded. Everything is in its test files; the
-// pods' workload is podprog.
+// ipmasq-cni and are masqueraded. TestRealNodeForeignCNI gives the pods a
+// network that is not ipmasq's instead (Debian's bridge and host-local
+// plugins on a Calico-like /26 outside the Node's spec.podCIDRs) and
+// installs the image of plain `make image` with `kubectl apply -k
+// deploy/` unedited. Everything is in its test files; the pods' workload
+// is podprog.
 //
 // Needs root, the Debian packages containerd, runc, iptables and
 // etcd-server, and builds kubelet, kube-scheduler and
