@@ -82,6 +82,10 @@ func Create(c kubernetes.Interface, obj runtime.Object, dryRun bool) error {
 		_, err = c.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, opts)
 	case *appsv1.DaemonSet:
 		_, err = c.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, opts)
+	case *appsv1.Deployment:
+		_, err = c.AppsV1().Deployments(o.Namespace).Create(ctx, o, opts)
+	case *corev1.Service:
+		_, err = c.CoreV1().Services(o.Namespace).Create(ctx, o, opts)
 	case *batchv1.Job:
 		_, err = c.BatchV1().Jobs(o.Namespace).Create(ctx, o, opts)
 	case *rbacv1.ClusterRole:

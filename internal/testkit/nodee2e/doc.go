@@ -9,7 +9,13 @@
 // deploy/` unedited. Everything is in its test files; the pods' workload
 // is podprog.
 //
+// TestFleet (fleet*_test.go) is a cluster of several such nodes with the
+// components every cluster runs: the real kube-proxy (iptables mode) on
+// each node and CoreDNS (tools/coredns) as the kube-dns Deployment,
+// behind a router that is also the external host and its resolver.
+//
 // Needs root, the Debian packages containerd, runc, iptables and
-// etcd-server, and builds kubelet, kube-scheduler and
-// kube-controller-manager once into the user's cache (internal/testkit/kubetest).
+// etcd-server (and conntrack for the fleet), and builds kubelet,
+// kube-scheduler, kube-controller-manager, kube-proxy and CoreDNS once into
+// the user's cache (internal/testkit/kubetest).
 package nodee2e

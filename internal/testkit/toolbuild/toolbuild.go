@@ -18,6 +18,12 @@ import (
 // -ldflags). Concurrent test binaries wait for one build under a file lock
 // instead of building it twice.
 func Binary(tool, name, version, pkg string, flags ...string) (string, error) {
+	return BinaryEnv(nil, tool, name, version, pkg, flags...)
+}
+
+// BinaryEnv is Binary with env added to go build's environment (e.g.
+// CGO_ENABLED=0 for a binary that goes into an image without a C library).
+func BinaryEnv(env []string, tool, name, version, pkg string, flags ...string) (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		return "", fmt.Errorf("find a cache directory for %s: %w", name, err)
@@ -47,6 +53,7 @@ func Binary(tool, name, version, pkg string, flags ...string) (string, error) {
 	tmp := bin + ".tmp"
 	build := exec.Command("go", append(append([]string{"build"}, flags...), "-o", tmp, pkg)...)
 	build.Dir = module
+	build.Env = append(os.Environ(), env...)
 	if out, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build %s %s in %s: %w\n%s", name, version, module, err, out)
 	}

@@ -8,6 +8,12 @@
 //	podprog stream ADDR         one TCP connection for the pod's whole life:
 //	                            the name, a newline, then an 8-byte counter
 //	                            every 10 ms, each echoed back and checked
+//	podprog echo PORT           serve TCP on PORT: answer every connection
+//	                            with the address it came from and the pod's
+//	                            name ("10.244.1.5 server-0\n"), then close
+//	podprog ask ADDR...         every 200 ms, a TCP connection to each ADDR
+//	                            (a name is resolved through the pod's DNS);
+//	                            print "ADDR ANSWER" for each answer, to stdout
 //
 // The pod's name is its hostname (the kubelet sets it). Any error ends the
 // program with status 1, so that a lost or reset stream shows as a
@@ -63,6 +69,22 @@ func main() {
 			fail(fmt.Errorf("stream takes one address"))
 		}
 		fail(stream(name, args[0]))
+	case "echo":
+		if len(args) != 1 {
+			fail(fmt.Errorf("echo takes one port"))
+		}
+		fail(echo(name, args[0]))
+	case "ask":
+		for {
+			for _, a := range args {
+				if line, err := ask(a); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+				} else {
+					fmt.Printf("%s %s\n", a, line)
+				}
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
 	default:
 		fail(fmt.Errorf("unknown mode %q", os.Args[1]))
 	}
@@ -121,6 +143,38 @@ func stream(name, addr string) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// echo never returns nil: it serves until the listener fails.
+func echo(name, port string) error {
+	ln, err := net.Listen("tcp", ":"+port)
+	if err != nil {
+		return err
+	}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		from, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+		fmt.Fprintf(c, "%s %s\n", from, name)
+		c.Close()
+	}
+}
+
+// ask connects to addr and returns the first line of its answer.
+func ask(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", addr, err)
+	}
+	return line[:len(line)-1], nil
 }
 
 func fail(err error) {
