@@ -45,6 +45,7 @@ const (
 	DropPairTaken          = DropReason(masqDropReasonDROP_PAIR_TAKEN)
 	DropError              = DropReason(masqDropReasonDROP_ERROR)
 	DropNoPair             = DropReason(masqDropReasonDROP_NO_PAIR)
+	DropPairClaimed        = DropReason(masqDropReasonDROP_PAIR_CLAIMED)
 	// NumDropReasons is the number of reasons.
 	NumDropReasons = DropReason(masqDropReasonDROP_REASON_MAX)
 )
@@ -60,6 +61,7 @@ var dropReasonNames = [NumDropReasons]string{
 	DropPairTaken:          "pair-taken",
 	DropError:              "error",
 	DropNoPair:             "no-pair",
+	DropPairClaimed:        "pair-claimed",
 }
 
 func (r DropReason) String() string {
@@ -88,10 +90,12 @@ func (r DropReason) Description() string {
 		return CounterPairTaken.Description()
 	case DropNoPair:
 		return CounterDropNoPair.Description()
+	case DropPairClaimed:
+		return CounterDropPairClaimed.Description()
 	case DropError:
 		return "dropped: a malformed packet (truncated header) from a masquerade source, or a helper failure while rewriting it"
 	}
-	return "dropped for a reason the programs did not note (none today)"
+	return "dropped for a reason the programs did not note (none: every drop site notes its reason; a count here is a defect)"
 }
 
 // DevCounters are one device's counters for one family and direction,

@@ -223,6 +223,19 @@ func TestInboundReopenKeepsClaim(t *testing.T) {
 		t.Fatalf("SYN on a claimed record: verdict %d, want TC_ACT_SHOT", int32(ret))
 	}
 	e.checkCounters(before, map[Counter]uint64{CounterDropPairClaimed: 1})
+	// Its drop reason is its own (it was "other").
+	devs, err := ReadDevCounters(e.dp.Maps.DevCounters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claimed, other uint64
+	for _, d := range devs {
+		claimed += d.Drops[DropPairClaimed]
+		other += d.Drops[DropOther]
+	}
+	if claimed != 1 || other != 0 {
+		t.Errorf("drop reasons: pair-claimed %d, other %d; want 1 and 0", claimed, other)
+	}
 	if err := e.dp.Maps.NatV4.Lookup(rk, &v); err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ type masqDevCounterKey struct {
 type masqDevCounterVal struct {
 	_       structs.HostLayout
 	Packets [3]uint64
-	Drops   [10]uint64
+	Drops   [11]uint64
 }
 
 type masqDropReason uint32
@@ -99,7 +99,8 @@ const (
 	masqDropReasonDROP_PAIR_TAKEN         masqDropReason = 7
 	masqDropReasonDROP_ERROR              masqDropReason = 8
 	masqDropReasonDROP_NO_PAIR            masqDropReason = 9
-	masqDropReasonDROP_REASON_MAX         masqDropReason = 10
+	masqDropReasonDROP_PAIR_CLAIMED       masqDropReason = 10
+	masqDropReasonDROP_REASON_MAX         masqDropReason = 11
 )
 
 type masqEarlyDropV4Ctx struct {

@@ -90,6 +90,7 @@ enum drop_reason {
 	DROP_PAIR_TAKEN,	/* COUNTER_PAIR_TAKEN */
 	DROP_ERROR,		/* COUNTER_ERROR: malformed packet or helper failure */
 	DROP_NO_PAIR,		/* COUNTER_DROP_NO_PAIR */
+	DROP_PAIR_CLAIMED,	/* COUNTER_DROP_PAIR_CLAIMED */
 	DROP_REASON_MAX,
 };
 
@@ -188,6 +189,9 @@ static __always_inline void note(enum counter c)
 		break;
 	case COUNTER_DROP_NO_PAIR:
 		reason = DROP_NO_PAIR;
+		break;
+	case COUNTER_DROP_PAIR_CLAIMED:
+		reason = DROP_PAIR_CLAIMED;
 		break;
 	default:
 		return;

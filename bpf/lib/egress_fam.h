@@ -35,12 +35,22 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 	if (node) {
 		/* The node's own flow: translated only when a pod's flow held its
 		 * tuple (host_flow_*). */
+		if (ret == 0 && p.frag == FRAG_LATER) {
+			/* A former masquerade source's flow translated its first
+			 * fragment: the later ones follow its record. Called here,
+			 * not from host_flow_*: a frame less in the deepest chain
+			 * of calls, whose stack the verifier bounds. */
+			verdict = FAM(egress_frag_other)(skb, &p);
+			if (verdict == TC_ACT_SHOT)
+				return TC_ACT_SHOT;
+			if (verdict != TC_ACT_OK)
+				count(COUNTER_SKIP_NOT_SOURCE);
+			return TC_ACT_UNSPEC;
+		}
 		verdict = ret != 0 ? HOST_PASS : FAM(host_flow)(skb, &p);
 		if (verdict != HOST_PAIR && verdict != HOST_FORMER) {
-			/* a later fragment's HOST_DONE or HOST_DROP is counted */
-			if (verdict == HOST_PASS)
-				count(COUNTER_SKIP_NOT_SOURCE);
-			return verdict == HOST_DROP ? TC_ACT_SHOT : TC_ACT_UNSPEC;
+			count(COUNTER_SKIP_NOT_SOURCE);
+			return TC_ACT_UNSPEC;
 		}
 		former = verdict == HOST_FORMER;
 		rule = NULL;

@@ -25,16 +25,16 @@ static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out,
 	};
 	FAM_T(nat, val) *cur;
 	int created = 1;
-	__u64 now;
 	long ret;
 
 	FAM_ADDR_COPY(in.src, out->dst);
 	FAM_ADDR_COPY(in.dst, snat);
-	now = bpf_ktime_get_ns();
 	__builtin_memset(res, 0, sizeof(*res));
 	FAM_ADDR_COPY(res->addr, out->src);
 	res->port = out->sport;
-	res->last_seen_ns = res->created_ns = now;
+	/* The time lives in *res only: a local kept across the inserts
+	 * took 16 bytes of the egress chain's stack. */
+	res->last_seen_ns = res->created_ns = bpf_ktime_get_ns();
 	ret = FAM(nat_insert)(&in, res);
 	/* res->addr is the SNAT address again from here, whatever the
 	 * outcome (the caller may make room and retry) */
@@ -50,7 +50,7 @@ static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out,
 	} else {
 		/* Not assured: early drop may take it (evict.h). Noted now (stack
 		 * room): if the egress entry fails, the note is met stale. */
-		FAM(nat_cand_note)(&in, now);
+		FAM(nat_cand_note)(&in, res->created_ns);
 	}
 	ret = FAM(nat_insert)(out, res);
 	if (ret == 0)

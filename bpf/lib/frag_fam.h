@@ -82,7 +82,7 @@ static __always_inline int FAM(egress_frag)(struct __sk_buff *skb, const struct 
  * lasts: TC_ACT_OK, counted, or TC_ACT_SHOT), TC_ACT_UNSPEC (nothing done
  * or counted) otherwise: the node's own, and flows never masqueraded,
  * whose first fragments leave no record. */
-static __always_inline int FAM(egress_frag_other)(struct __sk_buff *skb, const struct pkt *p)
+static __noinline int FAM(egress_frag_other)(struct __sk_buff *skb, const struct pkt *p)
 {
 	FAM_T(frag, val) *f = FAM(frag_lookup)(p, DIR_EGRESS);
 	FAM_ADDR from, to;

@@ -49,8 +49,6 @@
 #define HOST_PASS	0	/* leaves untouched */
 #define HOST_PAIR	1	/* has a NAT pair, or needs one: translated like a pod's flow */
 #define HOST_FORMER	2	/* a former masquerade source's NAT pair: translated while it lasts, never made anew */
-#define HOST_DONE	3	/* a later fragment translated by its first fragment's record (counted) */
-#define HOST_DROP	4	/* a later fragment that could not be translated (counted) */
 
 #define FAMILY 4
 #include "hostflow_fam.h"

@@ -11,8 +11,8 @@
 
 /* host_flow_v4/v6 sort a TCP/UDP packet that is not a masquerade source's:
  * HOST_PASS, HOST_PAIR or HOST_FORMER (see hostflow.h); a later fragment
- * HOST_PASS, HOST_DONE or HOST_DROP. A node flow's first packet makes its
- * held tuple here. */
+ * is HOST_PASS here (egress.h hands it to egress_frag_other_*). A node
+ * flow's first packet makes its held tuple here. */
 __noinline int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
 {
 	FAM_T(nat, key) k = { .dir = DIR_EGRESS }, out;
@@ -24,17 +24,9 @@ __noinline int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
 
 	if (!skb || !p || !cfg)
 		return HOST_PASS;
-	/* A former masquerade source's flow translated its first fragment:
-	 * the later ones follow its record. */
-	if (p->frag == FRAG_LATER) {
-		switch (FAM(egress_frag_other)(skb, p)) {
-		case TC_ACT_SHOT:
-			return HOST_DROP;
-		case TC_ACT_OK:
-			return HOST_DONE;
-		}
+	/* Later fragments are egress_frag_other's (egress.h), not a flow's. */
+	if (p->frag == FRAG_LATER)
 		return HOST_PASS;
-	}
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return HOST_PASS;
 	node = bpf_map_lookup_elem(&FAM(node_addrs), FAM_PTR(FAM_PKT(p).saddr)) != NULL;
