@@ -20,7 +20,11 @@ import (
 // before that every operation fails with ErrNotLoaded (and is retried).
 // A map reconciler provides MapOps(h, build) in the hive and registers
 // them with Register (see reconcilers/nodeaddrs).
-func MapOps[Obj any](h *Handle, build func(*bpf.Datapath) (reconciler.Operations[Obj], error)) reconciler.Operations[Obj] {
+//
+// The result is also the reconciler's BatchOperations when the built
+// Operations are (bpfmap.Ops, ByFamily): a map reconciler that writes
+// large tables (reconcilers/nonmasqmaps) passes it as both.
+func MapOps[Obj any](h *Handle, build func(*bpf.Datapath) (reconciler.Operations[Obj], error)) *bpfmap.Lazy[Obj] {
 	return bpfmap.NewLazy(func() (reconciler.Operations[Obj], error) {
 		dp := h.Get()
 		if dp == nil {

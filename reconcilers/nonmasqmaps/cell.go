@@ -2,9 +2,9 @@ package nonmasqmaps
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -12,14 +12,19 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// Cell registers the reconciler that writes nonmasq-cidrs into the pinned
-// maps. It needs the config cell (for the tables), settings.Cell,
-// statedb.Cell, job.Cell and a cell.Health.
+// Cell registers the reconciler that writes nonmasq-cidrs into the
+// datapath's nonmasq tries. It needs the config cell (for the tables),
+// settings.Cell, datapath.Cell (the loader, which owns the tries and loads
+// them with the programs), statedb.Cell, job.Cell and a cell.Health; the
+// agent puts it after the datapath module, so that the tries are loaded
+// before its jobs start.
 var Cell = cell.Module(
 	"nonmasq-maps",
 	"Writes the non-masquerade prefixes into the pinned BPF LPM maps",
@@ -38,10 +43,11 @@ var Cell = cell.Module(
 // Handle gives other cells and script commands access to the maps once the
 // cell has started.
 type Handle struct {
-	maps  *Maps
-	r     reconciler.Reconciler[*tables.NonMasqCIDR]
-	db    *statedb.DB
-	cidrs statedb.Table[*tables.NonMasqCIDR]
+	maps   atomic.Pointer[Maps]
+	pinDir string
+	r      reconciler.Reconciler[*tables.NonMasqCIDR]
+	db     *statedb.DB
+	cidrs  statedb.Table[*tables.NonMasqCIDR]
 }
 
 // WaitReconciled waits until the reconciler has processed every change of
@@ -54,10 +60,11 @@ func (h *Handle) WaitReconciled(ctx context.Context) error {
 	return err
 }
 
-// Maps returns the open maps, or nil before start.
-func (h *Handle) Maps() *Maps { return h.maps }
+// Maps returns the maps the reconciler writes through, or nil until the
+// datapath is loaded and the reconciler's first write.
+func (h *Handle) Maps() *Maps { return h.maps.Load() }
 
-func newHandle() *Handle { return &Handle{} }
+func newHandle(agent settings.Config) *Handle { return &Handle{pinDir: agent.PinDir()} }
 
 func newJobGroup(r job.Registry, h cell.Health, log *slog.Logger) job.Group {
 	return r.NewGroup(h, job.WithLogger(log))
@@ -67,8 +74,6 @@ type registerParams struct {
 	cell.In
 
 	reconciler.Params
-	Lifecycle cell.Lifecycle
-	Agent     settings.Config
 	CIDRs     statedb.RWTable[*tables.NonMasqCIDR]
 	Status    statedb.Table[*tables.ConfigStatus]
 	Handle    *Handle
@@ -76,43 +81,21 @@ type registerParams struct {
 	BatchOps  reconciler.BatchOperations[*tables.NonMasqCIDR]
 }
 
-// errMapsNotOpen fails the map operations until the start hook has opened
-// the maps.
-var errMapsNotOpen = errors.New("nonmasq maps not open yet")
-
-// newLazyOps are the map operations, built from the maps at first use: the
-// start hook opens the maps before the reconciler's jobs (appended to the
-// lifecycle after it) run, as datapath.MapOps does for the loaded
-// datapath's maps.
-func newLazyOps(h *Handle, cidrs statedb.Table[*tables.NonMasqCIDR]) *bpfmap.Lazy[*tables.NonMasqCIDR] {
-	return bpfmap.NewLazy(func() (reconciler.Operations[*tables.NonMasqCIDR], error) {
-		maps := h.Maps()
-		if maps == nil {
-			return nil, errMapsNotOpen
+// newLazyOps are the map operations, built from the loaded datapath's
+// tries at first use (datapath.MapOps: until the loader's start hook has
+// run, every operation fails with datapath.ErrNotLoaded and is retried).
+func newLazyOps(h *Handle, dp *datapath.Handle, agent settings.Config, cidrs statedb.Table[*tables.NonMasqCIDR]) *bpfmap.Lazy[*tables.NonMasqCIDR] {
+	return datapath.MapOps(dp, func(d *bpf.Datapath) (reconciler.Operations[*tables.NonMasqCIDR], error) {
+		maps, err := newMaps(d, agent)
+		if err != nil {
+			return nil, err
 		}
+		h.maps.Store(maps)
 		return newOps(maps, cidrs), nil
 	})
 }
 
 func register(p registerParams) error {
-	// The maps are opened when the hive starts, before the reconciler's jobs
-	// (appended to the lifecycle after this hook) run.
-	p.Lifecycle.Append(cell.Hook{
-		OnStart: func(cell.HookContext) error {
-			maps, err := OpenMaps(p.Log, p.Agent)
-			if err != nil {
-				return err
-			}
-			p.Handle.maps = maps
-			return nil
-		},
-		OnStop: func(cell.HookContext) error {
-			if p.Handle.maps != nil {
-				p.Handle.maps.Close()
-			}
-			return nil
-		},
-	})
 	metrics := p.DefaultMetrics
 	if metrics == nil {
 		metrics = reconciler.NewUnpublishedExpVarMetrics()
