@@ -74,11 +74,11 @@ type registerParams struct {
 	cell.In
 
 	reconciler.Params
-	CIDRs     statedb.RWTable[*tables.NonMasqCIDR]
-	Status    statedb.Table[*tables.ConfigStatus]
-	Handle    *Handle
-	Ops       reconciler.Operations[*tables.NonMasqCIDR]
-	BatchOps  reconciler.BatchOperations[*tables.NonMasqCIDR]
+	CIDRs    statedb.RWTable[*tables.NonMasqCIDR]
+	Status   statedb.Table[*tables.ConfigStatus]
+	Handle   *Handle
+	Ops      reconciler.Operations[*tables.NonMasqCIDR]
+	BatchOps reconciler.BatchOperations[*tables.NonMasqCIDR]
 }
 
 // newLazyOps are the map operations, built from the loaded datapath's
