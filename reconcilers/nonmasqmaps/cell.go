@@ -73,7 +73,9 @@ func newJobGroup(r job.Registry, h cell.Health, log *slog.Logger) job.Group {
 type registerParams struct {
 	cell.In
 
-	reconciler.Params
+	datapath.ReconcilerParams
+	Agent    settings.Config
+	Group    job.Group
 	CIDRs    statedb.RWTable[*tables.NonMasqCIDR]
 	Status   statedb.Table[*tables.ConfigStatus]
 	Handle   *Handle
@@ -95,17 +97,26 @@ func newLazyOps(h *Handle, dp *datapath.Handle, agent settings.Config, cidrs sta
 	})
 }
 
+// reconcilerName is the reconciler's name: its health scope
+// (job-reconcile-nonmasq-maps) and metrics label.
+const reconcilerName = "nonmasq-maps"
+
+// register registers statedb's reconciler of nonmasq-cidrs, as every
+// datapath map is reconciled, with batches: a round takes every row a new
+// config changes (each old prefix deleted and each new one written, both
+// families), so that a config of 16 384 prefixes is one batch write per
+// map and one status commit.
 func register(p registerParams) error {
-	metrics := p.DefaultMetrics
-	if metrics == nil {
-		metrics = reconciler.NewUnpublishedExpVarMetrics()
+	r, err := datapath.RegisterBatched(p.ReconcilerParams, reconcilerName, p.CIDRs,
+		(*tables.NonMasqCIDR).Clone, (*tables.NonMasqCIDR).SetStatus, (*tables.NonMasqCIDR).GetStatus,
+		p.Ops, p.BatchOps, 4*int(p.Agent.MaxNonMasqCIDRs))
+	if err != nil {
+		return err
 	}
-	r := newMapReconciler(p.Log, p.DB, p.CIDRs, p.Ops, p.BatchOps, metrics, p.ModuleID)
-	// The first prune comes when the table is initialized; later full
-	// passes are driven by the config's resyncInterval (resyncLoop).
-	p.JobGroup.Add(job.OneShot("reconcile-"+reconcilerName, r.run))
 	p.Handle.r, p.Handle.db, p.Handle.cidrs = r, p.DB, p.CIDRs
-	p.JobGroup.Add(job.OneShot("resync", func(ctx context.Context, _ cell.Health) error {
+	// The reconciler prunes when the table is initialized (and hourly);
+	// the config's resyncInterval drives the full passes in between.
+	p.Group.Add(job.OneShot("resync", func(ctx context.Context, _ cell.Health) error {
 		return resyncLoop(ctx, p.DB, p.Status, r)
 	}))
 	return nil
