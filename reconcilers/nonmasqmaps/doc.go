@@ -13,12 +13,15 @@
 // untouched and the datapath never sees an empty one. The full comparison
 // with the kernel also runs every resyncInterval to repair drift.
 //
-// The reconciler is this package's own (mapReconciler), not statedb's
-// generic one: a config of 16 384 prefixes is one table transaction and
-// one batch write per map, and the generic reconciler's per-row clones,
-// growing batches and result map were a third of the time from the file
-// to the maps. It keeps the generic one's contract: a Done or
-// Error status on every row, retries with backoff, WaitUntilReconciled,
-// reconciler.Metrics, health, and the Operations/BatchOperations taken
-// from the hive so that tests decorate them.
+// The reconciler is statedb's, registered as every datapath map's
+// (datapath.RegisterBatched): a Done or Error status on every row, failed
+// rows retried alone with backoff, WaitUntilReconciled (maps/dump waits on
+// it), reconciler.Metrics, the health of job-reconcile-nonmasq-maps, a
+// prune when the table is initialized, hourly, every resyncInterval of the
+// applied config (resyncLoop) and on request (maps/resync), and the
+// Operations/BatchOperations taken from the hive so that tests decorate
+// them (internal/testkit/faults). Its rounds take up to 4 × max-nonmasq-
+// cidrs rows, so that a new config of 16 384 prefixes, every old one
+// deleted and every new one written, is one batch write per map and one
+// status commit.
 package nonmasqmaps
