@@ -63,7 +63,9 @@ var Infrastructure = cell.Group(
 // datapath, IPAM and its API, the per-endpoint ip rules, the netfilter
 // NAT rules that would decide first, and the readers
 // (metrics, status, the Node's Events). Their order does not matter: each
-// reads tables or pinned maps, never another cell's state filled at start.
+// reads tables or pinned maps, never another cell's state filled at start;
+// the one preference is nonmasqmaps after the datapath, whose loaded tries
+// it writes (before, its first writes would fail and be retried).
 var Cell = cell.Group(
 	// First: no other start hook runs while another agent holds the state.
 	stateLock,
@@ -71,7 +73,6 @@ var Cell = cell.Group(
 	// The API server connection (disabled without --k8s-node-name).
 	kubeclient.Cell,
 	config.Cell,
-	nonmasqmaps.Cell,
 	metrics.Cell,
 	// The pod CIDRs from the flags and from the Node.
 	podcidrs.Cell,
@@ -79,6 +80,9 @@ var Cell = cell.Group(
 	devices.Cell,
 	datapathtables.Cell,
 	Datapath,
+	// After the datapath, whose loader owns the nonmasq tries: they are
+	// loaded before its reconciler's jobs start.
+	nonmasqmaps.Cell,
 	ipam.Cell,
 	api.Cell,
 	egressrules.Cell,

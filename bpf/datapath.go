@@ -8,7 +8,9 @@
 // maps: masquerade sources (masq_src_*), user masquerade rules for other
 // sources per egress device (masq_rules_*), node addresses (node_addrs_*),
 // the SNAT address per device (egress_devs) and the NAT port range (config).
-// The nonmasq_* tries are owned by their own reconciler and passed in.
+// Load creates or reopens every map, the nonmasq_* tries included (their
+// contents are written by reconcilers/nonmasqmaps through the loaded
+// Datapath); readers open them read-only through [Pinned].
 //
 // NAT state (nat_v4, nat_v6) holds both directions of each translated flow:
 // dir 0 maps the pod's tuple to {SNAT address, NAT port}, dir 1 maps the
@@ -87,17 +89,6 @@ func NonMasqSpec(name string, maxEntries uint32) (*ebpf.MapSpec, error) {
 	return ms, nil
 }
 
-// OpenNonMasq opens (or creates) the pinned trie name under pinDir with
-// NonMasqSpec's layout; a pinned map of another layout is replaced (see
-// bpfmap.OpenPinned).
-func OpenNonMasq(log *slog.Logger, pinDir, name string, maxEntries uint32) (*ebpf.Map, error) {
-	spec, err := NonMasqSpec(name, maxEntries)
-	if err != nil {
-		return nil, err
-	}
-	return bpfmap.OpenPinned(log, pinDir, spec)
-}
-
 // Maps are the datapath's maps, named like their pins.
 type Maps = masqMaps
 
@@ -128,10 +119,11 @@ type LoadOptions struct {
 	// pinned map with an incompatible layout is replaced. Empty: nothing
 	// is pinned (tests).
 	PinDir string
-	// NonMasqV4 and NonMasqV6 are the nonmasq tries (pinned by their own
-	// reconciler), used whatever their max_entries. Nil: an empty private
-	// trie, so every destination of the family is masqueraded.
-	NonMasqV4, NonMasqV6 *ebpf.Map
+	// NonMasqMaxEntries sizes the nonmasq tries nonmasq_v4 and nonmasq_v6
+	// (--max-nonmasq-cidrs); 0 keeps lib/maps.h's size. The loader is
+	// their one owner: it creates or reopens them with the other maps, and
+	// reconcilers/nonmasqmaps writes them through the loaded Datapath.
+	NonMasqMaxEntries uint32
 	// NATMaxEntries sizes nat_v4 and nat_v6, and through UnmasqEntries
 	// unmasq_v4 and unmasq_v6; 0 means DefaultNATMaxEntries.
 	NATMaxEntries uint32
@@ -179,27 +171,23 @@ func Load(opts LoadOptions) (*Datapath, error) {
 			m.Close()
 		}
 	}()
-	for name, m := range map[string]*ebpf.Map{MapNonMasqV4: opts.NonMasqV4, MapNonMasqV6: opts.NonMasqV6} {
-		if m == nil {
-			continue
-		}
-		// The trie's owner chose its size; the layout must still match.
-		spec.Maps[name].MaxEntries = m.MaxEntries()
-		c, err := m.Clone()
-		if err != nil {
-			return nil, fmt.Errorf("use %s: %w", name, err)
-		}
-		replacements[name] = c
+	if opts.NonMasqMaxEntries != 0 {
+		spec.Maps[MapNonMasqV4].MaxEntries = opts.NonMasqMaxEntries
+		spec.Maps[MapNonMasqV6].MaxEntries = opts.NonMasqMaxEntries
 	}
 	var pinnedBefore map[string]ebpf.MapID
 	if opts.PinDir != "" {
 		pinnedBefore = pinnedIDs(opts.PinDir, MapNATCount, MapNATV4, MapNATV6)
 		for _, name := range pinnedMaps(spec) {
 			open := bpfmap.OpenPinned
-			if name == MapNATV4 || name == MapNATV6 || name == MapUnmasqV4 || name == MapUnmasqV6 {
+			switch name {
+			case MapNATV4, MapNATV6, MapUnmasqV4, MapUnmasqV6, MapNonMasqV4, MapNonMasqV6:
 				// A resized NAT map keeps its pairs: established flows
 				// survive a changed --nat-max-entries; so do the
-				// decisions of unmasqueraded flows.
+				// decisions of unmasqueraded flows, and a resized
+				// nonmasq trie (--max-nonmasq-cidrs) keeps the config
+				// in force until its reconciler has written it: the new
+				// programs never see an empty trie.
 				open = bpfmap.OpenPinnedKeep
 			}
 			m, err := open(opts.Logger, opts.PinDir, spec.Maps[name])
@@ -234,14 +222,13 @@ func Load(opts LoadOptions) (*Datapath, error) {
 }
 
 // pinnedMaps are the maps [Load] pins, sorted: every map of spec but the
-// nonmasq tries (pinned by their own reconciler, see [OpenNonMasq]) and the
 // sections of global variables (.rodata and the like, named with a dot),
 // which the programs hold and the loader sets. A map added in C is pinned
 // without a change here.
 func pinnedMaps(spec *ebpf.CollectionSpec) []string {
 	var names []string
 	for name := range spec.Maps {
-		if strings.HasPrefix(name, ".") || name == MapNonMasqV4 || name == MapNonMasqV6 {
+		if strings.HasPrefix(name, ".") {
 			continue
 		}
 		names = append(names, name)

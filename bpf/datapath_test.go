@@ -61,7 +61,7 @@ type envOptions struct {
 }
 
 // newEnv loads the datapath with nonmasq tries of a size other than the
-// program's default (to check replacements are accepted) and fills the maps:
+// program's default (--max-nonmasq-cidrs) and fills the maps:
 //
 //	sources     10.0.0.0/16, fd00:10::/64
 //	nonmasq     192.168.0.0/16 (0), 192.168.7.0/24 (1: masqueradeCIDRs exception), fd00::/8 (0)
@@ -73,21 +73,11 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 	root := privtest.MountBPFFS(tb)
 	pinDir := filepath.Join(root, "ipmasq")
 
-	nm4, err := OpenNonMasq(nil, pinDir, MapNonMasqV4, 100)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer nm4.Close()
-	nm6, err := OpenNonMasq(nil, pinDir, MapNonMasqV6, 100)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer nm6.Close()
-
 	var dp *Datapath
+	var err error
 	if o.object != "" {
 		dp = loadObject(tb, o.object, o.natMax)
-	} else if dp, err = Load(LoadOptions{PinDir: pinDir, NonMasqV4: nm4, NonMasqV6: nm6, NATMaxEntries: o.natMax,
+	} else if dp, err = Load(LoadOptions{PinDir: pinDir, NonMasqMaxEntries: 100, NATMaxEntries: o.natMax,
 		natMapKind: o.natMapKind}); err != nil {
 		tb.Fatal(err)
 	}

@@ -1,18 +1,20 @@
 package bpf
 
 import (
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 )
 
 // TestLoadPinsEveryMap: every map of the object is pinned under the pin
 // directory, and each pin is the map the programs use, so that a map added
 // in C is kept across restarts and readable through its pin without a
-// change in Go. (The nonmasq tries are pinned by OpenNonMasq, as their
-// reconciler does, and passed to Load.)
+// change in Go; the nonmasq tries too, whose one owner is the loader.
 func TestLoadPinsEveryMap(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	spec, err := loadMasq()
@@ -55,5 +57,40 @@ func TestLoadPinsEveryMap(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("the object has no maps")
+	}
+}
+
+// TestNonMasqTriesKeptThroughResize: the loader owns nonmasq_v4/v6 like
+// every other map: a restart with another --max-nonmasq-cidrs replaces the
+// tries at the new size with their entries copied, so that the programs
+// never see an empty config while the reconciler catches up; Pinned reads
+// them back.
+func TestNonMasqTriesKeptThroughResize(t *testing.T) {
+	privtest.Require(t)
+	pinDir := filepath.Join(privtest.MountBPFFS(t), "ipmasq")
+	dp, err := Load(LoadOptions{PinDir: pinDir, NonMasqMaxEntries: 100, NATMaxEntries: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := netip.MustParsePrefix("10.0.0.0/8")
+	if err := dp.Maps.NonmasqV4.Put(LPMKeyV4From(p), uint8(0)); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+
+	dp, err = Load(LoadOptions{PinDir: pinDir, NonMasqMaxEntries: 200, NATMaxEntries: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	if n := dp.Maps.NonmasqV4.MaxEntries(); n != 200 {
+		t.Errorf("nonmasq_v4 holds %d entries at most, want 200", n)
+	}
+	got, err := (Pinned{Dir: pinDir}).NonMasq(MapNonMasqV4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := got[p]; len(got) != 1 || !ok || v != 0 {
+		t.Errorf("the pinned nonmasq_v4 after the resize holds %v, want %s → 0", got, p)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
@@ -31,6 +32,38 @@ func (p Pinned) open(name string) (*ebpf.Map, error) {
 		return nil, fmt.Errorf("open pinned %s: %w", name, err)
 	}
 	return m, nil
+}
+
+// NonMasq returns the entries of the nonmasq trie name (MapNonMasqV4 or
+// MapNonMasqV6): prefix → action (0 do not masquerade, 1 masquerade), as
+// the kernel holds them.
+func (p Pinned) NonMasq(name string) (map[netip.Prefix]uint8, error) {
+	if name != MapNonMasqV4 && name != MapNonMasqV6 {
+		return nil, fmt.Errorf("%s is not a non-masquerade map (want %s or %s)", name, MapNonMasqV4, MapNonMasqV6)
+	}
+	m, err := p.open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	out := map[netip.Prefix]uint8{}
+	var v uint8
+	var it *ebpf.MapIterator
+	if name == MapNonMasqV4 {
+		var k LPMKeyV4
+		for it = m.Iterate(); it.Next(&k, &v); {
+			out[k.Prefix()] = v
+		}
+	} else {
+		var k LPMKeyV6
+		for it = m.Iterate(); it.Next(&k, &v); {
+			out[k.Prefix()] = v
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	return out, nil
 }
 
 // Counters returns the datapath counters summed over CPUs, indexed by

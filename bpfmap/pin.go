@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // OpenPinned opens the map pinned at filepath.Join(dir, spec.Name), creating
@@ -173,4 +174,17 @@ func copyEntries(from, to *ebpf.Map) (copied, dropped int) {
 		copied++
 	}
 	return copied, dropped
+}
+
+// CheckBPFFS returns a clear error when root is not a mounted BPF
+// filesystem, naming the command that mounts one.
+func CheckBPFFS(root string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		return fmt.Errorf("--bpf-root %s is unusable: %w (mount one with: mount -t bpf bpf %s)", root, err, root)
+	}
+	if uint32(st.Type) != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("--bpf-root %s is not a BPF filesystem (mount one with: mount -t bpf bpf %s)", root, root)
+	}
+	return nil
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/k8snode"
 	"github.com/ipmasq/ipmasq/internal/agentlock"
@@ -35,7 +36,6 @@ import (
 	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
-	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/reconcilers/tcattach"
 	"github.com/ipmasq/ipmasq/settings"
 )
@@ -86,7 +86,7 @@ var ErrAgentRunning = errors.New("an ipmasq-agent is running on this node; stop 
 // line with the count; it returns that count. Errors do not stop it: every
 // step runs, and the error joins what failed.
 func Run(o Options, w io.Writer) (int, error) {
-	if err := nonmasqmaps.CheckBPFFS(o.BPFRoot); err != nil {
+	if err := bpfmap.CheckBPFFS(o.BPFRoot); err != nil {
 		return 0, err
 	}
 	if err := running(o); err != nil {

@@ -148,12 +148,7 @@ func newMapsCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg := settings.Default
 			cfg.BPFRoot = bpfRoot
-			m, err := nonmasqmaps.LoadPinnedMaps(cfg.PinDir())
-			if err != nil {
-				return err
-			}
-			defer m.Close()
-			out, err := m.Format()
+			out, err := nonmasqmaps.Format(bpf.Pinned{Dir: cfg.PinDir()})
 			if err != nil {
 				return err
 			}

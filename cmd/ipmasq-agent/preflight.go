@@ -15,8 +15,8 @@ import (
 	"github.com/cilium/hive/cell"
 	"go.uber.org/dig"
 
+	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/readers/metrics"
-	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
 )
 
@@ -57,7 +57,7 @@ func (p *preflight) check(h *hive.Hive, log *slog.Logger) error {
 		p.held.drop()
 		return err
 	}
-	if err := nonmasqmaps.CheckBPFFS(p.settings.BPFRoot); err != nil {
+	if err := bpfmap.CheckBPFFS(p.settings.BPFRoot); err != nil {
 		p.held.drop()
 		return err
 	}

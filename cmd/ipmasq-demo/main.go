@@ -281,12 +281,8 @@ func (d *demo) pinDir() string {
 func (d *demo) waitMaps(ok func(string) bool) error {
 	var out string
 	err := waitFor("the maps to hold the config", func() bool {
-		m, err := nonmasqmaps.LoadPinnedMaps(d.pinDir())
-		if err != nil {
-			return false
-		}
-		defer m.Close()
-		out, err = m.Format()
+		var err error
+		out, err = nonmasqmaps.Format(bpf.Pinned{Dir: d.pinDir()})
 		return err == nil && ok(out)
 	}, d.logPath)
 	if err == nil {

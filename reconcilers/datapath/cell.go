@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/cilium/ebpf"
 	"github.com/cilium/hive/cell"
 
 	"github.com/ipmasq/ipmasq/bpf"
@@ -18,9 +17,9 @@ import (
 // reconcilers of its kernel objects. The agent puts it first in the
 // "datapath" module, before those reconcilers (reconcilers/tcattach,
 // masqrules, masqsources, nodeaddrs, natgc), so that the programs are
-// loaded before their jobs start. The programs read the nonmasq tries that
-// nonmasq-maps writes, through the same pins (whichever starts first
-// creates them).
+// loaded before their jobs start. It is the one owner of every pinned map,
+// the nonmasq tries included, which reconcilers/nonmasqmaps fills through
+// the loaded datapath as the others fill theirs.
 var Cell = cell.Group(
 	cell.Config(DefaultConfig),
 	cell.Provide(
@@ -85,20 +84,13 @@ func register(p params) error {
 			} else {
 				p.Log.Info("NAT maps sized", "size", natSize.String())
 			}
-			nm4, nm6, err := openNonMasq(p.Log, pinDir, p.Agent)
-			if err != nil {
-				return err
-			}
 			dp, err := bpf.Load(bpf.LoadOptions{
-				PinDir:          pinDir,
-				NonMasqV4:       nm4,
-				NonMasqV6:       nm6,
-				NATMaxEntriesV4: natSize.V4(),
-				NATMaxEntriesV6: natSize.V6(),
-				Logger:          p.Log,
+				PinDir:            pinDir,
+				NonMasqMaxEntries: p.Agent.MaxNonMasqCIDRs,
+				NATMaxEntriesV4:   natSize.V4(),
+				NATMaxEntriesV6:   natSize.V6(),
+				Logger:            p.Log,
 			})
-			// The programs hold their own references to the tries.
-			closeAll(nm4, nm6)
 			if err != nil {
 				return err
 			}
@@ -127,30 +119,4 @@ func register(p params) error {
 		},
 	})
 	return nil
-}
-
-// openNonMasq opens the pinned nonmasq tries of the enabled families, the
-// ones nonmasqmaps writes (whichever of the two starts first creates them,
-// with bpf.NonMasqSpec's layout); a disabled family's trie is nil.
-func openNonMasq(log *slog.Logger, pinDir string, agent settings.Config) (v4, v6 *ebpf.Map, err error) {
-	if agent.EnableIPv4 {
-		if v4, err = bpf.OpenNonMasq(log, pinDir, bpf.MapNonMasqV4, agent.MaxNonMasqCIDRs); err != nil {
-			return nil, nil, err
-		}
-	}
-	if agent.EnableIPv6 {
-		if v6, err = bpf.OpenNonMasq(log, pinDir, bpf.MapNonMasqV6, agent.MaxNonMasqCIDRs); err != nil {
-			closeAll(v4)
-			return nil, nil, err
-		}
-	}
-	return v4, v6, nil
-}
-
-func closeAll(maps ...*ebpf.Map) {
-	for _, m := range maps {
-		if m != nil {
-			m.Close()
-		}
-	}
 }

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -19,8 +20,13 @@ import (
 // since the maps exist only once the start hook has loaded the collection;
 // before that every operation fails with ErrNotLoaded (and is retried).
 // A map reconciler provides MapOps(h, build) in the hive and registers
-// them with Register (see reconcilers/nodeaddrs).
-func MapOps[Obj any](h *Handle, build func(*bpf.Datapath) (reconciler.Operations[Obj], error)) reconciler.Operations[Obj] {
+// them with Register (see reconcilers/nodeaddrs), or with RegisterBatched
+// when the table is large (reconcilers/nonmasqmaps).
+//
+// The result is also the reconciler's BatchOperations when the built
+// Operations are (bpfmap.Ops, ByFamily): a map reconciler that writes
+// large tables (reconcilers/nonmasqmaps) passes it as both.
+func MapOps[Obj any](h *Handle, build func(*bpf.Datapath) (reconciler.Operations[Obj], error)) *bpfmap.Lazy[Obj] {
 	return bpfmap.NewLazy(func() (reconciler.Operations[Obj], error) {
 		dp := h.Get()
 		if dp == nil {
@@ -46,20 +52,47 @@ type ReconcilerParams struct {
 
 // Register registers the reconciler of one table of the datapath, in a job
 // group of its own under the module's health, with the options every
-// datapath reconciler shares: full pruning hourly (what a restart or an
-// outside writer changed is repaired), no refresh, rounds of up to 1000
-// rows with no rate limit. name is the reconciler's name (its health scope
-// and metrics label).
+// datapath reconciler shares: full pruning when the table is initialized
+// and hourly after (what a restart or an outside writer changed is
+// repaired), no refresh, rounds of up to 1000 rows with no rate limit.
+// name is the reconciler's name (its health scope and metrics label).
 func Register[Obj comparable](p ReconcilerParams, name string, tbl statedb.RWTable[Obj],
 	clone func(Obj) Obj, setStatus func(Obj, reconciler.Status) Obj, getStatus func(Obj) reconciler.Status,
 	ops reconciler.Operations[Obj]) error {
+	_, err := registerMap(p, name, tbl, clone, setStatus, getStatus, ops, nil, defaultRoundSize)
+	return err
+}
+
+// defaultRoundSize is how many changed rows a round of Register's
+// reconcilers takes before it commits their statuses.
+const defaultRoundSize = 1000
+
+// RegisterBatched is Register for a table written in batches: the
+// reconciler hands each round's changed rows to batchOps (deletes first, to
+// make room, then updates; a failed row is retried alone through ops), and
+// a round takes up to roundSize rows, so that a whole new config is one
+// batch write per map and one status commit. Give roundSize room for every
+// row of the old config deleted and every row of the new one written (for
+// a map of N entries per family, 4 N). It returns the reconciler for
+// WaitUntilReconciled and Prune (reconcilers/nonmasqmaps).
+func RegisterBatched[Obj comparable](p ReconcilerParams, name string, tbl statedb.RWTable[Obj],
+	clone func(Obj) Obj, setStatus func(Obj, reconciler.Status) Obj, getStatus func(Obj) reconciler.Status,
+	ops reconciler.Operations[Obj], batchOps reconciler.BatchOperations[Obj], roundSize int) (reconciler.Reconciler[Obj], error) {
+	if batchOps == nil {
+		return nil, fmt.Errorf("reconciler %s: RegisterBatched needs BatchOperations", name)
+	}
+	return registerMap(p, name, tbl, clone, setStatus, getStatus, ops, batchOps, roundSize)
+}
+
+func registerMap[Obj comparable](p ReconcilerParams, name string, tbl statedb.RWTable[Obj],
+	clone func(Obj) Obj, setStatus func(Obj, reconciler.Status) Obj, getStatus func(Obj) reconciler.Status,
+	ops reconciler.Operations[Obj], batchOps reconciler.BatchOperations[Obj], roundSize int) (reconciler.Reconciler[Obj], error) {
 	rp := reconciler.Params{Log: p.Log, DB: p.DB, JobGroup: p.Jobs.NewGroup(p.Health, job.WithLogger(p.Log)),
 		ModuleID: p.ModuleID, DefaultMetrics: p.DefaultMetrics}
-	_, err := reconciler.Register(rp, tbl, clone, setStatus, getStatus, ops, nil,
+	return reconciler.Register(rp, tbl, clone, setStatus, getStatus, ops, batchOps,
 		reconciler.WithName(name),
 		reconciler.WithPruning(time.Hour),
 		reconciler.WithRefreshing(0, nil),
-		reconciler.WithRoundLimits(1000, rate.NewLimiter(rate.Inf, 1)),
+		reconciler.WithRoundLimits(roundSize, rate.NewLimiter(rate.Inf, 1)),
 	)
-	return err
 }

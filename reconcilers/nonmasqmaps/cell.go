@@ -2,9 +2,9 @@ package nonmasqmaps
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -12,14 +12,19 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// Cell registers the reconciler that writes nonmasq-cidrs into the pinned
-// maps. It needs the config cell (for the tables), settings.Cell,
-// statedb.Cell, job.Cell and a cell.Health.
+// Cell registers the reconciler that writes nonmasq-cidrs into the
+// datapath's nonmasq tries. It needs the config cell (for the tables),
+// settings.Cell, datapath.Cell (the loader, which owns the tries and loads
+// them with the programs), statedb.Cell, job.Cell and a cell.Health; the
+// agent puts it after the datapath module, so that the tries are loaded
+// before its jobs start.
 var Cell = cell.Module(
 	"nonmasq-maps",
 	"Writes the non-masquerade prefixes into the pinned BPF LPM maps",
@@ -38,10 +43,11 @@ var Cell = cell.Module(
 // Handle gives other cells and script commands access to the maps once the
 // cell has started.
 type Handle struct {
-	maps  *Maps
-	r     reconciler.Reconciler[*tables.NonMasqCIDR]
-	db    *statedb.DB
-	cidrs statedb.Table[*tables.NonMasqCIDR]
+	maps   atomic.Pointer[Maps]
+	pinDir string
+	r      reconciler.Reconciler[*tables.NonMasqCIDR]
+	db     *statedb.DB
+	cidrs  statedb.Table[*tables.NonMasqCIDR]
 }
 
 // WaitReconciled waits until the reconciler has processed every change of
@@ -54,10 +60,11 @@ func (h *Handle) WaitReconciled(ctx context.Context) error {
 	return err
 }
 
-// Maps returns the open maps, or nil before start.
-func (h *Handle) Maps() *Maps { return h.maps }
+// Maps returns the maps the reconciler writes through, or nil until the
+// datapath is loaded and the reconciler's first write.
+func (h *Handle) Maps() *Maps { return h.maps.Load() }
 
-func newHandle() *Handle { return &Handle{} }
+func newHandle(agent settings.Config) *Handle { return &Handle{pinDir: agent.PinDir()} }
 
 func newJobGroup(r job.Registry, h cell.Health, log *slog.Logger) job.Group {
 	return r.NewGroup(h, job.WithLogger(log))
@@ -66,63 +73,50 @@ func newJobGroup(r job.Registry, h cell.Health, log *slog.Logger) job.Group {
 type registerParams struct {
 	cell.In
 
-	reconciler.Params
-	Lifecycle cell.Lifecycle
-	Agent     settings.Config
-	CIDRs     statedb.RWTable[*tables.NonMasqCIDR]
-	Status    statedb.Table[*tables.ConfigStatus]
-	Handle    *Handle
-	Ops       reconciler.Operations[*tables.NonMasqCIDR]
-	BatchOps  reconciler.BatchOperations[*tables.NonMasqCIDR]
+	datapath.ReconcilerParams
+	Agent    settings.Config
+	Group    job.Group
+	CIDRs    statedb.RWTable[*tables.NonMasqCIDR]
+	Status   statedb.Table[*tables.ConfigStatus]
+	Handle   *Handle
+	Ops      reconciler.Operations[*tables.NonMasqCIDR]
+	BatchOps reconciler.BatchOperations[*tables.NonMasqCIDR]
 }
 
-// errMapsNotOpen fails the map operations until the start hook has opened
-// the maps.
-var errMapsNotOpen = errors.New("nonmasq maps not open yet")
-
-// newLazyOps are the map operations, built from the maps at first use: the
-// start hook opens the maps before the reconciler's jobs (appended to the
-// lifecycle after it) run, as datapath.MapOps does for the loaded
-// datapath's maps.
-func newLazyOps(h *Handle, cidrs statedb.Table[*tables.NonMasqCIDR]) *bpfmap.Lazy[*tables.NonMasqCIDR] {
-	return bpfmap.NewLazy(func() (reconciler.Operations[*tables.NonMasqCIDR], error) {
-		maps := h.Maps()
-		if maps == nil {
-			return nil, errMapsNotOpen
+// newLazyOps are the map operations, built from the loaded datapath's
+// tries at first use (datapath.MapOps: until the loader's start hook has
+// run, every operation fails with datapath.ErrNotLoaded and is retried).
+func newLazyOps(h *Handle, dp *datapath.Handle, agent settings.Config, cidrs statedb.Table[*tables.NonMasqCIDR]) *bpfmap.Lazy[*tables.NonMasqCIDR] {
+	return datapath.MapOps(dp, func(d *bpf.Datapath) (reconciler.Operations[*tables.NonMasqCIDR], error) {
+		maps, err := newMaps(d, agent)
+		if err != nil {
+			return nil, err
 		}
+		h.maps.Store(maps)
 		return newOps(maps, cidrs), nil
 	})
 }
 
+// reconcilerName is the reconciler's name: its health scope
+// (job-reconcile-nonmasq-maps) and metrics label.
+const reconcilerName = "nonmasq-maps"
+
+// register registers statedb's reconciler of nonmasq-cidrs, as every
+// datapath map is reconciled, with batches: a round takes every row a new
+// config changes (each old prefix deleted and each new one written, both
+// families), so that a config of 16 384 prefixes is one batch write per
+// map and one status commit.
 func register(p registerParams) error {
-	// The maps are opened when the hive starts, before the reconciler's jobs
-	// (appended to the lifecycle after this hook) run.
-	p.Lifecycle.Append(cell.Hook{
-		OnStart: func(cell.HookContext) error {
-			maps, err := OpenMaps(p.Log, p.Agent)
-			if err != nil {
-				return err
-			}
-			p.Handle.maps = maps
-			return nil
-		},
-		OnStop: func(cell.HookContext) error {
-			if p.Handle.maps != nil {
-				p.Handle.maps.Close()
-			}
-			return nil
-		},
-	})
-	metrics := p.DefaultMetrics
-	if metrics == nil {
-		metrics = reconciler.NewUnpublishedExpVarMetrics()
+	r, err := datapath.RegisterBatched(p.ReconcilerParams, reconcilerName, p.CIDRs,
+		(*tables.NonMasqCIDR).Clone, (*tables.NonMasqCIDR).SetStatus, (*tables.NonMasqCIDR).GetStatus,
+		p.Ops, p.BatchOps, 4*int(p.Agent.MaxNonMasqCIDRs))
+	if err != nil {
+		return err
 	}
-	r := newMapReconciler(p.Log, p.DB, p.CIDRs, p.Ops, p.BatchOps, metrics, p.ModuleID)
-	// The first prune comes when the table is initialized; later full
-	// passes are driven by the config's resyncInterval (resyncLoop).
-	p.JobGroup.Add(job.OneShot("reconcile-"+reconcilerName, r.run))
 	p.Handle.r, p.Handle.db, p.Handle.cidrs = r, p.DB, p.CIDRs
-	p.JobGroup.Add(job.OneShot("resync", func(ctx context.Context, _ cell.Health) error {
+	// The reconciler prunes when the table is initialized (and hourly);
+	// the config's resyncInterval drives the full passes in between.
+	p.Group.Add(job.OneShot("resync", func(ctx context.Context, _ cell.Health) error {
 		return resyncLoop(ctx, p.DB, p.Status, r)
 	}))
 	return nil

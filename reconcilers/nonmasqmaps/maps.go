@@ -1,109 +1,88 @@
 package nonmasqmaps
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"io/fs"
-	"log/slog"
-	"path/filepath"
-
-	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
+	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/settings"
+	"github.com/ipmasq/ipmasq/tables"
 )
 
-// Maps holds the opened nonmasq maps; a map is nil when its family is
-// disabled.
+// Maps are the nonmasq tries of the loaded datapath, with the in-memory
+// copy the reconciler writes through; a map is nil when its family is
+// disabled (no row of that family can exist: the config refuses it).
 type Maps struct {
 	V4 *bpfmap.Map[bpf.LPMKeyV4, uint8]
 	V6 *bpfmap.Map[bpf.LPMKeyV6, uint8]
-
-	closers []*ebpf.Map
 }
 
-// CheckBPFFS returns a clear error when root is not a mounted BPF filesystem.
-func CheckBPFFS(root string) error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(root, &st); err != nil {
-		return fmt.Errorf("--bpf-root %s is unusable: %w (mount one with: mount -t bpf bpf %s)", root, err, root)
-	}
-	if uint32(st.Type) != unix.BPF_FS_MAGIC {
-		return fmt.Errorf("--bpf-root %s is not a BPF filesystem (mount one with: mount -t bpf bpf %s)", root, root)
-	}
-	return nil
-}
-
-// OpenMaps opens (or creates) the pinned maps of the enabled families.
-func OpenMaps(log *slog.Logger, cfg settings.Config) (*Maps, error) {
-	if err := CheckBPFFS(cfg.BPFRoot); err != nil {
-		return nil, err
-	}
-	return open(func(name string, enabled bool) (*ebpf.Map, error) {
-		if !enabled {
-			return nil, nil
-		}
-		return bpf.OpenNonMasq(log, cfg.PinDir(), name, cfg.MaxNonMasqCIDRs)
-	}, cfg.EnableIPv4, cfg.EnableIPv6)
-}
-
-// LoadPinnedMaps opens the existing pinned maps read-only for inspection
-// (e.g. by "ipmasq-agent maps"), without creating or replacing anything.
-func LoadPinnedMaps(pinDir string) (*Maps, error) {
-	m, err := open(func(name string, _ bool) (*ebpf.Map, error) {
-		raw, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, name), &ebpf.LoadPinOptions{ReadOnly: true})
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("open %s: %w", name, err)
-		}
-		return raw, nil
-	}, true, true)
-	if err != nil {
-		return nil, err
-	}
-	if m.V4 == nil && m.V6 == nil {
-		return nil, fmt.Errorf("no ipmasq maps pinned in %s (is the agent's --bpf-root the same?)", pinDir)
-	}
-	return m, nil
-}
-
-// open opens each family's map with openMap (nil, nil: none) and reads it
-// into its cache.
-func open(openMap func(name string, enabled bool) (*ebpf.Map, error), v4, v6 bool) (*Maps, error) {
+// newMaps wraps the loaded datapath's tries (the loader, reconcilers/
+// datapath, creates or reopens them with every other map: it is their one
+// owner) and reads their contents into the cache, so that a restart writes
+// only what differs.
+func newMaps(dp *bpf.Datapath, agent settings.Config) (*Maps, error) {
 	m := &Maps{}
 	var err error
-	if m.V4, err = openFamily[bpf.LPMKeyV4](m, openMap, bpf.MapNonMasqV4, v4); err != nil {
-		m.Close()
-		return nil, err
+	if agent.EnableIPv4 {
+		if m.V4, err = bpfmap.NewMap[bpf.LPMKeyV4, uint8](dp.Maps.NonmasqV4); err != nil {
+			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV4, err)
+		}
 	}
-	if m.V6, err = openFamily[bpf.LPMKeyV6](m, openMap, bpf.MapNonMasqV6, v6); err != nil {
-		m.Close()
-		return nil, err
+	if agent.EnableIPv6 {
+		if m.V6, err = bpfmap.NewMap[bpf.LPMKeyV6, uint8](dp.Maps.NonmasqV6); err != nil {
+			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV6, err)
+		}
 	}
 	return m, nil
 }
 
-func openFamily[K comparable](m *Maps, openMap func(string, bool) (*ebpf.Map, error), name string, enabled bool) (*bpfmap.Map[K, uint8], error) {
-	raw, err := openMap(name, enabled)
-	if err != nil || raw == nil {
-		return nil, err
+// Format prints the kernel's contents of the pinned tries (all, or those
+// named), one "map prefix action" line per entry in prefix order, as
+// `ipmasq-agent maps` and the shell's maps/dump show them. It reads the
+// pins (bpf.Pinned), so it needs no running agent; a trie that is not
+// pinned prints nothing, and if none is the error says so.
+func Format(p bpf.Pinned, names ...string) (string, error) {
+	if len(names) == 0 {
+		names = []string{bpf.MapNonMasqV4, bpf.MapNonMasqV6}
 	}
-	m.closers = append(m.closers, raw)
-	cached, err := bpfmap.NewMap[K, uint8](raw)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
+	var b strings.Builder
+	found := false
+	for _, name := range names {
+		entries, err := p.NonMasq(name)
+		if err != nil {
+			if errors.Is(err, bpf.ErrNotPinned) {
+				continue
+			}
+			return "", err
+		}
+		found = true
+		lines := make([]dumpLine, 0, len(entries))
+		for prefix, v := range entries {
+			lines = append(lines, dumpLine{prefix, tables.Action(v)})
+		}
+		slices.SortFunc(lines, func(a, b dumpLine) int {
+			if c := a.prefix.Addr().Compare(b.prefix.Addr()); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
+		})
+		for _, l := range lines {
+			fmt.Fprintf(&b, "%s %s %s\n", name, l.prefix, l.action)
+		}
 	}
-	return cached, nil
+	if !found {
+		return "", fmt.Errorf("no ipmasq maps pinned in %s (is the agent's --bpf-root the same?)", p.Dir)
+	}
+	return b.String(), nil
 }
 
-// Close releases the map file descriptors; the pins stay.
-func (m *Maps) Close() {
-	for _, c := range m.closers {
-		c.Close()
-	}
-	m.closers = nil
+type dumpLine struct {
+	prefix netip.Prefix
+	action tables.Action
 }

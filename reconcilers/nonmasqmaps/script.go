@@ -1,11 +1,8 @@
 package nonmasqmaps
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"net/netip"
-	"slices"
 	"strings"
 	"time"
 
@@ -13,8 +10,6 @@ import (
 	"github.com/cilium/hive/script"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/bpfmap"
-	"github.com/ipmasq/ipmasq/tables"
 )
 
 // scriptCommands are the shell and script-test commands of this cell:
@@ -64,71 +59,25 @@ func scriptCommands(h *Handle) hive.ScriptCmdsOut {
 	})
 }
 
-type dumpLine struct {
-	prefix netip.Prefix
-	action tables.Action
-}
-
 func (h *Handle) dump(names ...string) (string, error) {
-	if h.maps == nil {
-		return "", fmt.Errorf("maps are not open (agent not started)")
+	if h.Maps() == nil {
+		return "", fmt.Errorf("maps are not loaded (agent not started)")
 	}
-	return h.maps.Format(names...)
-}
-
-// Format prints the kernel's contents of the maps (all, or those named),
-// one "map prefix action" line per entry in prefix order.
-func (m *Maps) Format(names ...string) (string, error) {
-	want := func(n string) bool { return len(names) == 0 || slices.Contains(names, n) }
-	var b strings.Builder
-	if m.V4 != nil && want(bpf.MapNonMasqV4) {
-		if err := formatMap(&b, bpf.MapNonMasqV4, m.V4); err != nil {
-			return "", err
-		}
-	}
-	if m.V6 != nil && want(bpf.MapNonMasqV6) {
-		if err := formatMap(&b, bpf.MapNonMasqV6, m.V6); err != nil {
-			return "", err
-		}
-	}
-	return b.String(), nil
-}
-
-func formatMap[K interface {
-	comparable
-	Prefix() netip.Prefix
-}](b *strings.Builder, name string, m *bpfmap.Map[K, uint8]) error {
-	entries, err := m.Dump()
-	if err != nil {
-		return fmt.Errorf("dump %s: %w", name, err)
-	}
-	lines := make([]dumpLine, 0, len(entries))
-	for k, v := range entries {
-		lines = append(lines, dumpLine{k.Prefix(), tables.Action(v)})
-	}
-	slices.SortFunc(lines, func(a, b dumpLine) int {
-		if c := a.prefix.Addr().Compare(b.prefix.Addr()); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.prefix.Bits(), b.prefix.Bits())
-	})
-	for _, l := range lines {
-		fmt.Fprintf(b, "%s %s %s\n", name, l.prefix, l.action)
-	}
-	return nil
+	return Format(bpf.Pinned{Dir: h.pinDir}, names...)
 }
 
 func (h *Handle) stats() (string, error) {
-	if h.maps == nil {
-		return "", fmt.Errorf("maps are not open (agent not started)")
+	maps := h.Maps()
+	if maps == nil {
+		return "", fmt.Errorf("maps are not loaded (agent not started)")
 	}
 	var b strings.Builder
-	if h.maps.V4 != nil {
-		s := h.maps.V4.Stats()
+	if maps.V4 != nil {
+		s := maps.V4.Stats()
 		fmt.Fprintf(&b, "%s entries=%d writes=%d deletes=%d\n", bpf.MapNonMasqV4, s.Entries, s.Writes, s.Deletes)
 	}
-	if h.maps.V6 != nil {
-		s := h.maps.V6.Stats()
+	if maps.V6 != nil {
+		s := maps.V6.Stats()
 		fmt.Fprintf(&b, "%s entries=%d writes=%d deletes=%d\n", bpf.MapNonMasqV6, s.Entries, s.Writes, s.Deletes)
 	}
 	return b.String(), nil

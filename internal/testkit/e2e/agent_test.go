@@ -186,12 +186,7 @@ func (a *agent) waitMaps(want string) {
 	a.t.Helper()
 	var last string
 	a.waitFor("maps to hold the config", func() bool {
-		m, err := nonmasqmaps.LoadPinnedMaps(filepath.Join(a.bpfRoot, "ipmasq"))
-		if err != nil {
-			return false
-		}
-		defer m.Close()
-		last, _ = m.Format()
+		last, _ = nonmasqmaps.Format(bpf.Pinned{Dir: filepath.Join(a.bpfRoot, "ipmasq")})
 		return last == want
 	})
 }

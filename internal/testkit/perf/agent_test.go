@@ -127,12 +127,7 @@ func runAgent(b *testing.B, bin string, node *topology.Netns, cidrs []string, na
 				return false
 			}
 		}
-		m, err := nonmasqmaps.LoadPinnedMaps(pinDir)
-		if err != nil {
-			return false
-		}
-		defer m.Close()
-		out, err := m.Format()
+		out, err := nonmasqmaps.Format(bpf.Pinned{Dir: pinDir})
 		if err != nil {
 			return false
 		}
