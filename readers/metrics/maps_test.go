@@ -15,6 +15,7 @@ import (
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/config"
 	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
 )
@@ -36,7 +37,12 @@ func TestMapMetrics(t *testing.T) {
 	var srv *Server
 	h := hive.New(
 		statedb.Cell, job.Cell, cell.SimpleHealthCell,
-		settings.Cell, config.Cell, nonmasqmaps.Cell,
+		settings.Cell, config.Cell,
+		// The loader owns the tries nonmasqmaps writes; it reserves no
+		// NAT port of this host (that is a node namespace's business).
+		cell.Decorate(func(datapath.PortReservation) datapath.PortReservation {
+			return func(datapath.PortRange) (string, error) { return "", nil }
+		}, datapath.Cell, nonmasqmaps.Cell),
 		Cell,
 		cell.Invoke(func(s *Server) { srv = s }),
 	)
