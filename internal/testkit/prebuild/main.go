@@ -1,0 +1,38 @@
+// Command prebuild builds, once, every program the tests build from the
+// separate modules under tools/ (kube-apiserver, kubelet, kube-scheduler,
+// kube-controller-manager, kube-proxy, CoreDNS, promtool) into the user's
+// cache directory, as the tests themselves would on first use. `.ci/run`
+// runs it before `make test`, so that a cold machine's 20-odd minutes of
+// building count against no test binary's timeout:
+//
+//	go run ./internal/testkit/prebuild
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/internal/testkit/promtooltest"
+)
+
+func main() {
+	for _, b := range []struct {
+		name  string
+		build func() error
+	}{
+		{"kube-apiserver", func() error { _, err := kubetest.APIServerBinary(); return err }},
+		{"kubelet, kube-scheduler, kube-controller-manager", func() error { _, err := kubetest.NodeBinariesBuilt(); return err }},
+		{"kube-proxy", func() error { _, err := kubetest.ProxyBinary(); return err }},
+		{"coredns", func() error { _, err := kubetest.CoreDNSBinary(); return err }},
+		{"promtool", func() error { _, err := promtooltest.Binary(); return err }},
+	} {
+		begin := time.Now()
+		if err := b.build(); err != nil {
+			fmt.Fprintf(os.Stderr, "prebuild: %s: %v\n", b.name, err)
+			os.Exit(1)
+		}
+		fmt.Printf("prebuild: %s ready (%v)\n", b.name, time.Since(begin).Round(time.Second))
+	}
+}
