@@ -77,16 +77,6 @@ func (p Pinned) Counters() ([]uint64, error) {
 	return ReadCounters(m)
 }
 
-// NATOccupancy returns the entries in the IPv4 and IPv6 NAT maps and the
-// capacity of each (two entries per flow), from the programs' counts.
-func (p Pinned) NATOccupancy() (v4, v6, capacity int, err error) {
-	fill, err := p.NATFill()
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	return fill[0].Entries, fill[1].Entries, fill[0].Capacity, nil
-}
-
 // CountEntries counts a map's entries, reading it in batches where the
 // kernel has them (one buffer of natReadChunk entries, whatever the map's
 // size), entry by entry otherwise.

@@ -130,8 +130,10 @@ func (s sources) summary() string {
 	if s.Attached != nil {
 		// From the pins, so the summary needs no handle of the datapath
 		// reconciler.
-		if n4, n6, capacity, err := (bpf.Pinned{Dir: s.Agent.PinDir()}).NATOccupancy(); err == nil {
-			fmt.Fprintf(&b, "NAT:        %d IPv4 and %d IPv6 entries of %d each (two per flow)\n", n4, n6, capacity)
+		// Each family's own capacity: a disabled family's map is small.
+		if fill, err := (bpf.Pinned{Dir: s.Agent.PinDir()}).NATFill(); err == nil {
+			fmt.Fprintf(&b, "NAT:        %d of %d IPv4 and %d of %d IPv6 entries (two per flow)\n",
+				fill[0].Entries, fill[0].Capacity, fill[1].Entries, fill[1].Capacity)
 			if s.NATSize.Summary != "" {
 				fmt.Fprintf(&b, "NAT size:   %s\n", s.NATSize.Summary)
 			}
