@@ -525,6 +525,28 @@ func tunCommands(t testing.TB, n *topology.Netns) map[string]script.Cmd {
 	}
 }
 
+// addrCommand is a "device cidr" command that adds or removes (op) an
+// address of a device in the test's network namespace.
+func addrCommand(h *netlink.Handle, summary string, op func(netlink.Link, *netlink.Addr) error) script.Cmd {
+	return script.Command(
+		script.CmdUsage{Summary: summary, Args: "device cidr"},
+		func(s *script.State, args ...string) (script.WaitFunc, error) {
+			if len(args) != 2 {
+				return nil, script.ErrUsage
+			}
+			prefix, err := netip.ParsePrefix(args[1])
+			if err != nil {
+				return nil, err
+			}
+			l, err := h.LinkByName(args[0])
+			if err != nil {
+				return nil, err
+			}
+			ipnet := &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())}
+			return nil, op(l, &netlink.Addr{IPNet: ipnet})
+		})
+}
+
 // netnsCommands set up and query routing in the test's network namespace.
 func netnsCommands(h *netlink.Handle) map[string]script.Cmd {
 	return map[string]script.Cmd{
@@ -555,40 +577,8 @@ func netnsCommands(h *netlink.Handle) map[string]script.Cmd {
 				}
 				return nil, setupUplink(h, args[0], args[1], args[2])
 			}),
-		"netns/addr": script.Command(
-			script.CmdUsage{Summary: "Add an address to a device in the test netns", Args: "device cidr"},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 2 {
-					return nil, script.ErrUsage
-				}
-				prefix, err := netip.ParsePrefix(args[1])
-				if err != nil {
-					return nil, err
-				}
-				l, err := h.LinkByName(args[0])
-				if err != nil {
-					return nil, err
-				}
-				ipnet := &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())}
-				return nil, h.AddrAdd(l, &netlink.Addr{IPNet: ipnet})
-			}),
-		"netns/addr-del": script.Command(
-			script.CmdUsage{Summary: "Remove an address from a device in the test netns", Args: "device cidr"},
-			func(s *script.State, args ...string) (script.WaitFunc, error) {
-				if len(args) != 2 {
-					return nil, script.ErrUsage
-				}
-				prefix, err := netip.ParsePrefix(args[1])
-				if err != nil {
-					return nil, err
-				}
-				l, err := h.LinkByName(args[0])
-				if err != nil {
-					return nil, err
-				}
-				ipnet := &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())}
-				return nil, h.AddrDel(l, &netlink.Addr{IPNet: ipnet})
-			}),
+		"netns/addr":     addrCommand(h, "Add an address to a device in the test netns", h.AddrAdd),
+		"netns/addr-del": addrCommand(h, "Remove an address from a device in the test netns", h.AddrDel),
 		"netns/del-default-route": script.Command(
 			script.CmdUsage{Summary: "Delete the IPv4 default route of a device in the test netns", Args: "device"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
