@@ -344,3 +344,26 @@ func TestDocsDescribeTheCCode(t *testing.T) {
 		}
 	}
 }
+
+// TestDocsListEveryCounter: docs/datapath.md's "Counters" names every
+// counter the datapath keeps (bpf.Counter), by the name datapath/counters
+// prints.
+func TestDocsListEveryCounter(t *testing.T) {
+	data, err := os.ReadFile("docs/datapath.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(data), "\n## Counters\n")
+	if !ok {
+		t.Fatal("docs/datapath.md: no section \"Counters\"")
+	}
+	if next := strings.Index(section, "\n## "); next >= 0 {
+		section = section[:next]
+	}
+	spans := codeSpans(section)
+	for c := bpf.Counter(0); c < bpf.NumCounters; c++ {
+		if !slices.Contains(spans, c.String()) {
+			t.Errorf("docs/datapath.md, Counters: counter %s is not named", c)
+		}
+	}
+}
