@@ -53,14 +53,15 @@ var allowed = map[string]allowance{
 	// Health of every module.
 	"health": {},
 	// The agent's own read commands.
-	"ipmasq/status":     {},
-	"config/status":     {},
-	"maps/dump":         {},
-	"maps/stats":        {},
-	"datapath/counters": {},
-	"datapath/nat":      {},
-	"rules/dump":        {},
-	"rules/stats":       {},
+	"ipmasq/status":         {},
+	"config/status":         {},
+	"maps/dump":             {},
+	"maps/stats":            {},
+	"datapath/counters":     {},
+	"datapath/dev-counters": {},
+	"datapath/nat":          {},
+	"rules/dump":            {},
+	"rules/stats":           {},
 	// Operator actions that only bring forward what the agent does on its
 	// own timer: repair map drift, expire idle NAT pairs.
 	"maps/resync": {},
