@@ -212,7 +212,7 @@ func (f *fleet) cniFiles() map[string][]byte {
 		}
 		files["/opt/cni/bin/"+filepath.Base(pkg)] = data
 	}
-	conf, err := os.ReadFile("../../../deploy/cni/10-ipmasq.conflist")
+	conf, err := os.ReadFile("../../../deploy/cni/" + filepath.Base(cniConfigPath))
 	if err != nil {
 		f.t.Fatal(err)
 	}
