@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -25,8 +24,6 @@ import (
 const upstreamPin = "e3000864e0dd2a670340ae42e0eba1ada5be738a"
 
 const upstreamFlagsFile = "testdata/upstream-flags.txt"
-
-var updateUpstreamFlags = flag.Bool("update-upstream-flags", false, "rewrite "+upstreamFlagsFile+" from the upstream source")
 
 // upstreamFlag is one flag of the upstream binary.
 type upstreamFlag struct {
@@ -215,37 +212,6 @@ func loadUpstreamFlags(t *testing.T) []upstreamFlag {
 		out = append(out, upstreamFlag{f[0], f[1], f[2], f[3]})
 	}
 	return out
-}
-
-// TestUpstreamFlagsMatchSource: the committed list is the upstream
-// binary's flags, when its source is on this machine (the fetch tool's
-// mirror, or $IPMASQ_UPSTREAM_GIT).
-func TestUpstreamFlagsMatchSource(t *testing.T) {
-	gitDir := upstreamGitDir()
-	if _, err := os.Stat(gitDir); err != nil {
-		t.Skipf("no clone of kubernetes-sigs/ip-masq-agent at %s (set IPMASQ_UPSTREAM_GIT): the committed %s is not checked against the source",
-			gitDir, upstreamFlagsFile)
-	}
-	flags, err := readUpstreamFlags(gitDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(flags) < 20 {
-		t.Fatalf("read only %d flags from the source: %v", len(flags), flags)
-	}
-	want := formatUpstreamFlags(flags)
-	if *updateUpstreamFlags {
-		if err := os.WriteFile(upstreamFlagsFile, []byte(want), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := os.ReadFile(upstreamFlagsFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(got) != want {
-		t.Fatalf("%s differs from the flags of the source at %s (rerun with -update-upstream-flags):\n%s", upstreamFlagsFile, upstreamPin, want)
-	}
 }
 
 // TestEveryUpstreamFlagStarts runs the real binary with every flag of the
