@@ -28,6 +28,7 @@ import (
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/readers/status"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
+	"github.com/ipmasq/ipmasq/reconcilers/handover"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/masqrules"
 	"github.com/ipmasq/ipmasq/reconcilers/masqsources"
@@ -117,6 +118,7 @@ var Datapath = cell.Module(
 	masqsources.Cell,
 	nodeaddrs.Cell,
 	natgc.Cell,
+	handover.Cell,
 )
 
 // Options are the hive options of the agent: flags from IPMASQ_* variables

@@ -50,6 +50,7 @@
 #include "lib/egress.h"
 #include "lib/ingress.h"
 #include "lib/natgc.h"
+#include "lib/handover.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -106,5 +107,28 @@ int nat_gc_v6(struct nat_gc_v6_ctx *ctx)
 
 	__builtin_memcpy(&k, &ctx->key, sizeof(k));
 	ctx->result = nat_gc_end_v6(&k, ctx->force);
+	return 0;
+}
+
+/* The agent's handover of flows between conntrack and the NAT pairs: adopt
+ * a conntrack binding as a pair, or mark a pair handed to conntrack
+ * (lib/handover.h). Run with BPF_PROG_TEST_RUN, the context in and out. */
+SEC("syscall")
+int nat_handover_v4(struct nat_handover_v4_ctx *ctx)
+{
+	struct nat_handover_v4_ctx c;
+
+	__builtin_memcpy(&c, ctx, sizeof(c));
+	ctx->result = nat_handover_run_v4(&c);
+	return 0;
+}
+
+SEC("syscall")
+int nat_handover_v6(struct nat_handover_v6_ctx *ctx)
+{
+	struct nat_handover_v6_ctx c;
+
+	__builtin_memcpy(&c, ctx, sizeof(c));
+	ctx->result = nat_handover_run_v6(&c);
 	return 0;
 }

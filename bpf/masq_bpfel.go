@@ -278,6 +278,30 @@ const (
 	masqNatGcResultNAT_GC_GONE  masqNatGcResult = 2
 )
 
+type masqNatHandover uint32
+
+const (
+	masqNatHandoverNAT_HANDOVER_NONE      masqNatHandover = 0
+	masqNatHandoverNAT_HANDOVER_CONNTRACK masqNatHandover = 1
+)
+
+type masqNatHandoverOp uint32
+
+const (
+	masqNatHandoverOpNAT_HANDOVER_ADOPT masqNatHandoverOp = 0
+	masqNatHandoverOpNAT_HANDOVER_MARK  masqNatHandoverOp = 1
+)
+
+type masqNatHandoverResult uint32
+
+const (
+	masqNatHandoverResultNAT_HANDOVER_DONE   masqNatHandoverResult = 0
+	masqNatHandoverResultNAT_HANDOVER_EXISTS masqNatHandoverResult = 1
+	masqNatHandoverResultNAT_HANDOVER_TAKEN  masqNatHandoverResult = 2
+	masqNatHandoverResultNAT_HANDOVER_GONE   masqNatHandoverResult = 3
+	masqNatHandoverResultNAT_HANDOVER_FULL   masqNatHandoverResult = 4
+)
+
 type masqNatState uint32
 
 const (
@@ -314,7 +338,7 @@ type masqNatV4Val struct {
 	Addr       uint32
 	Port       uint16
 	Flags      uint8
-	Pad        uint8
+	Handover   uint8
 	LastSeenNs uint64
 	CreatedNs  uint64
 	TcpEnd     uint32
@@ -343,7 +367,8 @@ type masqNatV6Val struct {
 	Addr       [16]uint8
 	Port       uint16
 	Flags      uint8
-	Pad        [5]uint8
+	Handover   uint8
+	Pad        [4]uint8
 	LastSeenNs uint64
 	CreatedNs  uint64
 	TcpEnd     uint32
@@ -369,52 +394,57 @@ type masqUnmasqVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	masqMapConfig             = "config"
-	masqMapCounters           = "counters"
-	masqMapDevCounters        = "dev_counters"
-	masqMapEarlyDropScratchV4 = "early_drop_scratch_v4"
-	masqMapEarlyDropScratchV6 = "early_drop_scratch_v6"
-	masqMapEgressDevs         = "egress_devs"
-	masqMapFibScratch         = "fib_scratch"
-	masqMapFragV4             = "frag_v4"
-	masqMapFragV6             = "frag_v6"
-	masqMapMasqRulesV4        = "masq_rules_v4"
-	masqMapMasqRulesV6        = "masq_rules_v6"
-	masqMapMasqSrcV4          = "masq_src_v4"
-	masqMapMasqSrcV6          = "masq_src_v6"
-	masqMapNatCandV4          = "nat_cand_v4"
-	masqMapNatCandV6          = "nat_cand_v6"
-	masqMapNatCount           = "nat_count"
-	masqMapNatDrop            = "nat_drop"
-	masqMapNatFinV4           = "nat_fin_v4"
-	masqMapNatFinV6           = "nat_fin_v6"
-	masqMapNatV4              = "nat_v4"
-	masqMapNatV6              = "nat_v6"
-	masqMapNodeAddrsV4        = "node_addrs_v4"
-	masqMapNodeAddrsV6        = "node_addrs_v6"
-	masqMapNonmasqV4          = "nonmasq_v4"
-	masqMapNonmasqV6          = "nonmasq_v6"
-	masqMapPktOutcome         = "pkt_outcome"
-	masqMapUnmasqV4           = "unmasq_v4"
-	masqMapUnmasqV6           = "unmasq_v6"
-	masqProgIpmasqEgress      = "ipmasq_egress"
-	masqProgIpmasqEgressL3    = "ipmasq_egress_l3"
-	masqProgIpmasqIngress     = "ipmasq_ingress"
-	masqProgIpmasqIngressL3   = "ipmasq_ingress_l3"
-	masqProgNatGcV4           = "nat_gc_v4"
-	masqProgNatGcV6           = "nat_gc_v6"
-	masqVarActionMax          = "action_max"
-	masqVarCounterFamilyOther = "counter_family_other"
-	masqVarCounterMax         = "counter_max"
-	masqVarCsumIpv6Flag       = "csum_ipv6_flag"
-	masqVarDropReasonMax      = "drop_reason_max"
-	masqVarMasqCfgFlagsKnown  = "masq_cfg_flags_known"
-	masqVarMasqSrcFlagsKnown  = "masq_src_flags_known"
-	masqVarNatClassMax        = "nat_class_max"
-	masqVarNatDirLast         = "nat_dir_last"
-	masqVarNatFlagsStored     = "nat_flags_stored"
-	masqVarNatGcResultLast    = "nat_gc_result_last"
-	masqVarNatStateMax        = "nat_state_max"
+	masqMapConfig                = "config"
+	masqMapCounters              = "counters"
+	masqMapDevCounters           = "dev_counters"
+	masqMapEarlyDropScratchV4    = "early_drop_scratch_v4"
+	masqMapEarlyDropScratchV6    = "early_drop_scratch_v6"
+	masqMapEgressDevs            = "egress_devs"
+	masqMapFibScratch            = "fib_scratch"
+	masqMapFragV4                = "frag_v4"
+	masqMapFragV6                = "frag_v6"
+	masqMapMasqRulesV4           = "masq_rules_v4"
+	masqMapMasqRulesV6           = "masq_rules_v6"
+	masqMapMasqSrcV4             = "masq_src_v4"
+	masqMapMasqSrcV6             = "masq_src_v6"
+	masqMapNatCandV4             = "nat_cand_v4"
+	masqMapNatCandV6             = "nat_cand_v6"
+	masqMapNatCount              = "nat_count"
+	masqMapNatDrop               = "nat_drop"
+	masqMapNatFinV4              = "nat_fin_v4"
+	masqMapNatFinV6              = "nat_fin_v6"
+	masqMapNatV4                 = "nat_v4"
+	masqMapNatV6                 = "nat_v6"
+	masqMapNodeAddrsV4           = "node_addrs_v4"
+	masqMapNodeAddrsV6           = "node_addrs_v6"
+	masqMapNonmasqV4             = "nonmasq_v4"
+	masqMapNonmasqV6             = "nonmasq_v6"
+	masqMapPktOutcome            = "pkt_outcome"
+	masqMapUnmasqV4              = "unmasq_v4"
+	masqMapUnmasqV6              = "unmasq_v6"
+	masqProgIpmasqEgress         = "ipmasq_egress"
+	masqProgIpmasqEgressL3       = "ipmasq_egress_l3"
+	masqProgIpmasqIngress        = "ipmasq_ingress"
+	masqProgIpmasqIngressL3      = "ipmasq_ingress_l3"
+	masqProgNatGcV4              = "nat_gc_v4"
+	masqProgNatGcV6              = "nat_gc_v6"
+	masqProgNatHandoverV4        = "nat_handover_v4"
+	masqProgNatHandoverV6        = "nat_handover_v6"
+	masqVarActionMax             = "action_max"
+	masqVarCounterFamilyOther    = "counter_family_other"
+	masqVarCounterMax            = "counter_max"
+	masqVarCsumIpv6Flag          = "csum_ipv6_flag"
+	masqVarDropReasonMax         = "drop_reason_max"
+	masqVarMasqCfgFlagsKnown     = "masq_cfg_flags_known"
+	masqVarMasqSrcFlagsKnown     = "masq_src_flags_known"
+	masqVarNatClassMax           = "nat_class_max"
+	masqVarNatDirLast            = "nat_dir_last"
+	masqVarNatFlagsStored        = "nat_flags_stored"
+	masqVarNatGcResultLast       = "nat_gc_result_last"
+	masqVarNatHandoverLast       = "nat_handover_last"
+	masqVarNatHandoverOpLast     = "nat_handover_op_last"
+	masqVarNatHandoverResultLast = "nat_handover_result_last"
+	masqVarNatStateMax           = "nat_state_max"
 )
 
 // loadMasq returns the embedded CollectionSpec for masq.
@@ -465,6 +495,8 @@ type masqProgramSpecs struct {
 	IpmasqIngressL3 *ebpf.ProgramSpec `ebpf:"ipmasq_ingress_l3"`
 	NatGcV4         *ebpf.ProgramSpec `ebpf:"nat_gc_v4"`
 	NatGcV6         *ebpf.ProgramSpec `ebpf:"nat_gc_v6"`
+	NatHandoverV4   *ebpf.ProgramSpec `ebpf:"nat_handover_v4"`
+	NatHandoverV6   *ebpf.ProgramSpec `ebpf:"nat_handover_v6"`
 }
 
 // masqMapSpecs contains maps before they are loaded into the kernel.
@@ -505,18 +537,21 @@ type masqMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqVariableSpecs struct {
-	ActionMax          *ebpf.VariableSpec `ebpf:"action_max"`
-	CounterFamilyOther *ebpf.VariableSpec `ebpf:"counter_family_other"`
-	CounterMax         *ebpf.VariableSpec `ebpf:"counter_max"`
-	CsumIpv6Flag       *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
-	DropReasonMax      *ebpf.VariableSpec `ebpf:"drop_reason_max"`
-	MasqCfgFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
-	MasqSrcFlagsKnown  *ebpf.VariableSpec `ebpf:"masq_src_flags_known"`
-	NatClassMax        *ebpf.VariableSpec `ebpf:"nat_class_max"`
-	NatDirLast         *ebpf.VariableSpec `ebpf:"nat_dir_last"`
-	NatFlagsStored     *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
-	NatGcResultLast    *ebpf.VariableSpec `ebpf:"nat_gc_result_last"`
-	NatStateMax        *ebpf.VariableSpec `ebpf:"nat_state_max"`
+	ActionMax             *ebpf.VariableSpec `ebpf:"action_max"`
+	CounterFamilyOther    *ebpf.VariableSpec `ebpf:"counter_family_other"`
+	CounterMax            *ebpf.VariableSpec `ebpf:"counter_max"`
+	CsumIpv6Flag          *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
+	DropReasonMax         *ebpf.VariableSpec `ebpf:"drop_reason_max"`
+	MasqCfgFlagsKnown     *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
+	MasqSrcFlagsKnown     *ebpf.VariableSpec `ebpf:"masq_src_flags_known"`
+	NatClassMax           *ebpf.VariableSpec `ebpf:"nat_class_max"`
+	NatDirLast            *ebpf.VariableSpec `ebpf:"nat_dir_last"`
+	NatFlagsStored        *ebpf.VariableSpec `ebpf:"nat_flags_stored"`
+	NatGcResultLast       *ebpf.VariableSpec `ebpf:"nat_gc_result_last"`
+	NatHandoverLast       *ebpf.VariableSpec `ebpf:"nat_handover_last"`
+	NatHandoverOpLast     *ebpf.VariableSpec `ebpf:"nat_handover_op_last"`
+	NatHandoverResultLast *ebpf.VariableSpec `ebpf:"nat_handover_result_last"`
+	NatStateMax           *ebpf.VariableSpec `ebpf:"nat_state_max"`
 }
 
 // masqObjects contains all objects after they have been loaded into the kernel.
@@ -606,18 +641,21 @@ func (m *masqMaps) Close() error {
 //
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqVariables struct {
-	ActionMax          *ebpf.Variable `ebpf:"action_max"`
-	CounterFamilyOther *ebpf.Variable `ebpf:"counter_family_other"`
-	CounterMax         *ebpf.Variable `ebpf:"counter_max"`
-	CsumIpv6Flag       *ebpf.Variable `ebpf:"csum_ipv6_flag"`
-	DropReasonMax      *ebpf.Variable `ebpf:"drop_reason_max"`
-	MasqCfgFlagsKnown  *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
-	MasqSrcFlagsKnown  *ebpf.Variable `ebpf:"masq_src_flags_known"`
-	NatClassMax        *ebpf.Variable `ebpf:"nat_class_max"`
-	NatDirLast         *ebpf.Variable `ebpf:"nat_dir_last"`
-	NatFlagsStored     *ebpf.Variable `ebpf:"nat_flags_stored"`
-	NatGcResultLast    *ebpf.Variable `ebpf:"nat_gc_result_last"`
-	NatStateMax        *ebpf.Variable `ebpf:"nat_state_max"`
+	ActionMax             *ebpf.Variable `ebpf:"action_max"`
+	CounterFamilyOther    *ebpf.Variable `ebpf:"counter_family_other"`
+	CounterMax            *ebpf.Variable `ebpf:"counter_max"`
+	CsumIpv6Flag          *ebpf.Variable `ebpf:"csum_ipv6_flag"`
+	DropReasonMax         *ebpf.Variable `ebpf:"drop_reason_max"`
+	MasqCfgFlagsKnown     *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
+	MasqSrcFlagsKnown     *ebpf.Variable `ebpf:"masq_src_flags_known"`
+	NatClassMax           *ebpf.Variable `ebpf:"nat_class_max"`
+	NatDirLast            *ebpf.Variable `ebpf:"nat_dir_last"`
+	NatFlagsStored        *ebpf.Variable `ebpf:"nat_flags_stored"`
+	NatGcResultLast       *ebpf.Variable `ebpf:"nat_gc_result_last"`
+	NatHandoverLast       *ebpf.Variable `ebpf:"nat_handover_last"`
+	NatHandoverOpLast     *ebpf.Variable `ebpf:"nat_handover_op_last"`
+	NatHandoverResultLast *ebpf.Variable `ebpf:"nat_handover_result_last"`
+	NatStateMax           *ebpf.Variable `ebpf:"nat_state_max"`
 }
 
 // masqPrograms contains all programs after they have been loaded into the kernel.
@@ -630,6 +668,8 @@ type masqPrograms struct {
 	IpmasqIngressL3 *ebpf.Program `ebpf:"ipmasq_ingress_l3"`
 	NatGcV4         *ebpf.Program `ebpf:"nat_gc_v4"`
 	NatGcV6         *ebpf.Program `ebpf:"nat_gc_v6"`
+	NatHandoverV4   *ebpf.Program `ebpf:"nat_handover_v4"`
+	NatHandoverV6   *ebpf.Program `ebpf:"nat_handover_v6"`
 }
 
 func (p *masqPrograms) Close() error {
@@ -640,6 +680,8 @@ func (p *masqPrograms) Close() error {
 		p.IpmasqIngressL3,
 		p.NatGcV4,
 		p.NatGcV6,
+		p.NatHandoverV4,
+		p.NatHandoverV6,
 	)
 }
 

@@ -57,6 +57,10 @@ __noinline int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
 			FAM(nat_touch)(v, 0);
 			return HOST_PASS;
 		}
+		/* conntrack translated this datagram to a pair's tuple it
+		 * holds (handover.h): it is the pod's flow, not the node's. */
+		if (v->handover == NAT_HANDOVER_CONNTRACK)
+			return HOST_PASS;
 		/* A translated flow holds the tuple (a pod kept this port, which
 		 * the node's kernel then chose too): the node's flow gets a port
 		 * of the range, as conntrack remaps a clashing tuple. */

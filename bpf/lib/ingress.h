@@ -22,6 +22,7 @@
 #include "frag.h"
 #include "icmp.h"
 #include "fixed.h"
+#include "handover.h"
 
 /* Misses are not counted on ingress: most packets are the host's own. */
 

@@ -62,6 +62,10 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	stamp = FAM(nat_touch)(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	if (v->flags & NAT_F_HOST)
 		return TC_ACT_UNSPEC; /* a node flow's reply */
+	/* A flow handed to (or adopted from) conntrack: its replies are
+	 * conntrack's to translate while it has the flow (handover.h). */
+	if (v->handover == NAT_HANDOVER_CONNTRACK && FAM(conntrack_holds)(skb, &p))
+		return TC_ACT_UNSPEC;
 	FAM_ADDR_COPY(from, FAM_PKT(&p).daddr);
 	FAM_ADDR_COPY(to, v->addr);
 	port = v->port;

@@ -123,10 +123,9 @@ __noinline enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, 
 	FAM_ADDR_COPY(res->addr, out->src);
 	res->port = out->sport;
 	res->flags = 0;
+	res->handover = NAT_HANDOVER_NONE;
 #if FAM_IS_V6
-	res->pad[0] = res->pad[1] = res->pad[2] = res->pad[3] = res->pad[4] = 0;
-#else
-	res->pad = 0;
+	res->pad[0] = res->pad[1] = res->pad[2] = res->pad[3] = 0;
 #endif
 	res->last_seen_ns = now;
 	res->created_ns = now;

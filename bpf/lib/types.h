@@ -153,6 +153,18 @@ enum nat_flag {
 /* Exported so that bpf2go emits the enum for Go (bpf.NATFlag*). */
 const volatile enum nat_flag nat_flags_stored = NAT_F_STORED;
 
+/* nat_*_val.handover of a reply (dir 1) entry: who holds the pair's
+ * translation (lib/handover.h). Its own byte, written by the agent only,
+ * so that no program's write of flags can lose it. */
+enum nat_handover {
+	NAT_HANDOVER_NONE,	/* the programs translate the pair */
+	NAT_HANDOVER_CONNTRACK,	/* conntrack may hold it: the programs translate
+				 * only what conntrack does not */
+};
+
+/* Exported so that bpf2go emits the enum for Go. */
+const volatile enum nat_handover nat_handover_last = NAT_HANDOVER_CONNTRACK;
+
 /* pkt.tcp_flags only, never stored. */
 #define PKT_F_SYN	0x40
 #define PKT_F_ACK	0x80
@@ -166,7 +178,7 @@ struct nat_v4_val {
 	__be32 addr;
 	__be16 port;
 	__u8 flags;
-	__u8 pad;
+	__u8 handover;	/* enum nat_handover: who may hold the translation */
 	__u64 last_seen_ns;
 	__u64 created_ns;
 	__u32 tcp_end;
@@ -177,7 +189,8 @@ struct nat_v6_val {
 	__u8 addr[16];
 	__be16 port;
 	__u8 flags;
-	__u8 pad[5];
+	__u8 handover;	/* enum nat_handover */
+	__u8 pad[4];
 	__u64 last_seen_ns;
 	__u64 created_ns;
 	__u32 tcp_end;

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/reconcilers/handover"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -43,6 +44,7 @@ type sources struct {
 	Sources   statedb.Table[*tables.MasqueradeSource]     `optional:"true"`
 	NATSize   tables.NATSizing                            `optional:"true"`
 	Netfilter statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
+	Handover  *handover.Handover                          `optional:"true"`
 }
 
 func commands(s sources) hive.ScriptCmdsOut {
@@ -110,6 +112,9 @@ func (s sources) summary() string {
 			fmt.Fprintf(&b, "Netfilter:  %d NAT rule(s) decide before ipmasq, remove them (docs/migrate.md): %s\n",
 				len(rows), tables.DescribeNetfilterNATRules(rows))
 		}
+	}
+	if s.Handover != nil {
+		fmt.Fprintf(&b, "Handover:   %s\n", s.Handover.Stats().Describe())
 	}
 	if s.RuleSrcs != nil {
 		fmt.Fprintf(&b, "Rules:      %d masquerade rule source(s) on devices; %s\n",

@@ -1,0 +1,148 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+)
+
+// HandoverResult says what [Datapath.AdoptV4], [Datapath.MarkConntrackV4]
+// and their IPv6 forms did: enum nat_handover_result in lib/handover.h.
+type HandoverResult uint32
+
+// Results of a handover.
+const (
+	// HandoverDone: the pair was made (adopt) or marked (mark).
+	HandoverDone = HandoverResult(masqNatHandoverResultNAT_HANDOVER_DONE)
+	// HandoverExists: adopt found a pair for the flow already; kept as it is.
+	HandoverExists = HandoverResult(masqNatHandoverResultNAT_HANDOVER_EXISTS)
+	// HandoverTaken: adopt found the translated tuple claimed by another
+	// party (a pair being ended or rebuilt at that instant).
+	HandoverTaken = HandoverResult(masqNatHandoverResultNAT_HANDOVER_TAKEN)
+	// HandoverGone: mark found no whole pair for the flow.
+	HandoverGone = HandoverResult(masqNatHandoverResultNAT_HANDOVER_GONE)
+	// HandoverFull: adopt found the NAT map full.
+	HandoverFull = HandoverResult(masqNatHandoverResultNAT_HANDOVER_FULL)
+)
+
+func (r HandoverResult) String() string {
+	switch r {
+	case HandoverDone:
+		return "done"
+	case HandoverExists:
+		return "exists"
+	case HandoverTaken:
+		return "taken"
+	case HandoverGone:
+		return "gone"
+	case HandoverFull:
+		return "full"
+	}
+	return fmt.Sprintf("result-%d", uint32(r))
+}
+
+// HandoverConntrack is the handover value (NATValV4.Handover of a reply
+// entry) of a pair whose translation conntrack may hold: the ingress
+// program leaves its replies to conntrack while conntrack has the flow.
+const HandoverConntrack = uint8(masqNatHandoverNAT_HANDOVER_CONNTRACK)
+
+// natHandoverCtxV4 is struct nat_handover_v4_ctx.
+type natHandoverCtxV4 struct {
+	Key    NATKeyV4
+	Addr   uint32
+	Port   uint16
+	Op     uint8
+	Seen   uint8
+	Result uint32
+}
+
+// natHandoverCtxV6 is struct nat_handover_v6_ctx.
+type natHandoverCtxV6 struct {
+	Key    NATKeyV6
+	Addr   [16]byte
+	Port   uint16
+	Op     uint8
+	Seen   uint8
+	Result uint32
+}
+
+const (
+	opAdopt = uint8(masqNatHandoverOpNAT_HANDOVER_ADOPT)
+	opMark  = uint8(masqNatHandoverOpNAT_HANDOVER_MARK)
+)
+
+// AdoptV4 makes the NAT pair of a flow conntrack translates: k is the
+// flow's egress tuple (Dir is set to DirEgress), to:port its translation;
+// seen says the remote has answered. The pair is marked as conntrack's
+// (lib/handover.h): its replies are left to conntrack while conntrack has
+// the flow, and translated here once it does not.
+func (d *Datapath) AdoptV4(k NATKeyV4, to netip.Addr, port uint16, seen bool) (HandoverResult, error) {
+	if !to.Is4() && !to.Is4In6() {
+		return 0, fmt.Errorf("adopt %v: translation %v is not IPv4", k, to)
+	}
+	ctx := natHandoverCtxV4{Key: k, Addr: Addr4(to), Port: Port(port), Op: opAdopt, Seen: boolU8(seen)}
+	return runHandover(d.objs.NatHandoverV4, &ctx, &ctx.Result)
+}
+
+// AdoptV6 is [Datapath.AdoptV4] for IPv6.
+func (d *Datapath) AdoptV6(k NATKeyV6, to netip.Addr, port uint16, seen bool) (HandoverResult, error) {
+	if !to.Is6() || to.Is4In6() {
+		return 0, fmt.Errorf("adopt %v: translation %v is not IPv6", k, to)
+	}
+	ctx := natHandoverCtxV6{Key: k, Addr: to.As16(), Port: Port(port), Op: opAdopt, Seen: boolU8(seen)}
+	return runHandover(d.objs.NatHandoverV6, &ctx, &ctx.Result)
+}
+
+// MarkConntrackV4 marks the pair of egress tuple k as handed to conntrack
+// (before the caller gives conntrack an entry with its translation).
+func (d *Datapath) MarkConntrackV4(k NATKeyV4) (HandoverResult, error) {
+	ctx := natHandoverCtxV4{Key: k, Op: opMark}
+	return runHandover(d.objs.NatHandoverV4, &ctx, &ctx.Result)
+}
+
+// MarkConntrackV6 is [Datapath.MarkConntrackV4] for IPv6.
+func (d *Datapath) MarkConntrackV6(k NATKeyV6) (HandoverResult, error) {
+	ctx := natHandoverCtxV6{Key: k, Op: opMark}
+	return runHandover(d.objs.NatHandoverV6, &ctx, &ctx.Result)
+}
+
+func runHandover(prog *ebpf.Program, ctx any, result *uint32) (HandoverResult, error) {
+	if _, err := prog.Run(&ebpf.RunOptions{Context: ctx, ContextOut: ctx}); err != nil {
+		return 0, fmt.Errorf("run %s: %w", prog, err)
+	}
+	return HandoverResult(*result), nil
+}
+
+func boolU8(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// ConntrackLookupAvailable reports whether the kernel has the conntrack
+// kfunc the ingress program asks before translating a pair conntrack may
+// hold (bpf_skb_ct_lookup, in vmlinux or the loaded nf_conntrack module).
+// Without it the lookup is left out when the programs load, and a pair
+// handed to conntrack is translated by both: the handover is then refused
+// by the agent.
+func ConntrackLookupAvailable() (bool, error) {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false, fmt.Errorf("read the kernel's BTF: %w", err)
+	}
+	var fn *btf.Func
+	if err := spec.TypeByName("bpf_skb_ct_lookup", &fn); err == nil {
+		return true, nil
+	} else if !errors.Is(err, btf.ErrNotFound) {
+		return false, err
+	}
+	mod, err := btf.LoadKernelModuleSpec("nf_conntrack")
+	if err != nil {
+		return false, nil // no such module loaded
+	}
+	return mod.TypeByName("bpf_skb_ct_lookup", &fn) == nil, nil
+}
