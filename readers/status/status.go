@@ -16,7 +16,6 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/reconcilers/handover"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -44,7 +43,7 @@ type sources struct {
 	Sources   statedb.Table[*tables.MasqueradeSource]     `optional:"true"`
 	NATSize   tables.NATSizing                            `optional:"true"`
 	Netfilter statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
-	Handover  *handover.Handover                          `optional:"true"`
+	Handover  statedb.Table[*tables.Handover]             `optional:"true"`
 }
 
 func commands(s sources) hive.ScriptCmdsOut {
@@ -114,7 +113,9 @@ func (s sources) summary() string {
 		}
 	}
 	if s.Handover != nil {
-		fmt.Fprintf(&b, "Handover:   %s\n", s.Handover.Stats().Describe())
+		if h := tables.HandoverRow(txn, s.Handover); h != nil {
+			fmt.Fprintf(&b, "Handover:   %s\n", h.Describe())
+		}
 	}
 	if s.RuleSrcs != nil {
 		fmt.Fprintf(&b, "Rules:      %d masquerade rule source(s) on devices; %s\n",

@@ -23,12 +23,17 @@ import (
 )
 
 // Cell runs the handover (job conntrack-handover) while the
-// netfilter-nat-rules table is not empty, and provides *Handover (its
-// counts, for status) and the datapath/handover command. It needs
+// netfilter-nat-rules table is not empty, and provides the
+// conntrack-handover table (its state and counts) and the
+// datapath/handover command. It needs
 // datapath.Cell and the netfilter-nat-rules and node-addresses tables.
 var Cell = cell.Group(
 	cell.Config(Config{ConntrackHandover: true}),
-	cell.Provide(newHandover, scriptCommands),
+	cell.ProvidePrivate(tables.NewHandoverTable),
+	cell.Provide(
+		newHandover, scriptCommands,
+		statedb.RWTable[*tables.Handover].ToTable,
+	),
 	cell.Invoke(register),
 )
 
@@ -56,6 +61,7 @@ type Handover struct {
 	dp        *datapath.Handle
 	rules     statedb.Table[*tables.NetfilterNATRule]
 	nodeAddrs statedb.Table[*tables.NodeAddress]
+	table     statedb.RWTable[*tables.Handover]
 
 	mu        sync.Mutex
 	mover     *mover // for the loaded datapath; nil until it is
@@ -72,10 +78,11 @@ type params struct {
 	Handle    *datapath.Handle
 	Rules     statedb.Table[*tables.NetfilterNATRule]
 	NodeAddrs statedb.Table[*tables.NodeAddress]
+	Table     statedb.RWTable[*tables.Handover]
 }
 
 func newHandover(p params) *Handover {
-	return &Handover{enabled: p.Config.ConntrackHandover, log: p.Log, db: p.DB, dp: p.Handle, rules: p.Rules, nodeAddrs: p.NodeAddrs}
+	return &Handover{enabled: p.Config.ConntrackHandover, log: p.Log, db: p.DB, dp: p.Handle, rules: p.Rules, nodeAddrs: p.NodeAddrs, table: p.Table}
 }
 
 func register(jobs job.Registry, health cell.Health, log *slog.Logger, h *Handover) {
@@ -83,36 +90,30 @@ func register(jobs job.Registry, health cell.Health, log *slog.Logger, h *Handov
 	g.Add(job.OneShot("conntrack-handover", h.run))
 }
 
-// Stats returns the counts so far.
-func (h *Handover) Stats() Stats {
+// row is the table row of the handover now.
+func (h *Handover) row() *tables.Handover {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var s Stats
+	var r tables.Handover
 	if h.mover != nil {
 		h.mover.mu.Lock()
-		s = h.mover.stats
+		r = h.mover.stats
 		h.mover.mu.Unlock()
 	}
-	s.Enabled, s.Active, s.Available = h.enabled, h.active, h.available
-	return s
+	r.Enabled, r.Active, r.Available = h.enabled, h.active, h.available
+	return &r
 }
 
-// Describe is the status line of the handover.
-func (s Stats) Describe() string {
-	state := "idle (no netfilter NAT rule decides before ipmasq)"
-	switch {
-	case !s.Enabled:
-		state = "off (--conntrack-handover=false)"
-	case s.Active && !s.Available:
-		state = "not possible: the kernel has no conntrack lookup for BPF (bpf_skb_ct_lookup); flows are not moved"
-	case s.Active:
-		state = "active (a netfilter NAT rule decides before ipmasq)"
+// publish writes the row if it changed.
+func (h *Handover) publish() {
+	r := h.row()
+	txn := h.db.WriteTxn(h.table)
+	defer txn.Abort()
+	if old := tables.HandoverRow(txn, h.table); old != nil && *old == *r {
+		return
 	}
-	out := fmt.Sprintf("%s; %d flow(s) adopted from conntrack, %d handed back, %d failed", state, s.Adopted, s.HandedBack, s.Failed)
-	if s.LastError != "" {
-		out += " (last: " + s.LastError + ")"
-	}
-	return out
+	h.table.Insert(txn, r)
+	txn.Commit()
 }
 
 // run follows the netfilter-nat-rules table: while it has a row, it
@@ -149,7 +150,7 @@ func (h *Handover) run(ctx context.Context, health cell.Health) error {
 				stop = nil
 			}
 		case !want && stop != nil:
-			h.log.Info("No netfilter NAT rule decides before ipmasq any more: flow handover stopped", "stats", m.statsCopy())
+			h.log.Info("No netfilter NAT rule decides before ipmasq any more: flow handover stopped", "status", h.row().Describe())
 			stop()
 			stop = nil
 			m.close()
@@ -169,6 +170,7 @@ func (h *Handover) run(ctx context.Context, health cell.Health) error {
 		} else {
 			health.OK("handover idle")
 		}
+		h.publish()
 		select {
 		case <-ctx.Done():
 			return nil
@@ -195,12 +197,6 @@ func (h *Handover) moverFor() *mover {
 func (h *Handover) isNodeAddr(a netip.Addr) bool {
 	_, _, found := h.nodeAddrs.Get(h.db.ReadTxn(), tables.NodeAddressByAddr.Query(a))
 	return found
-}
-
-func (m *mover) statsCopy() Stats {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.stats
 }
 
 // listen subscribes to conntrack's NEW events, then adopts every binding
@@ -283,7 +279,7 @@ func scriptCommands(h *Handover) hive.ScriptCmdsOut {
 		"datapath/handover": script.Command(
 			script.CmdUsage{Summary: "The flow handover between conntrack and ipmasq (docs/migrate.md): state and counts"},
 			func(*script.State, ...string) (script.WaitFunc, error) {
-				out := h.Stats().Describe() + "\n"
+				out := h.row().Describe() + "\n"
 				return func(*script.State) (string, string, error) { return out, "", nil }, nil
 			}),
 	})

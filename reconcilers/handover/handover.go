@@ -12,27 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/tables"
 )
-
-// Stats are the handover's counts since the agent started.
-type Stats struct {
-	// Enabled: --conntrack-handover.
-	Enabled bool
-	// Active: a netfilter NAT rule decides before ipmasq, so the handover
-	// runs (adopting conntrack's bindings, handing pairs back).
-	Active bool
-	// Available: the kernel has the conntrack lookup the ingress program
-	// needs (bpf.ConntrackLookupAvailable); without it nothing is moved.
-	Available bool
-	// Adopted: conntrack bindings made NAT pairs.
-	Adopted uint64
-	// HandedBack: pairs given to conntrack.
-	HandedBack uint64
-	// Failed: flows neither could move (a port taken, the map full, a
-	// ctnetlink error); the last error is LastError.
-	Failed    uint64
-	LastError string
-}
 
 // mover moves flows between conntrack and one loaded datapath. Its methods
 // are safe for concurrent use.
@@ -47,7 +28,7 @@ type mover struct {
 	nodeAddr func(netip.Addr) bool
 
 	mu    sync.Mutex
-	stats Stats
+	stats tables.Handover // the counts only
 	back  *handBackSender
 }
 
