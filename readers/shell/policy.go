@@ -60,6 +60,7 @@ var allowed = map[string]allowance{
 	"datapath/counters":     {},
 	"datapath/dev-counters": {},
 	"datapath/nat":          {},
+	"datapath/handover":     {},
 	"rules/dump":            {},
 	"rules/stats":           {},
 	// Operator actions that only bring forward what the agent does on its
