@@ -153,7 +153,7 @@ func (p Pinned) DevCounters() ([]DevCounters, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer m.Close()
+	defer p.release(m)
 	return ReadDevCounters(m)
 }
 

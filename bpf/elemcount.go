@@ -4,7 +4,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -65,15 +69,25 @@ func ElemCounts(ids ...ebpf.MapID) (map[ebpf.MapID]int, error) {
 	return out, nil
 }
 
-// mapID is m's ID.
+// mapID is m's ID, read with BPF_OBJ_GET_INFO_BY_FD alone: ebpf.Map.Info
+// reads /proc/self/fdinfo as well (three more syscalls), and a scrape asks
+// for the IDs of the unmasq maps every time.
 func mapID(m *ebpf.Map) (ebpf.MapID, error) {
-	info, err := m.Info()
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", m, err)
+	// The head of struct bpf_map_info: the kernel fills as much of it as
+	// info_len asks for. The attribute's info is a 64-bit pointer: the
+	// agent is built for amd64 and arm64 only.
+	var info struct{ Type, ID uint32 }
+	attr := struct {
+		FD, InfoLen uint32
+		Info        unsafe.Pointer
+	}{uint32(m.FD()), uint32(unsafe.Sizeof(info)), unsafe.Pointer(&info)}
+	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_OBJ_GET_INFO_BY_FD, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(m)
+	if errno != 0 {
+		return 0, fmt.Errorf("%s: map info: %w", m, errno)
 	}
-	id, ok := info.ID()
-	if !ok {
+	if info.ID == 0 {
 		return 0, fmt.Errorf("%s: the kernel gives no map ID", m)
 	}
-	return id, nil
+	return ebpf.MapID(info.ID), nil
 }
