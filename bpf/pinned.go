@@ -260,18 +260,26 @@ func (p Pinned) NonMasqEntries() (map[string]int, error) {
 
 // NATPairs calls visit for every NAT pair, inbound record and node flow
 // hold of both families (IPv4 first), until visit returns false. See
-// ReadNATPairsV4.
+// ReadNATPairsV4; the datapath's counts of the reply entries size its
+// index.
 func (p Pinned) NATPairs(visit func(*NATPair) bool) error {
+	replies := [2]int{}
+	if counts, err := p.NATCounts(); err == nil {
+		replies[0], replies[1] = max(counts[0].Reply, 0), max(counts[1].Reply, 0)
+	}
 	stopped := false
-	for _, f := range []struct {
+	for i, f := range []struct {
 		name string
-		read func(*ebpf.Map, func(*NATPair) bool) error
-	}{{MapNATV4, ReadNATPairsV4}, {MapNATV6, ReadNATPairsV6}} {
+		read func(*ebpf.Map, int, func(*NATPair) bool) error
+	}{
+		{MapNATV4, func(m *ebpf.Map, n int, v func(*NATPair) bool) error { return readNATPairs(m, natV4, n, v) }},
+		{MapNATV6, func(m *ebpf.Map, n int, v func(*NATPair) bool) error { return readNATPairs(m, natV6, n, v) }},
+	} {
 		m, err := p.open(f.name)
 		if err != nil {
 			return err
 		}
-		err = f.read(m, func(np *NATPair) bool {
+		err = f.read(m, replies[i], func(np *NATPair) bool {
 			stopped = !visit(np)
 			return !stopped
 		})
