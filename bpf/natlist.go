@@ -3,6 +3,7 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"time"
 
@@ -90,11 +91,9 @@ const natListChunk = 32768
 
 // ReadNATPairsV4 calls visit for every pair, inbound record and node flow
 // hold of nat_v4, until visit returns false. The map is read once in
-// batches: a reply entry goes into an index by its key, an egress entry
-// whose reply was read already is listed at once, one whose reply comes
-// later waits (its key and value) until the pass ends. The order is the
-// map's, except for those pairs, listed last. Memory is the index and the
-// waiting entries, not a copy of the map.
+// batches, and each egress entry joined to its reply entry in user space
+// (readNATPairs). The order: inbound records and node flow holds first,
+// in map order, then the pairs, by the hash of their reply key.
 func ReadNATPairsV4(m *ebpf.Map, visit func(*NATPair) bool) error {
 	return readNATPairs(m, natV4, 0, visit)
 }
@@ -211,49 +210,76 @@ func pairOf(r natRecord, rep replyInfo, found bool) NATPair {
 	return p
 }
 
+// natListPartReplies is how many reply entries a partition of the
+// listing's join holds on average: an index of them (64 KiB of IPv4
+// slots at most half full) stays in the CPU's caches.
+const natListPartReplies = 1024
+
+// replyEntry is a reply entry as a partition holds it.
+type replyEntry[K comparable] struct {
+	key  K
+	info replyInfo
+}
+
+// egressEntry is an egress entry as a partition holds it.
+type egressEntry[K comparable, V any] struct {
+	key K
+	val V
+}
+
 // readNATPairs is ReadNATPairsV4 of family f; replies, when known (the
-// datapath's count of reply entries), sizes the index at once.
+// datapath's count of reply entries), sizes the partitions at once.
 //
-// Each batch is gone through three times: its reply entries into the
-// index, then its egress entries' lookups, then the records in order. The
-// index's inserts and lookups are random accesses to a table larger than
-// the CPU's caches; done back to back, independent of each other, the CPU
-// overlaps their cache misses, which a loop that also decodes and lists
-// each entry does not.
+// The pass lists inbound records and node flow holds as it reads them, and
+// puts each reply entry and each egress entry into one of a number of
+// partitions by the hash of the reply key (an egress entry's peer). The
+// pairs are then joined partition by partition, each in an index small
+// enough for the CPU's caches: one index of the whole map was a table of
+// tens of megabytes whose every access missed them (half the listing's
+// CPU at 1 000 000 pairs). Memory is a copy of what a pair needs of its
+// two entries, about 80 bytes a pair (IPv4).
 func readNATPairs[K comparable, V any](m *ebpf.Map, f natFamily[K, V], replies int, visit func(*NATPair) bool) error {
-	index := newReplyIndex(replies, f.hash)
+	parts := 256 // unknown size
+	if replies > 0 {
+		parts = 1
+		for parts < 65536 && parts*natListPartReplies < replies {
+			parts *= 2
+		}
+	}
+	shift := uint(64 - bits.TrailingZeros(uint(parts)))
+	part := func(h uint64) uint64 {
+		if shift == 64 {
+			return 0
+		}
+		return h >> shift
+	}
 	var (
-		waitK   []K
-		waitV   []V
-		p       NATPair
-		stopped bool
-		reps    = make([]replyInfo, natListChunk)
-		found   = make([]bool, natListChunk)
+		replyParts  = make([][]replyEntry[K], parts)
+		egressParts = make([][]egressEntry[K, V], parts)
+		p           NATPair
+		stopped     bool
 	)
+	if replies > 0 {
+		// A fifth over the mean: the partitions' sizes spread around it.
+		per := replies/parts + replies/parts/5 + 16
+		for i := range parts {
+			replyParts[i] = make([]replyEntry[K], 0, per)
+			egressParts[i] = make([]egressEntry[K, V], 0, per)
+		}
+	}
 	err := readChunks(m, f.name, natListChunk, func(keys []K, vals []V) bool {
 		for i := range keys {
-			if dir, flags, lastSeen := f.head(&keys[i], &vals[i]); isReply(dir, flags) {
-				index.put(keys[i], replyInfo{flags: flags, lastSeen: lastSeen})
-			}
-		}
-		for i := range keys {
-			if f.isEgress(&keys[i]) {
-				reps[i], found[i] = index.get(f.peer(&keys[i], &vals[i]))
-			}
-		}
-		for i := range keys {
 			k, v := &keys[i], &vals[i]
-			dir, flags, _ := f.head(k, v)
+			dir, flags, lastSeen := f.head(k, v)
 			switch {
 			case isReply(dir, flags):
+				j := part(f.hash(*k))
+				replyParts[j] = append(replyParts[j], replyEntry[K]{*k, replyInfo{flags: flags, lastSeen: lastSeen}})
 				continue
 			case dir == DirEgress:
-				if !found[i] {
-					// Its reply may come in a later batch.
-					waitK, waitV = append(waitK, *k), append(waitV, *v)
-					continue
-				}
-				p = pairOf(f.record(k, v), reps[i], true)
+				j := part(f.hash(f.peer(k, v)))
+				egressParts[j] = append(egressParts[j], egressEntry[K, V]{*k, *v})
+				continue
 			case dir == DirInbound || dir == DirIngress:
 				p = pairOf(f.record(k, v), replyInfo{}, false)
 			default:
@@ -268,19 +294,23 @@ func readNATPairs[K comparable, V any](m *ebpf.Map, f natFamily[K, V], replies i
 	if err != nil || stopped {
 		return err
 	}
-	// The egress entries read before their replies; one whose reply is
-	// still missing has lost it (or it was added during the pass).
-	for start := 0; start < len(waitK); start += natListChunk {
-		end := min(start+natListChunk, len(waitK))
-		for i := start; i < end; i++ {
-			reps[i-start], found[i-start] = index.get(f.peer(&waitK[i], &waitV[i]))
+	index := newReplyIndex(2*natListPartReplies, f.hash)
+	for j := range parts {
+		index.reset(len(replyParts[j]))
+		for _, r := range replyParts[j] {
+			index.put(r.key, r.info)
 		}
-		for i := start; i < end; i++ {
-			p = pairOf(f.record(&waitK[i], &waitV[i]), reps[i-start], found[i-start])
+		for i := range egressParts[j] {
+			e := &egressParts[j][i]
+			rep, found := index.get(f.peer(&e.key, &e.val))
+			// Not found: the reply entry is gone (or the egress entry came
+			// during the pass, after its reply's place was read).
+			p = pairOf(f.record(&e.key, &e.val), rep, found)
 			if !visit(&p) {
 				return nil
 			}
 		}
+		replyParts[j], egressParts[j] = nil, nil // done: its memory may go
 	}
 	return nil
 }

@@ -2,13 +2,10 @@ package bpf
 
 import "encoding/binary"
 
-// replyIndex holds the reply entries of a NAT map by key while the listing
-// reads it (readNATPairs): an open-addressing table with linear probing,
-// kept at most half full. A listing makes one insert and one or two
-// lookups per pair, each a random access into a table of tens of
-// megabytes; here each touches one slot, where Go's map reads a control
-// word and then a slot (two cache misses), which made the index half of
-// the listing's CPU at 1 000 000 pairs.
+// replyIndex holds the reply entries of one partition of a NAT map by key
+// while the listing joins them to their egress entries (readNATPairs): an
+// open-addressing table with linear probing, kept at most half full and
+// reused from one partition to the next.
 type replyIndex[K comparable] struct {
 	slots []replySlot[K]
 	n     int
@@ -30,6 +27,21 @@ func newReplyIndex[K comparable](n int, hash func(K) uint64) *replyIndex[K] {
 		size *= 2
 	}
 	return &replyIndex[K]{slots: make([]replySlot[K], size), hash: hash}
+}
+
+// reset empties the index and sizes it for n entries.
+func (x *replyIndex[K]) reset(n int) {
+	size := 16
+	for size < 2*n {
+		size *= 2
+	}
+	if size > cap(x.slots) {
+		x.slots = make([]replySlot[K], size)
+	} else {
+		x.slots = x.slots[:size]
+		clear(x.slots)
+	}
+	x.n = 0
 }
 
 // put sets k's reply.
