@@ -37,7 +37,7 @@ func BenchmarkScrapeScale(b *testing.B) {
 			if _, err := reg.Gather(); err != nil {
 				b.Fatal(err)
 			}
-			b.ReportMetric(time.Since(start).Seconds()*1e3, "first-scrape-ms")
+			first := time.Since(start)
 			b.ReportAllocs()
 			natfill.Compare(b, flows, entries, false,
 				func() error { _, err := reg.Gather(); return err },
@@ -51,6 +51,8 @@ func BenchmarkScrapeScale(b *testing.B) {
 						return nil
 					})
 				})
+			// After the loop, which resets the metrics reported before it.
+			b.ReportMetric(first.Seconds()*1e3, "first-scrape-ms")
 		})
 	}
 }
