@@ -32,13 +32,13 @@ type Pinned struct {
 // Cached returns p keeping the maps it opens open between calls, for a
 // reader that reads them over and over (the metrics' scrape): opening a
 // pinned map costs four syscalls, and a scrape reads eight maps. Each
-// later call checks with one stat that the pin still names the map held
-// (a datapath loaded again pins new maps, and a resized NAT map is a new
-// map) and opens the new one if not; a map whose pin is gone is released
-// by the next call that reads it, and every map by Close. Safe for
-// concurrent use.
+// later call checks with one fstatat (relative to the pin directory, kept
+// open) that the pin still names the map held (a datapath loaded again
+// pins new maps, and a resized NAT map is a new map) and opens the new one
+// if not; a map whose pin is gone is released by the next call that reads
+// it, and every map (and the directory) by Close. Safe for concurrent use.
 func (p Pinned) Cached() Pinned {
-	p.cache = &pinCache{pins: map[string]*cachedPin{}, held: map[*ebpf.Map]*cachedPin{}}
+	p.cache = &pinCache{pins: map[string]*cachedPin{}, held: map[*ebpf.Map]*cachedPin{}, dirFD: -1}
 	return p
 }
 
@@ -58,6 +58,27 @@ func (p Pinned) open(name string) (*ebpf.Map, error) {
 		return p.cache.open(path, name, p.Dir)
 	}
 	return openPinned(path, name, p.Dir)
+}
+
+// mapID is m's ID (m from open), kept with the map when it is cached.
+func (p Pinned) mapID(m *ebpf.Map) (ebpf.MapID, error) {
+	if p.cache != nil {
+		p.cache.mu.Lock()
+		e := p.cache.held[m]
+		if e != nil && e.id != 0 {
+			p.cache.mu.Unlock()
+			return e.id, nil
+		}
+		p.cache.mu.Unlock()
+		id, err := mapID(m)
+		if err == nil && e != nil {
+			p.cache.mu.Lock()
+			e.id = id
+			p.cache.mu.Unlock()
+		}
+		return id, err
+	}
+	return mapID(m)
 }
 
 // release ends a read of a map open returned.
@@ -83,6 +104,8 @@ type pinCache struct {
 	mu   sync.Mutex
 	pins map[string]*cachedPin
 	held map[*ebpf.Map]*cachedPin
+	// dirFD is the pin directory (O_PATH), -1 until opened.
+	dirFD int
 }
 
 // cachedPin is one open map and the pin's inode it was opened from.
@@ -93,40 +116,68 @@ type cachedPin struct {
 	// or gone, or the cache closed) is closed when the last one ends.
 	readers int
 	stale   bool
+	// id is the map's ID once asked for (0: not yet).
+	id ebpf.MapID
 }
 
 func (c *pinCache) open(path, name, dir string) (*ebpf.Map, error) {
-	var before unix.Stat_t
-	if err := unix.Stat(path, &before); err != nil {
-		c.forget(path)
-		if errors.Is(err, unix.ENOENT) {
-			return nil, fmt.Errorf("%s in %s: %w", name, dir, ErrNotPinned)
-		}
-		return nil, fmt.Errorf("open pinned %s: %w", name, err)
-	}
 	c.mu.Lock()
-	if e := c.pins[path]; e != nil && e.dev == before.Dev && e.ino == before.Ino {
-		e.readers++
-		c.mu.Unlock()
-		return e.m, nil
+	before, err := c.statLocked(dir, name)
+	if err == nil {
+		if e := c.pins[path]; e != nil && e.dev == before.Dev && e.ino == before.Ino {
+			e.readers++
+			c.mu.Unlock()
+			return e.m, nil
+		}
+	} else {
+		c.dropLocked(path)
 	}
 	c.mu.Unlock()
+	if errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("%s in %s: %w", name, dir, ErrNotPinned)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open pinned %s: %w", name, err)
+	}
 	m, err := openPinned(path, name, dir)
 	if err != nil {
 		return nil, err
 	}
-	var after unix.Stat_t
-	if unix.Stat(path, &after) != nil || after.Dev != before.Dev || after.Ino != before.Ino {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	after, err := c.statLocked(dir, name)
+	if err != nil || after.Dev != before.Dev || after.Ino != before.Ino {
 		// The pin changed while it was opened: not known to be the map of
 		// either inode, so not kept (release closes it).
 		return m, nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.dropLocked(path)
 	e := &cachedPin{m: m, dev: before.Dev, ino: before.Ino, readers: 1}
 	c.pins[path], c.held[m] = e, e
 	return m, nil
+}
+
+// statLocked stats the pin name of dir relative to the directory, opened
+// once (a path walk of one name, not of the whole path). A name not found
+// is looked up once more through dir's path, in case the directory itself
+// was replaced.
+func (c *pinCache) statLocked(dir, name string) (unix.Stat_t, error) {
+	var st unix.Stat_t
+	for retry := false; ; retry = true {
+		if c.dirFD < 0 {
+			fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return st, err
+			}
+			c.dirFD = fd
+		}
+		err := unix.Fstatat(c.dirFD, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if err == nil || retry || !errors.Is(err, unix.ENOENT) {
+			return st, err
+		}
+		unix.Close(c.dirFD)
+		c.dirFD = -1
+	}
 }
 
 // release ends a read of m; false: m is not the cache's (the caller closes
@@ -143,17 +194,15 @@ func (c *pinCache) release(m *ebpf.Map) bool {
 	return true
 }
 
-func (c *pinCache) forget(path string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.dropLocked(path)
-}
-
 func (c *pinCache) closeAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for path := range c.pins {
 		c.dropLocked(path)
+	}
+	if c.dirFD >= 0 {
+		unix.Close(c.dirFD)
+		c.dirFD = -1
 	}
 }
 
@@ -357,7 +406,7 @@ func (p Pinned) UnmasqFill() ([]NATMapFill, error) {
 			return nil, err
 		}
 		maps = append(maps, m)
-		id, err := mapID(m)
+		id, err := p.mapID(m)
 		if err != nil {
 			return nil, err
 		}

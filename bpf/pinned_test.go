@@ -11,8 +11,9 @@ import (
 
 // TestCachedPinnedFollowsThePins: a Cached Pinned reads the maps it opened
 // until their pins change: a resize (a new nat_v4 pinned) is read at the
-// next call, a pin removed is ErrNotPinned, and it lets go of the maps
-// whose pins changed or went, and of every map at Close.
+// next call, a pin removed is ErrNotPinned, a new pin directory is read,
+// and it lets go of the maps whose pins changed or went, and of every map
+// at Close.
 func TestCachedPinnedFollowsThePins(t *testing.T) {
 	e := newEnv(t, envOptions{natMax: 64})
 	e.egress(flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}.packet())
@@ -95,6 +96,20 @@ func TestCachedPinnedFollowsThePins(t *testing.T) {
 	p.release(m)
 	if cacheHolds(p, v6ID) {
 		t.Errorf("the cache holds nat_v6 (ID %d) after its pin went and its read ended", v6ID)
+	}
+
+	// The pin directory itself replaced (the cache keeps it open): the
+	// maps of the new one are read.
+	if err := os.RemoveAll(e.pinDir); err != nil {
+		t.Fatal(err)
+	}
+	dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dp2.Close() })
+	if f := fill(); f[0].Capacity != 8192 || f[0].Entries != 0 {
+		t.Errorf("a new pin directory: fill %+v, want 0 of 8192 entries in nat_v4", f)
 	}
 }
 
