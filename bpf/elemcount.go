@@ -22,6 +22,9 @@ var elemCounter struct {
 	link *link.Iter
 	err  error
 	mu   sync.Mutex // one session at a time
+	// buf holds a session's output (16 bytes a map of the system), kept
+	// for the next.
+	buf []byte
 }
 
 // ElemCounts returns the kernel's count of the elements of each map of
@@ -51,10 +54,21 @@ func ElemCounts(ids ...ebpf.MapID) (map[ebpf.MapID]int, error) {
 		return nil, fmt.Errorf("read the map element counter: %w", err)
 	}
 	defer r.Close()
-	buf, err := io.ReadAll(r)
-	if err != nil {
-		return nil, fmt.Errorf("read the map element counter: %w", err)
+	buf := c.buf[:0]
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, make([]byte, max(32<<10, cap(buf)))...)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the map element counter: %w", err)
+		}
 	}
+	c.buf = buf
 	want := map[ebpf.MapID]bool{}
 	for _, id := range ids {
 		want[id] = true
