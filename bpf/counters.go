@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -182,14 +183,76 @@ func (c Counter) Description() string {
 // ReadCounters sums the per-CPU values of a counters map (Datapath.Maps.Counters
 // or the pinned map opened with ebpf.LoadPinnedMap), indexed by Counter.
 func ReadCounters(m *ebpf.Map) ([]uint64, error) {
-	out := make([]uint64, NumCounters)
+	out, err := SumPerCPU(m, min(int(NumCounters), int(m.MaxEntries())))
+	if err != nil {
+		return nil, fmt.Errorf("read counters: %w", err)
+	}
+	return append(out, make([]uint64, int(NumCounters)-len(out))...), nil
+}
+
+// SumPerCPU returns the values of keys 0 to n-1 of a per-CPU array of
+// uint64, each summed over CPUs (mod 2^64): one batch read for them all
+// (BPF_MAP_LOOKUP_BATCH), or one lookup per key on a kernel without batch
+// reads of arrays. A scrape reads the counters this way, so that its cost
+// is a few syscalls, not one per counter.
+func SumPerCPU(m *ebpf.Map, n int) ([]uint64, error) {
+	if m.Type() != ebpf.PerCPUArray || m.ValueSize() != 8 {
+		return nil, fmt.Errorf("%s is a %s of %d-byte values, not a per-CPU array of uint64", m, m.Type(), m.ValueSize())
+	}
+	if n > int(m.MaxEntries()) {
+		return nil, fmt.Errorf("%s has %d entries, not %d", m, m.MaxEntries(), n)
+	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, n)
+	keys := make([]uint32, n)
+	vals := make([]uint64, n*cpus)
+	var cursor ebpf.MapBatchCursor
+	// An array's batch read starts at key 0 and returns the keys in order;
+	// it may return fewer than asked, so read on from the cursor.
+	for read := 0; read < n; {
+		got, err := m.BatchLookup(&cursor, keys[read:], vals[read*cpus:], nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			return sumPerCPUByKey(m, n)
+		}
+		for i := read; i < read+got; i++ {
+			k := int(keys[i])
+			if k >= n {
+				continue
+			}
+			for _, v := range vals[i*cpus : (i+1)*cpus] {
+				out[k] += v
+			}
+		}
+		read += got
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			if read < n {
+				return nil, fmt.Errorf("read %s: %d of %d keys", m, read, n)
+			}
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", m, err)
+		}
+		if got == 0 {
+			return nil, fmt.Errorf("read %s: the batch read returned nothing after %d of %d keys", m, read, n)
+		}
+	}
+	return out, nil
+}
+
+// sumPerCPUByKey is SumPerCPU one lookup per key.
+func sumPerCPUByKey(m *ebpf.Map, n int) ([]uint64, error) {
+	out := make([]uint64, n)
 	var perCPU []uint64
-	for c := Counter(0); c < NumCounters && c < Counter(m.MaxEntries()); c++ {
-		if err := m.Lookup(uint32(c), &perCPU); err != nil {
-			return nil, fmt.Errorf("read counter %s: %w", c, err)
+	for k := range n {
+		if err := m.Lookup(uint32(k), &perCPU); err != nil {
+			return nil, fmt.Errorf("read %s key %d: %w", m, k, err)
 		}
 		for _, v := range perCPU {
-			out[c] += v
+			out[k] += v
 		}
 	}
 	return out, nil

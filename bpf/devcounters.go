@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // Action is what a program did with a packet (enum action in
@@ -115,8 +116,55 @@ var counterFamilies = map[uint8]string{
 	uint8(masqCounterFamilyFAMILY_OTHER): "other",
 }
 
-// ReadDevCounters reads dev_counters (Datapath.Maps.DevCounters or the pin).
+// ReadDevCounters reads dev_counters (Datapath.Maps.DevCounters or the pin):
+// in batches (a scrape reads it, one syscall for a few devices where an
+// iteration costs two per entry), entry by entry on a kernel without batch
+// reads.
 func ReadDevCounters(m *ebpf.Map) ([]DevCounters, error) {
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, err
+	}
+	// A batch read of a hash map takes whole buckets: ENOSPC says a bucket
+	// holds more than the batch, and the read starts again with a larger
+	// one.
+	for chunk := 64; ; chunk *= 2 {
+		out, err := readDevCounterBatches(m, chunk, cpus)
+		switch {
+		case errors.Is(err, unix.ENOSPC) && chunk < int(m.MaxEntries()):
+			continue
+		case errors.Is(err, ebpf.ErrNotSupported):
+			return readDevCountersByKey(m)
+		case err != nil:
+			return nil, fmt.Errorf("read %s: %w", MapDevCounters, err)
+		}
+		return out, nil
+	}
+}
+
+func readDevCounterBatches(m *ebpf.Map, chunk, cpus int) ([]DevCounters, error) {
+	var (
+		out    []DevCounters
+		cursor ebpf.MapBatchCursor
+		keys   = make([]masqDevCounterKey, chunk)
+		vals   = make([]masqDevCounterVal, chunk*cpus)
+	)
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, err
+		}
+		for i := range n {
+			out = append(out, devCountersOf(keys[i], vals[i*cpus:(i+1)*cpus]))
+		}
+		if err != nil {
+			return out, nil // ErrKeyNotExist: the end
+		}
+	}
+}
+
+// readDevCountersByKey is ReadDevCounters one entry at a time.
+func readDevCountersByKey(m *ebpf.Map) ([]DevCounters, error) {
 	var (
 		out    []DevCounters
 		k      masqDevCounterKey
@@ -124,27 +172,32 @@ func ReadDevCounters(m *ebpf.Map) ([]DevCounters, error) {
 	)
 	it := m.Iterate()
 	for it.Next(&k, &perCPU) {
-		d := DevCounters{Ifindex: k.Ifindex, Family: counterFamilies[k.Family], Direction: "egress"}
-		if d.Family == "" {
-			d.Family = fmt.Sprintf("family-%d", k.Family)
-		}
-		if k.Dir == DirIngress {
-			d.Direction = "ingress"
-		}
-		for _, v := range perCPU {
-			for a := range d.Packets {
-				d.Packets[a] += v.Packets[a]
-			}
-			for r := range d.Drops {
-				d.Drops[r] += v.Drops[r]
-			}
-		}
-		out = append(out, d)
+		out = append(out, devCountersOf(k, perCPU))
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read %s: %w", MapDevCounters, err)
 	}
 	return out, nil
+}
+
+// devCountersOf is one entry's counters, summed over CPUs.
+func devCountersOf(k masqDevCounterKey, perCPU []masqDevCounterVal) DevCounters {
+	d := DevCounters{Ifindex: k.Ifindex, Family: counterFamilies[k.Family], Direction: "egress"}
+	if d.Family == "" {
+		d.Family = fmt.Sprintf("family-%d", k.Family)
+	}
+	if k.Dir == DirIngress {
+		d.Direction = "ingress"
+	}
+	for _, v := range perCPU {
+		for a := range d.Packets {
+			d.Packets[a] += v.Packets[a]
+		}
+		for r := range d.Drops {
+			d.Drops[r] += v.Drops[r]
+		}
+	}
+	return d
 }
 
 // DevCounters returns the per-device counters from the pin.
@@ -153,7 +206,7 @@ func (p Pinned) DevCounters() ([]DevCounters, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer m.Close()
+	defer p.release(m)
 	return ReadDevCounters(m)
 }
 

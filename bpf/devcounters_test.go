@@ -1,8 +1,12 @@
 package bpf
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
+
+	"github.com/cilium/ebpf"
 )
 
 // TestDevCountersActions: every program run ends in one action on its
@@ -75,5 +79,52 @@ func TestDropReasonNames(t *testing.T) {
 	}
 	if ActionPassed.String() != "passed" || ActionTranslated.String() != "translated" || ActionDropped.String() != "dropped" {
 		t.Error("action names")
+	}
+}
+
+// TestDevCountersInBatches: the batched read of dev_counters (the scrape's)
+// returns what an entry-by-entry read does, over several batches.
+func TestDevCountersInBatches(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		k := masqDevCounterKey{Ifindex: uint32(100 + i/6), Family: uint8(i % 3), Dir: uint8(i/3) % 2}
+		vals := make([]masqDevCounterVal, cpus)
+		for c := range vals {
+			vals[c].Packets[ActionTranslated] = uint64(i*10 + c)
+			vals[c].Drops[DropNoPort] = uint64(i + c)
+		}
+		if err := e.dp.Maps.DevCounters.Put(k, vals); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The batches themselves (ReadDevCounters falls back to an entry by
+	// entry read where the kernel has none): 300 entries in batches of 64.
+	if b, err := readDevCounterBatches(e.dp.Maps.DevCounters, 64, cpus); err != nil || len(b) != 300 {
+		t.Fatalf("batches of 64: %d entries, %v", len(b), err)
+	}
+	got, err := ReadDevCounters(e.dp.Maps.DevCounters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := readDevCountersByKey(e.dp.Maps.DevCounters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(d DevCounters) string { return fmt.Sprintf("%+v", d) }
+	gs, ws := make([]string, 0, len(got)), make([]string, 0, len(want))
+	for _, d := range got {
+		gs = append(gs, key(d))
+	}
+	for _, d := range want {
+		ws = append(ws, key(d))
+	}
+	slices.Sort(gs)
+	slices.Sort(ws)
+	if len(ws) != 300 || !slices.Equal(gs, ws) {
+		t.Errorf("batched read: %d entries, entry by entry: %d (want 300 each, equal)", len(gs), len(ws))
 	}
 }

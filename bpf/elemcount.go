@@ -4,7 +4,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -18,6 +22,9 @@ var elemCounter struct {
 	link *link.Iter
 	err  error
 	mu   sync.Mutex // one session at a time
+	// buf holds a session's output (16 bytes a map of the system), kept
+	// for the next.
+	buf []byte
 }
 
 // ElemCounts returns the kernel's count of the elements of each map of
@@ -47,10 +54,21 @@ func ElemCounts(ids ...ebpf.MapID) (map[ebpf.MapID]int, error) {
 		return nil, fmt.Errorf("read the map element counter: %w", err)
 	}
 	defer r.Close()
-	buf, err := io.ReadAll(r)
-	if err != nil {
-		return nil, fmt.Errorf("read the map element counter: %w", err)
+	buf := c.buf[:0]
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, make([]byte, max(32<<10, cap(buf)))...)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the map element counter: %w", err)
+		}
 	}
+	c.buf = buf
 	want := map[ebpf.MapID]bool{}
 	for _, id := range ids {
 		want[id] = true
@@ -65,15 +83,25 @@ func ElemCounts(ids ...ebpf.MapID) (map[ebpf.MapID]int, error) {
 	return out, nil
 }
 
-// mapID is m's ID.
+// mapID is m's ID, read with BPF_OBJ_GET_INFO_BY_FD alone: ebpf.Map.Info
+// reads /proc/self/fdinfo as well (three more syscalls), and a scrape asks
+// for the IDs of the unmasq maps every time.
 func mapID(m *ebpf.Map) (ebpf.MapID, error) {
-	info, err := m.Info()
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", m, err)
+	// The head of struct bpf_map_info: the kernel fills as much of it as
+	// info_len asks for. The attribute's info is a 64-bit pointer: the
+	// agent is built for amd64 and arm64 only.
+	var info struct{ Type, ID uint32 }
+	attr := struct {
+		FD, InfoLen uint32
+		Info        unsafe.Pointer
+	}{uint32(m.FD()), uint32(unsafe.Sizeof(info)), unsafe.Pointer(&info)}
+	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_OBJ_GET_INFO_BY_FD, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(m)
+	if errno != 0 {
+		return 0, fmt.Errorf("%s: map info: %w", m, errno)
 	}
-	id, ok := info.ID()
-	if !ok {
+	if info.ID == 0 {
 		return 0, fmt.Errorf("%s: the kernel gives no map ID", m)
 	}
-	return id, nil
+	return ebpf.MapID(info.ID), nil
 }

@@ -60,22 +60,16 @@ func (c NATCounts) Of(k NATKind) int {
 
 // ReadNATCounts sums nat_count over CPUs: the IPv4 counts, then IPv6.
 func ReadNATCounts(m *ebpf.Map) ([]NATCounts, error) {
+	sums, err := SumPerCPU(m, 2*numNATClasses)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapNATCount, err)
+	}
 	out := []NATCounts{{Family: "ipv4"}, {Family: "ipv6"}}
 	for fam := range out {
-		var n [numNATClasses]int
-		for c := range n {
-			var perCPU []uint64
-			if err := m.Lookup(uint32(fam*numNATClasses+c), &perCPU); err != nil {
-				return nil, fmt.Errorf("read %s: %w", MapNATCount, err)
-			}
-			var sum uint64 // mod 2^64: a CPU's share may be below zero
-			for _, v := range perCPU {
-				sum += v
-			}
-			n[c] = int(int64(sum))
-		}
-		out[fam].Masquerade, out[fam].Reply = n[natClassEgress], n[natClassReply]
-		out[fam].Inbound, out[fam].Host = n[natClassInbound], n[natClassHost]
+		// Each sum mod 2^64: a CPU's share may be below zero.
+		n := func(class int) int { return int(int64(sums[fam*numNATClasses+class])) }
+		out[fam].Masquerade, out[fam].Reply = n(natClassEgress), n(natClassReply)
+		out[fam].Inbound, out[fam].Host = n(natClassInbound), n(natClassHost)
 	}
 	return out, nil
 }
@@ -86,7 +80,7 @@ func (p Pinned) NATCounts() ([]NATCounts, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer m.Close()
+	defer p.release(m)
 	return ReadNATCounts(m)
 }
 

@@ -98,33 +98,41 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
+	// Every map is read before the first metric is sent: the registry's
+	// gatherer, another goroutine, then wakes for them all at once, not
+	// after each read (a wake-up between threads costs as much as a read).
+	out := make([]prometheus.Metric, 0, 64)
+	emit := func(m prometheus.Metric) { out = append(out, m) }
 	counters, err := c.src.Counters()
 	switch {
 	case errors.Is(err, bpf.ErrNotPinned):
 	case err != nil:
-		ch <- prometheus.NewInvalidMetric(datapathPacketsDesc, fmt.Errorf("read datapath counters: %w", err))
+		emit(prometheus.NewInvalidMetric(datapathPacketsDesc, fmt.Errorf("read datapath counters: %w", err)))
 	default:
 		for i, v := range counters {
-			ch <- prometheus.MustNewConstMetric(datapathPacketsDesc, prometheus.CounterValue, float64(v), bpf.Counter(i).String())
+			emit(prometheus.MustNewConstMetric(datapathPacketsDesc, prometheus.CounterValue, float64(v), bpf.Counter(i).String()))
 		}
 	}
-	c.collectDevices(ch)
-	c.collectNAT(ch)
-	c.collectUnmasq(ch)
+	c.collectDevices(emit)
+	c.collectNAT(emit)
+	c.collectUnmasq(emit)
+	for _, m := range out {
+		ch <- m
+	}
 }
 
-func (c *datapathCollector) collectUnmasq(ch chan<- prometheus.Metric) {
+func (c *datapathCollector) collectUnmasq(emit func(prometheus.Metric)) {
 	fill, err := c.src.UnmasqFill()
 	switch {
 	case errors.Is(err, bpf.ErrNotPinned):
 		return
 	case err != nil:
-		ch <- prometheus.NewInvalidMetric(unmasqFlowsDesc, fmt.Errorf("read the unmasqueraded flows' records: %w", err))
+		emit(prometheus.NewInvalidMetric(unmasqFlowsDesc, fmt.Errorf("read the unmasqueraded flows' records: %w", err)))
 		return
 	}
 	for _, m := range fill {
-		ch <- prometheus.MustNewConstMetric(unmasqFlowsDesc, prometheus.GaugeValue, float64(m.Entries), m.Family)
-		ch <- prometheus.MustNewConstMetric(unmasqCapacityDesc, prometheus.GaugeValue, float64(m.Capacity), m.Family)
+		emit(prometheus.MustNewConstMetric(unmasqFlowsDesc, prometheus.GaugeValue, float64(m.Entries), m.Family))
+		emit(prometheus.MustNewConstMetric(unmasqCapacityDesc, prometheus.GaugeValue, float64(m.Capacity), m.Family))
 	}
 }
 
@@ -139,13 +147,13 @@ func (c *datapathCollector) device(ifindex uint32) string {
 	return "ifindex-" + strconv.FormatUint(uint64(ifindex), 10)
 }
 
-func (c *datapathCollector) collectDevices(ch chan<- prometheus.Metric) {
+func (c *datapathCollector) collectDevices(emit func(prometheus.Metric)) {
 	devs, err := c.src.DevCounters()
 	switch {
 	case errors.Is(err, bpf.ErrNotPinned):
 		return
 	case err != nil:
-		ch <- prometheus.NewInvalidMetric(packetsDesc, fmt.Errorf("read per-device counters: %w", err))
+		emit(prometheus.NewInvalidMetric(packetsDesc, fmt.Errorf("read per-device counters: %w", err)))
 		return
 	}
 	type dropKey struct {
@@ -157,8 +165,8 @@ func (c *datapathCollector) collectDevices(ch chan<- prometheus.Metric) {
 	for _, d := range devs {
 		name := c.device(d.Ifindex)
 		for a, n := range d.Packets {
-			ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(n),
-				d.Family, name, d.Direction, bpf.Action(a).String())
+			emit(prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(n),
+				d.Family, name, d.Direction, bpf.Action(a).String()))
 		}
 		// Drops are summed over directions: the label set stays small,
 		// and the reason says where it happened.
@@ -170,37 +178,37 @@ func (c *datapathCollector) collectDevices(ch chan<- prometheus.Metric) {
 		}
 	}
 	for k, n := range drops {
-		ch <- prometheus.MustNewConstMetric(dropsDesc, prometheus.CounterValue, float64(n), k.family, k.device, k.reason.String())
+		emit(prometheus.MustNewConstMetric(dropsDesc, prometheus.CounterValue, float64(n), k.family, k.device, k.reason.String()))
 	}
 	for _, family := range []string{"ipv4", "ipv6"} {
-		ch <- prometheus.MustNewConstMetric(portSearchFailuresDesc, prometheus.CounterValue, float64(portFailures[family]), family)
+		emit(prometheus.MustNewConstMetric(portSearchFailuresDesc, prometheus.CounterValue, float64(portFailures[family]), family))
 	}
 }
 
-func (c *datapathCollector) collectNAT(ch chan<- prometheus.Metric) {
+func (c *datapathCollector) collectNAT(emit func(prometheus.Metric)) {
 	fill, err := c.src.NATFill()
 	switch {
 	case errors.Is(err, bpf.ErrNotPinned):
 		return
 	case err != nil:
-		ch <- prometheus.NewInvalidMetric(natEntriesDesc, fmt.Errorf("read NAT occupancy: %w", err))
+		emit(prometheus.NewInvalidMetric(natEntriesDesc, fmt.Errorf("read NAT occupancy: %w", err)))
 		return
 	}
 	for _, m := range fill {
-		ch <- prometheus.MustNewConstMetric(natEntriesDesc, prometheus.GaugeValue, float64(m.Entries), m.Family)
-		ch <- prometheus.MustNewConstMetric(natCapacityDesc, prometheus.GaugeValue, float64(m.Capacity), m.Family)
+		emit(prometheus.MustNewConstMetric(natEntriesDesc, prometheus.GaugeValue, float64(m.Entries), m.Family))
+		emit(prometheus.MustNewConstMetric(natCapacityDesc, prometheus.GaugeValue, float64(m.Capacity), m.Family))
 	}
 
 	counts, err := c.src.NATCounts()
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(natPairsDesc, fmt.Errorf("read NAT pair counts: %w", err))
+		emit(prometheus.NewInvalidMetric(natPairsDesc, fmt.Errorf("read NAT pair counts: %w", err)))
 		return
 	}
 	// Every family and kind, zero included: an alert on a kind needs the
 	// series to exist before the first such pair.
 	for _, fc := range counts {
 		for kind := bpf.KindMasquerade; kind <= bpf.KindHost; kind++ {
-			ch <- prometheus.MustNewConstMetric(natPairsDesc, prometheus.GaugeValue, float64(fc.Of(kind)), fc.Family, kind.String())
+			emit(prometheus.MustNewConstMetric(natPairsDesc, prometheus.GaugeValue, float64(fc.Of(kind)), fc.Family, kind.String()))
 		}
 	}
 }
