@@ -60,6 +60,10 @@ type NATPair struct {
 	// ReplyMissing: a masquerade pair whose reply entry is gone (evicted
 	// from the LRU map); its next packet from the source restores it.
 	ReplyMissing bool
+	// Conntrack: a masquerade pair whose translation conntrack may hold
+	// (adopted from it, or handed back to it: lib/handover.h); its
+	// replies are left to conntrack while conntrack has the flow.
+	Conntrack bool
 }
 
 // Age is how long the pair has existed at now (monotonic ns).
@@ -128,7 +132,9 @@ type natFamily[K comparable, V any] struct {
 	// head is an entry's direction, flags and last packet, read without
 	// decoding its addresses (every entry's is read).
 	head func(*K, *V) (dir, flags uint8, lastSeen uint64)
-	peer func(*K, *V) K
+	// handover is a reply entry's handover mark.
+	handover func(*V) uint8
+	peer     func(*K, *V) K
 	// isEgress says whether a key is a pair's egress entry (dir 0).
 	isEgress func(*K) bool
 	// record is the entry decoded, for a listed one.
@@ -139,6 +145,7 @@ var (
 	natV4 = natFamily[NATKeyV4, NATValV4]{
 		name: MapNATV4, hash: hashNATKeyV4,
 		head:     func(k *NATKeyV4, v *NATValV4) (uint8, uint8, uint64) { return k.Dir, v.Flags, v.LastSeenNs },
+		handover: func(v *NATValV4) uint8 { return v.Handover },
 		peer:     func(k *NATKeyV4, v *NATValV4) NATKeyV4 { return PeerV4(*k, *v) },
 		isEgress: func(k *NATKeyV4) bool { return k.Dir == DirEgress },
 		record: func(k *NATKeyV4, v *NATValV4) natRecord {
@@ -153,6 +160,7 @@ var (
 	natV6 = natFamily[NATKeyV6, NATValV6]{
 		name: MapNATV6, hash: hashNATKeyV6,
 		head:     func(k *NATKeyV6, v *NATValV6) (uint8, uint8, uint64) { return k.Dir, v.Flags, v.LastSeenNs },
+		handover: func(v *NATValV6) uint8 { return v.Handover },
 		peer:     func(k *NATKeyV6, v *NATValV6) NATKeyV6 { return PeerV6(*k, *v) },
 		isEgress: func(k *NATKeyV6) bool { return k.Dir == DirEgress },
 		record: func(k *NATKeyV6, v *NATValV6) natRecord {
@@ -176,8 +184,8 @@ type natRecord struct {
 
 // replyInfo is what a pair takes from its reply entry.
 type replyInfo struct {
-	flags    uint8
-	lastSeen uint64
+	flags, handover uint8
+	lastSeen        uint64
 }
 
 // isReply says whether an entry is a pair's reply entry, listed with its
@@ -195,6 +203,7 @@ func pairOf(r natRecord, rep replyInfo, found bool) NATPair {
 		if found {
 			p.Flags |= rep.flags
 			p.LastSeenNs = max(p.LastSeenNs, rep.lastSeen)
+			p.Conntrack = rep.handover == HandoverConntrack
 		} else {
 			p.ReplyMissing = true
 		}
@@ -274,7 +283,7 @@ func readNATPairs[K comparable, V any](m *ebpf.Map, f natFamily[K, V], replies i
 			switch {
 			case isReply(dir, flags):
 				j := part(f.hash(*k))
-				replyParts[j] = append(replyParts[j], replyEntry[K]{*k, replyInfo{flags: flags, lastSeen: lastSeen}})
+				replyParts[j] = append(replyParts[j], replyEntry[K]{*k, replyInfo{flags: flags, handover: f.handover(v), lastSeen: lastSeen}})
 				continue
 			case dir == DirEgress:
 				j := part(f.hash(f.peer(k, v)))

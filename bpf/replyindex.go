@@ -14,10 +14,9 @@ type replyIndex[K comparable] struct {
 
 // replySlot is one slot of a replyIndex; used=false: empty.
 type replySlot[K comparable] struct {
-	key      K
-	lastSeen uint64
-	flags    uint8
-	used     bool
+	key  K
+	info replyInfo
+	used bool
 }
 
 // newReplyIndex returns an index sized for n entries (it grows past them).
@@ -53,12 +52,12 @@ func (x *replyIndex[K]) put(k K, r replyInfo) {
 	for i := x.hash(k) & mask; ; i = (i + 1) & mask {
 		s := &x.slots[i]
 		if !s.used {
-			*s = replySlot[K]{key: k, lastSeen: r.lastSeen, flags: r.flags, used: true}
+			*s = replySlot[K]{key: k, info: r, used: true}
 			x.n++
 			return
 		}
 		if s.key == k {
-			s.lastSeen, s.flags = r.lastSeen, r.flags
+			s.info = r
 			return
 		}
 	}
@@ -73,7 +72,7 @@ func (x *replyIndex[K]) get(k K) (replyInfo, bool) {
 			return replyInfo{}, false
 		}
 		if s.key == k {
-			return replyInfo{flags: s.flags, lastSeen: s.lastSeen}, true
+			return s.info, true
 		}
 	}
 }
@@ -83,7 +82,7 @@ func (x *replyIndex[K]) grow() {
 	x.slots, x.n = make([]replySlot[K], 2*len(old)), 0
 	for i := range old {
 		if old[i].used {
-			x.put(old[i].key, replyInfo{flags: old[i].flags, lastSeen: old[i].lastSeen})
+			x.put(old[i].key, old[i].info)
 		}
 	}
 }

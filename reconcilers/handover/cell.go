@@ -50,7 +50,9 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 }
 
 // handBackInterval is how often the pairs made since the last pass are
-// handed back while a rule decides before ipmasq.
+// handed back while a rule decides before ipmasq; at least ten times as
+// long as a pass took (a pass reads the NAT maps whole: about a second of
+// CPU at a million pairs), so that it takes at most a tenth of a CPU.
 const handBackInterval = time.Second
 
 // Handover is the running handover: see the package doc.
@@ -128,38 +130,45 @@ func (h *Handover) run(ctx context.Context, health cell.Health) error {
 	h.available = available
 	h.mu.Unlock()
 	var (
-		stop   func()
-		ticker = time.NewTicker(handBackInterval)
+		stop func()
+		cur  *mover // the mover the listener adopts for
+		wait = handBackInterval
 	)
-	defer ticker.Stop()
 	defer func() {
 		if stop != nil {
 			stop()
+			cur.close()
 		}
 	}()
 	for {
 		rows, watch := h.rules.AllWatch(h.db.ReadTxn())
 		want := h.enabled && len(tables.NetfilterNATRules(rows)) > 0 && available
 		m := h.moverFor()
-		switch {
-		case want && m != nil && stop == nil:
+		if stop != nil && (!want || m != cur) {
+			// No rule decides before ipmasq any more, or the datapath
+			// was loaded again.
+			h.log.Info("Flow handover stopped", "status", h.row().Describe())
+			stop()
+			cur.close()
+			stop, cur = nil, nil
+		}
+		if want && m != nil && stop == nil {
 			h.log.Info("A netfilter NAT rule decides before ipmasq: adopting conntrack's masquerade bindings and handing pairs back to conntrack (docs/migrate.md)")
-			stop, err = h.listen(ctx, m)
-			if err != nil {
+			if stop, err = h.listen(ctx, m); err != nil {
 				health.Degraded("adopt conntrack's bindings", err)
 				stop = nil
+			} else {
+				cur = m
 			}
-		case !want && stop != nil:
-			h.log.Info("No netfilter NAT rule decides before ipmasq any more: flow handover stopped", "status", h.row().Describe())
-			stop()
-			stop = nil
-			m.close()
 		}
 		h.mu.Lock()
 		h.active = stop != nil
 		h.mu.Unlock()
 		if stop != nil {
-			if n, err := m.handBackAll(); err != nil {
+			start := time.Now()
+			n, err := m.handBackAll()
+			wait = max(handBackInterval, 10*time.Since(start))
+			if err != nil {
 				health.Degraded("hand pairs back to conntrack", err)
 			} else {
 				if n > 0 {
@@ -171,11 +180,17 @@ func (h *Handover) run(ctx context.Context, health cell.Health) error {
 			health.OK("handover idle")
 		}
 		h.publish()
+		// Idle, only a change of the rules (or the datapath's first load)
+		// wakes the job.
+		var tick <-chan time.Time
+		if stop != nil || (want && m == nil) {
+			tick = time.After(wait)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-watch:
-		case <-ticker.C:
+		case <-tick:
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package handover
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -80,11 +79,11 @@ func (m *mover) handBackAll() (int, error) {
 		}
 		m.back = s
 	}
-	flows, err := unmarkedV4(m.dp.Maps.NatV4)
+	flows, err := unmarked(m.dp.Maps.NatV4, bpf.ReadNATPairsV4)
 	if err != nil {
 		return 0, err
 	}
-	flows6, err := unmarkedV6(m.dp.Maps.NatV6)
+	flows6, err := unmarked(m.dp.Maps.NatV6, bpf.ReadNATPairsV6)
 	if err != nil {
 		return 0, err
 	}
@@ -141,73 +140,16 @@ func handBackable(proto, flags uint8) bool {
 		flags&(bpf.NATFlagFIN|bpf.NATFlagRST|bpf.NATFlagHost) == 0
 }
 
-// unmarkedV4 lists nat_v4's translated pairs that may be handed back and
-// are not marked as conntrack's.
-func unmarkedV4(m *ebpf.Map) ([]flow, error) {
-	return unmarked(m, func(k bpf.NATKeyV4, v bpf.NATValV4) (entry[bpf.NATKeyV4], bool) {
-		return entry[bpf.NATKeyV4]{dir: k.Dir, proto: k.Proto, flags: v.Flags, handover: v.Handover, peer: bpf.PeerV4(k, v),
-			f: flow{proto: k.Proto,
-				src: netip.AddrPortFrom(bpf.AddrFrom4(k.Src), bpf.HostPort(k.Sport)),
-				dst: netip.AddrPortFrom(bpf.AddrFrom4(k.Dst), bpf.HostPort(k.Dport)),
-				to:  netip.AddrPortFrom(bpf.AddrFrom4(v.Addr), bpf.HostPort(v.Port))}}, true
-	})
-}
-
-// unmarkedV6 is unmarkedV4 for nat_v6.
-func unmarkedV6(m *ebpf.Map) ([]flow, error) {
-	return unmarked(m, func(k bpf.NATKeyV6, v bpf.NATValV6) (entry[bpf.NATKeyV6], bool) {
-		return entry[bpf.NATKeyV6]{dir: k.Dir, proto: k.Proto, flags: v.Flags, handover: v.Handover, peer: bpf.PeerV6(k, v),
-			f: flow{proto: k.Proto,
-				src: netip.AddrPortFrom(netip.AddrFrom16(k.Src), bpf.HostPort(k.Sport)),
-				dst: netip.AddrPortFrom(netip.AddrFrom16(k.Dst), bpf.HostPort(k.Dport)),
-				to:  netip.AddrPortFrom(netip.AddrFrom16(v.Addr), bpf.HostPort(v.Port))}}, true
-	})
-}
-
-type entry[K comparable] struct {
-	dir, proto, flags, handover uint8
-	peer                        K
-	f                           flow
-}
-
-// unmarked reads the map twice: the reply entries first (their flags and
-// mark), then the egress entries, each joined with its reply.
-func unmarked[K comparable, V any](m *ebpf.Map, decode func(K, V) (entry[K], bool)) ([]flow, error) {
-	type reply struct {
-		flags    uint8
-		marked   bool
-		pointsTo netip.AddrPort
-	}
-	replies := map[K]reply{}
-	var (
-		k K
-		v V
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if e, _ := decode(k, v); e.dir == bpf.DirIngress {
-			replies[k] = reply{flags: e.flags, marked: e.handover == bpf.HandoverConntrack, pointsTo: e.f.to}
-		}
-	}
-	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
-		return nil, fmt.Errorf("read %v: %w", m, err)
-	}
+// unmarked lists the translated pairs of m (nat_v4 or nat_v6: read is
+// bpf.ReadNATPairsV4 or V6) that may be handed back and are not yet
+// conntrack's.
+func unmarked(m *ebpf.Map, read func(*ebpf.Map, func(*bpf.NATPair) bool) error) ([]flow, error) {
 	var out []flow
-	it = m.Iterate()
-	for it.Next(&k, &v) {
-		e, _ := decode(k, v)
-		if e.dir != bpf.DirEgress {
-			continue
+	err := read(m, func(p *bpf.NATPair) bool {
+		if p.Kind == bpf.KindMasquerade && !p.ReplyMissing && !p.Conntrack && handBackable(p.Proto, p.Flags) {
+			out = append(out, flow{proto: p.Proto, src: p.Src, dst: p.Dst, to: p.Translated, seen: p.Flags&bpf.NATFlagSeen != 0})
 		}
-		r, ok := replies[e.peer]
-		if !ok || r.marked || r.pointsTo != e.f.src || !handBackable(e.proto, e.flags|r.flags) {
-			continue
-		}
-		e.f.seen = r.flags&bpf.NATFlagSeen != 0
-		out = append(out, e.f)
-	}
-	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
-		return nil, fmt.Errorf("read %v: %w", m, err)
-	}
-	return out, nil
+		return true
+	})
+	return out, err
 }
