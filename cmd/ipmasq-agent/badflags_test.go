@@ -19,7 +19,7 @@ var badValues = map[string]string{
 	"add_dir_header": "maybe", "alsologtostderr": "maybe", "logtostderr": "maybe", "one_output": "maybe",
 	"skip_headers": "maybe", "skip_log_headers": "maybe", "random-fully": "maybe", "version": "maybe",
 	"legacy_stderr_threshold_behavior": "maybe", "conntrack-handover": "maybe",
-	"enable-ipv4":                      "maybe", "enable-ipv6": "maybe", "masquerade-pod-cidrs-only": "maybe", "nat-keep-source-port": "maybe", "nomasq-all-reserved-ranges": "maybe",
+	"enable-ipv4": "maybe", "enable-ipv6": "maybe", "masquerade-pod-cidrs-only": "maybe", "nat-keep-source-port": "maybe", "nomasq-all-reserved-ranges": "maybe",
 	"v": "x", "log_file_max_size": "-1",
 	"egress-route-table": "x", "egress-rule-priority": "0", "max-nonmasq-cidrs": "0", "nat-max-entries": "x",
 	"ipam-config-wait": "x", "nat-gc-interval": "x",
