@@ -28,6 +28,7 @@ import (
 	"github.com/ipmasq/ipmasq/cells/ipam"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
+	"github.com/ipmasq/ipmasq/internal/unixsock"
 	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/settings"
 )
@@ -67,6 +68,18 @@ func newNodeWithConfig(t testing.TB, config string, pools []string, args ...stri
 }
 
 func (n *node) start(args ...string) {
+	n.build(args...)
+	log := hivetest.Logger(n.t, hivetest.LogLevel(slog.LevelWarn))
+	if err := n.h.Start(log, context.Background()); err != nil {
+		n.t.Fatal(err)
+	}
+	h := n.h
+	n.t.Cleanup(func() { h.Stop(log, context.Background()) })
+}
+
+// build makes the node's hive, with its flags, and its client; it does not
+// start it.
+func (n *node) build(args ...string) {
 	n.h = hive.NewWithOptions(agent.Options(),
 		agent.Infrastructure, settings.Cell, kubeclient.Cell, config.Cell, podcidrs.Cell, ipam.Cell, api.Cell,
 		cell.Invoke(func(i *ipam.IPAM) { n.ipam = i }))
@@ -84,12 +97,6 @@ func (n *node) start(args ...string) {
 	if err := flags.Parse(all); err != nil {
 		n.t.Fatal(err)
 	}
-	log := hivetest.Logger(n.t, hivetest.LogLevel(slog.LevelWarn))
-	if err := n.h.Start(log, context.Background()); err != nil {
-		n.t.Fatal(err)
-	}
-	h := n.h
-	n.t.Cleanup(func() { h.Stop(log, context.Background()) })
 	n.client = ipamapi.NewClient(n.socket)
 }
 
@@ -360,5 +367,55 @@ func TestClientAnswersOutliveTheNext(t *testing.T) {
 		if got := fmt.Sprintf("%+v", first); got != want {
 			t.Fatalf("after answer %d the first answer changed:\n%s\nwas\n%s", i+1, got, want)
 		}
+	}
+}
+
+// TestSocketDirectoryRemovedStopsTheAgent: the API socket's directory
+// removed as a whole while the agent reaches it through a bind mount (a
+// hostPath volume after `rm -rf /run/ipmasq` on the node) can never be
+// reached by the CNI plugin again, however often the agent binds: the
+// agent stops with an error that says so, and the kubelet's restart brings
+// the directory back (internal/testkit/nodee2e TestFleet checks that part
+// on a real node). The bind mount's view is made by a /proc/self/fd link.
+func TestSocketDirectoryRemovedStopsTheAgent(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "run")
+	if err := os.Mkdir(run, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	d, err := os.Open(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	n := &node{t: t, dir: dir, socket: fmt.Sprintf("/proc/self/fd/%d/api.sock", d.Fd()),
+		config: filepath.Join(dir, "config", "ip-masq-agent"), pools: []string{"10.244.1.0/24"}}
+	n.build()
+	done := make(chan error, 1)
+	go func() { done <- n.h.Run(hivetest.Logger(t, hivetest.LogLevel(slog.LevelWarn))) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		if _, err := n.client.List(ctx); err == nil {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the agent stopped before it served: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the API never answered")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := os.RemoveAll(run); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, unixsock.ErrDirRemoved) {
+			t.Fatalf("the agent stopped with %v, want ErrDirRemoved", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the agent still runs with its socket's directory removed")
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/cilium/hive"
 	"github.com/cilium/hive/cell"
 	"github.com/spf13/pflag"
 
@@ -46,27 +47,31 @@ var Cell = cell.Module(
 	cell.Invoke(register),
 )
 
-func register(lc cell.Lifecycle, log *slog.Logger, health cell.Health, cfg Config, i *ipam.IPAM) error {
+func register(lc cell.Lifecycle, log *slog.Logger, health cell.Health, shutdown hive.Shutdowner, cfg Config, i *ipam.IPAM) error {
 	if cfg.APISocket == "" {
 		return fmt.Errorf("--api-socket is empty: give the path of the API's unix socket, e.g. %s", ipamapi.DefaultSocket)
 	}
-	s := &server{log: log, health: health, path: cfg.APISocket, ipam: i}
+	s := &server{log: log, health: health, shutdown: shutdown, path: cfg.APISocket, ipam: i}
 	lc.Append(cell.Hook{OnStart: s.start, OnStop: s.stop})
 	return nil
 }
 
 type server struct {
-	log    *slog.Logger
-	health cell.Health
-	path   string
-	ipam   *ipam.IPAM
-	srv    *http.Server
+	log      *slog.Logger
+	health   cell.Health
+	shutdown hive.Shutdowner
+	path     string
+	ipam     *ipam.IPAM
+	srv      *http.Server
 }
 
 func (s *server) start(cell.HookContext) error {
 	// The socket is the CNI plugin's way in: one removed under the agent
-	// is bound again, and one that cannot be is a degraded health.
-	ln, err := unixsock.Listen("--api-socket", s.path, socketEvents(s.log, s.health.NewScope("socket")))
+	// is bound again, and one that cannot be is a degraded health. One
+	// whose directory was removed on the host under the agent's bind
+	// mount can never be reached again: the agent stops with that error,
+	// and its restart (the kubelet's) gets the host's directory back.
+	ln, err := unixsock.Listen("--api-socket", s.path, socketEvents(s.log, s.health.NewScope("socket"), s.shutdown))
 	if err != nil {
 		return err
 	}
@@ -97,13 +102,19 @@ func (s *server) stop(ctx cell.HookContext) error {
 }
 
 // socketEvents logs what the socket's listener reports and keeps a health
-// scope of it.
-func socketEvents(log *slog.Logger, health cell.Health) func(string, error) {
+// scope of it; a socket that can never be reached again
+// (unixsock.ErrDirRemoved) stops the agent with that error.
+func socketEvents(log *slog.Logger, health cell.Health, shutdown hive.Shutdowner) func(string, error) {
 	health.OK("listening")
 	return func(msg string, err error) {
 		if err != nil {
 			log.Error("API socket unusable", "error", err)
 			health.Degraded("API socket unusable", err)
+			if errors.Is(err, unixsock.ErrDirRemoved) {
+				// The datapath is pinned and keeps translating while the
+				// agent restarts.
+				shutdown.Shutdown(hive.ShutdownWithError(err))
+			}
 			return
 		}
 		log.Warn(msg)

@@ -9,7 +9,11 @@
 // the uninstall leave a live socket alone instead of deciding by a dial
 // that can race a bind; it removes the path at close only while the path is
 // still its own socket; and it binds again when its socket file is removed
-// under it.
+// under it. When the socket's directory itself was removed while the
+// listener still reaches it (a bind mount, e.g. a hostPath volume, whose
+// source directory was deleted on the host), no socket it binds there can
+// be reached by anyone else again: it reports ErrDirRemoved once, for its
+// owner to restart (the runtime then mounts the host's directory anew).
 package unixsock
 
 import (
@@ -45,6 +49,15 @@ const CheckInterval = time.Second
 // ErrInUse is the error for a socket that a process still serves.
 var ErrInUse = errors.New("is in use by another process (another agent running?)")
 
+// ErrDirRemoved is reported when the socket's directory was removed while
+// the listener runs, and the listener still sees the removed directory at
+// its path: a bind mount of a directory deleted at its source (in
+// Kubernetes, the hostPath directory removed on the node, e.g. by `rm -rf
+// /run/ipmasq`). Nothing bound there can be reached from the host again;
+// a restart is the remedy (the container runtime creates a missing
+// hostPath directory when it starts the container).
+var ErrDirRemoved = errors.New("its directory was removed on the host while the agent serves it, and this process still sees the removed one (a bind mount such as a hostPath volume): no socket bound there can be reached; restart the agent (the container runtime makes the directory again)")
+
 // Listener is a unix socket listener that owns its path (see the package
 // doc). It is a net.Listener.
 type Listener struct {
@@ -60,6 +73,9 @@ type Listener struct {
 	cur    *net.UnixListener
 	id     fileID
 	closed bool
+	// dirGone is set once ErrDirRemoved was reported: checking on cannot
+	// bring the socket back.
+	dirGone bool
 }
 
 // fileID identifies a file across renames and re-creations.
@@ -286,11 +302,13 @@ func (l *Listener) watch() {
 
 // Check makes sure the socket file at the path is this listener's: when
 // it is gone it binds the path again (the lock says no one else may). A
-// path now holding something else is left alone and reported.
+// path now holding something else is left alone and reported. A directory
+// removed under a bind mount is reported once (ErrDirRemoved), and then
+// no longer checked.
 func (l *Listener) Check() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
+	if l.closed || l.dirGone {
 		return
 	}
 	id, fi, err := statID(l.path)
@@ -302,6 +320,14 @@ func (l *Listener) Check() {
 		return
 	case !errors.Is(err, os.ErrNotExist):
 		l.event("", fmt.Errorf("%s %s: %w", l.flag, l.path, err))
+		return
+	}
+	// A directory that is gone from every path but this process's view:
+	// binding in it would fail (ENOENT), and making it again is not
+	// possible from here (MkdirAll finds it).
+	if dirRemoved(filepath.Dir(l.path)) {
+		l.dirGone = true
+		l.event("", fmt.Errorf("%s %s: %w", l.flag, l.path, ErrDirRemoved))
 		return
 	}
 	if err := os.MkdirAll(filepath.Dir(l.path), DirMode); err != nil {
@@ -319,6 +345,18 @@ func (l *Listener) Check() {
 	go l.acceptFrom(ul)
 	old.Close()
 	l.event(l.flag+" "+l.path+": the socket file was removed by another process; bound again", nil)
+}
+
+// dirRemoved reports whether dir is a directory that was removed (no link
+// left) yet is still reached at this path: the root of a bind mount whose
+// source was deleted, or a /proc/<pid>/fd link to a removed directory.
+func dirRemoved(dir string) bool {
+	fi, err := os.Stat(dir)
+	if err != nil || !fi.IsDir() {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && st.Nlink == 0
 }
 
 func (l *Listener) event(msg string, err error) {

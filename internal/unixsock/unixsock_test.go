@@ -225,6 +225,52 @@ func TestRebindWhenRemoved(t *testing.T) {
 	serves(t, l, path)
 }
 
+// TestDirRemovedUnderTheListener: the socket's directory removed as a
+// whole while the listener still reaches it at its path, as an agent in a
+// container does after `rm -rf /run/ipmasq` on the node (its hostPath
+// mount still shows the removed directory). Binding again there cannot
+// work and nothing would ever reach the socket: the listener says so once,
+// with ErrDirRemoved, instead of failing to bind every second. The
+// container's view is made here by a /proc/self/fd link to the directory,
+// which resolves to the removed directory as the bind mount does.
+func TestDirRemovedUnderTheListener(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ipmasq")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	path := "/proc/self/fd/" + strconv.Itoa(int(d.Fd())) + "/api.sock"
+	events := make(chan error, 4)
+	l, err := Listen("--api-socket", path, func(msg string, err error) { events <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	serves(t, l, path)
+	if _, err := os.Lstat(filepath.Join(dir, "api.sock")); err != nil {
+		t.Fatalf("the socket at the directory's own path: %v", err)
+	}
+	// The node's cleanup: the directory and everything in it.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-events; !errors.Is(err, ErrDirRemoved) {
+		t.Fatalf("event %v, want ErrDirRemoved", err)
+	}
+	// Once: later checks report nothing more.
+	l.Check()
+	l.Check()
+	select {
+	case err := <-events:
+		t.Fatalf("a second event: %v", err)
+	default:
+	}
+}
+
 // TestRemoveStaleRefusesALiveSocket: the uninstall's removal leaves a
 // socket whose listener holds the lock, even when the dial fails; after
 // the listener is gone it removes the lock file too.

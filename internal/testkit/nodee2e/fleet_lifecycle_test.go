@@ -3,6 +3,7 @@ package nodee2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -163,29 +164,61 @@ func testFleetRollout(t *testing.T, f *fleet, streams []*fleetStream) {
 		what   string
 		change func(*appsv1.DaemonSet)
 		bad    func(*corev1.Pod) bool
+		// stuck, when set, checks the node the rollout stopped at.
+		stuck func(*fleetNode) error
 	}{
 		{"an image the node does not have", func(ds *appsv1.DaemonSet) {
 			setImage(t, ds, "localhost/ipmasq-nodee2e/ipmasq-agent:missing")
 		}, func(p *corev1.Pod) bool {
 			return p.Spec.Containers[0].Image == "localhost/ipmasq-nodee2e/ipmasq-agent:missing"
-		}},
+		}, nil},
 		{"a flag the agent refuses", func(ds *appsv1.DaemonSet) {
 			ds.Spec.Template.Spec.Containers[0].Args = append(ds.Spec.Template.Spec.Containers[0].Args, "--egress-rule-priority=0")
 		}, func(p *corev1.Pod) bool {
 			return slices.Contains(p.Spec.Containers[0].Args, "--egress-rule-priority=0")
+		}, nil},
+		// An unreadable Node: the namespace's default ServiceAccount, which
+		// deploy/rbac.yaml grants nothing (a template edited by hand, or a
+		// chart that does not create the agent's account). The agent runs,
+		// its datapath attached and its IPAM serving the pods of the node
+		// from the pod CIDRs it saved, but it cannot read its Node: it must
+		// not be Ready, and say why.
+		{"a ServiceAccount that may not read Nodes", func(ds *appsv1.DaemonSet) {
+			ds.Spec.Template.Spec.ServiceAccountName = "default"
+		}, func(p *corev1.Pod) bool {
+			return p.Spec.ServiceAccountName == "default"
+		}, func(n *fleetNode) error {
+			code, body, err := f.agentGet(n, "/readyz")
+			if err != nil {
+				return err
+			}
+			if code != http.StatusServiceUnavailable || !strings.Contains(body, "node: cannot read the agent's Node") || !strings.Contains(body, "forbidden") {
+				return fmt.Errorf("the agent's /readyz answers %d:\n%s\nwant 503 with the node condition, forbidden", code, body)
+			}
+			// The IPAM is in use: the agent answers on its socket with the
+			// node's pods' addresses.
+			allocs, err := n.allocationsOn()
+			if err != nil {
+				return fmt.Errorf("the agent's API: %w", err)
+			}
+			if len(allocs) == 0 {
+				return fmt.Errorf("the agent's API lists no allocation, want the node's pods'")
+			}
+			return nil
 		}},
 	} {
 		step := time.Now()
-		f.rolloutStuck(c.what, c.change, c.bad)
+		f.rolloutStuck(c.what, c.change, c.bad, c.stuck)
 		checkStreams(streams, "a rollout with "+c.what)
 		t.Logf("rollout with %s stopped at one node, rolled back, in %v", c.what, time.Since(step).Round(time.Millisecond))
 	}
 }
 
 // rolloutStuck updates the DaemonSet with change and checks, over 30 s
-// after the first node's pod is bad, that the rollout goes no further;
-// then restores the template and waits for every agent to be Ready.
-func (f *fleet) rolloutStuck(what string, change func(*appsv1.DaemonSet), bad func(*corev1.Pod) bool) {
+// after the first node's pod is bad, that the rollout goes no further, and
+// then stuck (when not nil) on the node of the bad pod; then restores the
+// template and waits for every agent to be Ready.
+func (f *fleet) rolloutStuck(what string, change func(*appsv1.DaemonSet), bad func(*corev1.Pod) bool, stuck func(*fleetNode) error) {
 	t := f.t
 	ctx := context.Background()
 	dss := f.admin.AppsV1().DaemonSets("kube-system")
@@ -207,6 +240,8 @@ func (f *fleet) rolloutStuck(what string, change func(*appsv1.DaemonSet), bad fu
 		good = ds.Spec.Template.DeepCopy()
 		change(ds)
 	})
+	// badNode is the node of the last bad pod agents saw.
+	var badNode string
 	agents := func() (badPods, goodReady int, err error) {
 		pods, err := f.admin.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=ipmasq-agent"})
 		if err != nil {
@@ -217,6 +252,7 @@ func (f *fleet) rolloutStuck(what string, change func(*appsv1.DaemonSet), bad fu
 			switch {
 			case bad(p):
 				badPods++
+				badNode = p.Spec.NodeName
 				if podReady(p) {
 					return 0, 0, fmt.Errorf("the agent with %s is Ready: %s", what, p.Name)
 				}
@@ -251,6 +287,13 @@ func (f *fleet) rolloutStuck(what string, change func(*appsv1.DaemonSet), bad fu
 			t.Fatalf("rollout with %s: %d bad agent pods, %d good Ready ones; want it stopped at one node (maxUnavailable 1): 1 and %d", what, b, g, running-1)
 		}
 	}
+	if stuck != nil {
+		i := slices.IndexFunc(f.nodes, func(n *fleetNode) bool { return n.name == badNode })
+		if i < 0 {
+			t.Fatalf("rollout with %s: the bad pod is on %q, not a node of the fleet", what, badNode)
+		}
+		f.eventually(30*time.Second, "rollout with "+what+": the agent on "+badNode, func() error { return stuck(f.nodes[i]) })
+	}
 	update("the DaemonSet rolled back", func(ds *appsv1.DaemonSet) { ds.Spec.Template = *good })
 	f.eventually(120*time.Second, "every agent back on the good template", func() error {
 		b, g, err := agents()
@@ -262,4 +305,43 @@ func (f *fleet) rolloutStuck(what string, change func(*appsv1.DaemonSet), bad fu
 		}
 		return nil
 	})
+}
+
+// testFleetSocketDirRemoved is item 6 of issue 31: the API socket's
+// directory removed on a node while its agent runs (`rm -rf /run/ipmasq`,
+// a cleanup of another process). The agent's hostPath mount still shows it
+// the removed directory, so binding its socket again there would reach
+// nobody: the agent stops with that error, the kubelet restarts it, the
+// runtime makes the host's directory again for the new container, and the
+// CNI plugin's socket is back with the node's allocations; the node keeps
+// masquerading meanwhile.
+func testFleetSocketDirRemoved(t *testing.T, f *fleet, streams []*fleetStream) {
+	n := f.nodes[0]
+	before := f.agentPodsReady(30 * time.Second)[n.name]
+	restarts := before.Status.ContainerStatuses[0].RestartCount
+	allocs, err := n.allocationsOn()
+	if err != nil {
+		t.Fatalf("%s's agent API before: %v", n.name, err)
+	}
+	step := time.Now()
+	n.MustRun("rm", "-rf", "/run/ipmasq")
+	f.eventually(120*time.Second, "the agent on "+n.name+" restarted and its API socket back", func() error {
+		p, err := f.admin.CoreV1().Pods("kube-system").Get(context.Background(), before.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if got := p.Status.ContainerStatuses[0].RestartCount; got <= restarts || !podReady(p) {
+			return fmt.Errorf("pod %s: %d restarts (%d before), ready %v", p.Name, got, restarts, podReady(p))
+		}
+		after, err := n.allocationsOn()
+		if err != nil {
+			return err
+		}
+		if len(after) != len(allocs) {
+			return fmt.Errorf("%d allocations, %d before", len(after), len(allocs))
+		}
+		return nil
+	})
+	t.Logf("/run/ipmasq removed on %s: the agent restarted and its API socket answers again in %v", n.name, time.Since(step).Round(time.Millisecond))
+	checkStreams(streams, "/run/ipmasq removed on "+n.name)
 }

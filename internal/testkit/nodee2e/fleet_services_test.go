@@ -277,6 +277,7 @@ func TestFleet(t *testing.T) {
 	}{
 		{"config", testFleetConfig},
 		{"rollout", testFleetRollout},
+		{"socket", testFleetSocketDirRemoved},
 		{"outage", testFleetOutage},
 		{"lifecycle", testFleetLifecycle},
 	} {
@@ -315,9 +316,27 @@ func (f *fleet) agentPodsReady(timeout time.Duration) map[string]*corev1.Pod {
 }
 
 // metric is the value of an unlabelled metric on the agent of n (its
-// /metrics, port 9464 on the node's address, asked from the external
-// host).
+// /metrics).
 func (f *fleet) metric(n *fleetNode, name string) (string, error) {
+	code, body, err := f.agentGet(n, "/metrics")
+	if err != nil {
+		return "", err
+	}
+	if code != http.StatusOK {
+		return "", fmt.Errorf("%s's /metrics: HTTP %d", n.name, code)
+	}
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("no metric %s on %s", name, n.name)
+}
+
+// agentGet asks the agent of n for path on its metrics port (9464 on the
+// node's address, asked from the external host) and returns the status
+// code and the body.
+func (f *fleet) agentGet(n *fleetNode, path string) (int, string, error) {
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
 			err = f.ext.Do(func() error {
@@ -327,19 +346,14 @@ func (f *fleet) metric(n *fleetNode, name string) (string, error) {
 			return c, err
 		},
 	}}
-	resp, err := client.Get(fmt.Sprintf("http://%s/metrics", netip.AddrPortFrom(n.ip, 9464)))
+	resp, err := client.Get(fmt.Sprintf("http://%s%s", netip.AddrPortFrom(n.ip, 9464), path))
 	if err != nil {
-		return "", err
+		return 0, "", err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", err
+		return 0, "", err
 	}
-	for _, l := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(l, name+" "); ok {
-			return v, nil
-		}
-	}
-	return "", fmt.Errorf("no metric %s on %s", name, n.name)
+	return resp.StatusCode, string(body), nil
 }
