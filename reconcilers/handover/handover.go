@@ -14,8 +14,9 @@ import (
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// mover moves flows between conntrack and one loaded datapath. Its methods
-// are safe for concurrent use.
+// mover moves flows between conntrack and one loaded datapath. adopt is
+// called from the event listener, handBackAll and close from the job; mu
+// guards the counts.
 type mover struct {
 	log *slog.Logger
 	dp  *bpf.Datapath
@@ -28,7 +29,8 @@ type mover struct {
 
 	mu    sync.Mutex
 	stats tables.Handover // the counts only
-	back  *handBackSender
+
+	back *handBackSender // the job's own
 }
 
 // adopt makes f's NAT pair, if f is a masquerade binding of a forwarded
@@ -61,6 +63,7 @@ func (m *mover) adopt(f conntrack.Flow) {
 	}
 }
 
+// failed counts a flow not moved; m.mu is held.
 func (m *mover) failed(err error) {
 	m.stats.Failed++
 	m.stats.LastError = err.Error()
@@ -70,8 +73,6 @@ func (m *mover) failed(err error) {
 // handBackAll hands every translated TCP and UDP pair not yet conntrack's
 // to conntrack, and returns how many it handed back.
 func (m *mover) handBackAll() (int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.back == nil {
 		s, err := dialHandBack()
 		if err != nil {
@@ -104,19 +105,20 @@ func (m *mover) handBackAll() (int, error) {
 		if res != bpf.HandoverDone {
 			continue // ended meanwhile
 		}
-		if err := m.back.handBack(f); err != nil {
+		err := m.back.handBack(f)
+		m.mu.Lock()
+		if err != nil {
 			m.failed(err)
-			continue
+		} else {
+			m.stats.HandedBack++
+			n++
 		}
-		m.stats.HandedBack++
-		n++
+		m.mu.Unlock()
 	}
 	return n, nil
 }
 
 func (m *mover) close() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if m.back != nil {
 		m.back.Close()
 		m.back = nil
