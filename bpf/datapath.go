@@ -163,6 +163,13 @@ func Load(opts LoadOptions) (*Datapath, error) {
 			return nil, fmt.Errorf("clear csum_ipv6_flag: %w", err)
 		}
 	}
+	// The ingress program asks conntrack about pairs handed over only
+	// where the kernel has the lookup (lib/handover.h).
+	if ok, _ := ConntrackLookupAvailable(); ok {
+		if err := spec.Variables["conntrack_lookup"].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("set conntrack_lookup: %w", err)
+		}
+	}
 
 	replacements := map[string]*ebpf.Map{}
 	defer func() {

@@ -431,6 +431,7 @@ const (
 	masqProgNatHandoverV4        = "nat_handover_v4"
 	masqProgNatHandoverV6        = "nat_handover_v6"
 	masqVarActionMax             = "action_max"
+	masqVarConntrackLookup       = "conntrack_lookup"
 	masqVarCounterFamilyOther    = "counter_family_other"
 	masqVarCounterMax            = "counter_max"
 	masqVarCsumIpv6Flag          = "csum_ipv6_flag"
@@ -538,6 +539,7 @@ type masqMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqVariableSpecs struct {
 	ActionMax             *ebpf.VariableSpec `ebpf:"action_max"`
+	ConntrackLookup       *ebpf.VariableSpec `ebpf:"conntrack_lookup"`
 	CounterFamilyOther    *ebpf.VariableSpec `ebpf:"counter_family_other"`
 	CounterMax            *ebpf.VariableSpec `ebpf:"counter_max"`
 	CsumIpv6Flag          *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
@@ -642,6 +644,7 @@ func (m *masqMaps) Close() error {
 // It can be passed to loadMasqObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqVariables struct {
 	ActionMax             *ebpf.Variable `ebpf:"action_max"`
+	ConntrackLookup       *ebpf.Variable `ebpf:"conntrack_lookup"`
 	CounterFamilyOther    *ebpf.Variable `ebpf:"counter_family_other"`
 	CounterMax            *ebpf.Variable `ebpf:"counter_max"`
 	CsumIpv6Flag          *ebpf.Variable `ebpf:"csum_ipv6_flag"`

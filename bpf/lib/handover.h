@@ -37,8 +37,8 @@
  * conntrack first (bpf_skb_ct_lookup with the tuple as it arrived) and
  * leaves the packet to conntrack when it has an entry. Only marked pairs
  * pay the lookup. On a kernel without the conntrack kfuncs (or without
- * nf_conntrack loaded when the datapath loaded) the lookup is absent and
- * the pairs are translated here, as before a handover.
+ * nf_conntrack loaded when the datapath loaded) the lookup is absent
+ * (conntrack_lookup 0) and the agent moves no flow.
  */
 
 /* The kfuncs' options (struct bpf_ct_opts): the first 12 bytes, the size
@@ -65,6 +65,13 @@ struct nf_conn {
 extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb, struct bpf_sock_tuple *tuple, __u32 tuple_sz,
 					 struct bpf_ct_opts___ipmasq *opts, __u32 opts_sz) __ksym __weak;
 extern void bpf_ct_release(struct nf_conn *ct) __ksym __weak;
+
+/* Whether the kernel has the kfuncs above, set by the loader (Go:
+ * bpf.ConntrackLookupAvailable) before the programs load. A constant, so
+ * that the verifier drops the calls where they are absent: testing the
+ * weak symbols' addresses instead (libbpf's bpf_ksym_exists) needs a kernel
+ * that takes ld_imm64 of a kfunc (6.4), and the object loads from 5.11. */
+const volatile __u32 conntrack_lookup = 0;
 
 /* nat_handover_*_ctx.op */
 enum nat_handover_op {

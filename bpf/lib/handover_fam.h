@@ -18,7 +18,7 @@ static __noinline int FAM(conntrack_holds)(struct __sk_buff *skb, const struct p
 	struct bpf_sock_tuple t = {};
 	struct nf_conn *ct;
 
-	if (!skb || !p || !bpf_skb_ct_lookup || !bpf_ct_release)
+	if (!skb || !p || !conntrack_lookup)
 		return 0;
 	opts.l4proto = p->proto;
 #if FAM_IS_V6
