@@ -42,7 +42,7 @@
  */
 
 /* The kfuncs' options (struct bpf_ct_opts): the first 12 bytes, the size
- * every kernel since 6.0 accepts. */
+ * every kernel with the kfuncs (5.18 on) accepts. */
 struct bpf_ct_opts___ipmasq {
 	__s32 netns_id;
 	__s32 error;
