@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -90,7 +91,26 @@ const (
 	ProtoTCP    = 6
 	ProtoUDP    = 17
 	ProtoICMPv6 = 58
+	ProtoSCTP   = 132
 )
+
+// ProtoName is the name of an IP protocol number as the listings and the
+// logs show it.
+func ProtoName(p uint8) string {
+	switch p {
+	case ProtoTCP:
+		return "tcp"
+	case ProtoUDP:
+		return "udp"
+	case ProtoICMP:
+		return "icmp"
+	case ProtoICMPv6:
+		return "icmpv6"
+	case ProtoSCTP:
+		return "sctp"
+	}
+	return "proto-" + strconv.Itoa(int(p)) // address-only: GRE 47, ESP 50, ...
+}
 
 // StateOf is the state of a pair from the flags of both its directions
 // (or of an inbound record's), as the programs derive it: nat_state() in

@@ -119,9 +119,7 @@ func parsePrefix(flag, s string) (netip.Prefix, error) {
 }
 
 var protoNumbers = map[string]int{"tcp": bpf.ProtoTCP, "udp": bpf.ProtoUDP, "icmp": bpf.ProtoICMP,
-	"icmpv6": bpf.ProtoICMPv6, "sctp": protoSCTP}
-
-const protoSCTP = 132
+	"icmpv6": bpf.ProtoICMPv6, "sctp": bpf.ProtoSCTP}
 
 func parseProto(s string) (int, error) {
 	if n, ok := protoNumbers[strings.ToLower(s)]; ok {
@@ -132,23 +130,6 @@ func parseProto(s string) (int, error) {
 		return 0, fmt.Errorf("--proto=%q: want tcp, udp, icmp, icmpv6, sctp or an IP protocol number (0-255)", s)
 	}
 	return int(n), nil
-}
-
-// ProtoName is the name of an IP protocol number as the listing shows it.
-func ProtoName(p uint8) string {
-	switch p {
-	case bpf.ProtoTCP:
-		return "tcp"
-	case bpf.ProtoUDP:
-		return "udp"
-	case bpf.ProtoICMP:
-		return "icmp"
-	case bpf.ProtoICMPv6:
-		return "icmpv6"
-	case protoSCTP:
-		return "sctp"
-	}
-	return "proto-" + strconv.Itoa(int(p)) // address-only: GRE 47, ESP 50, ...
 }
 
 // byKindOnly says whether nothing but the kind narrows the pairs: then the

@@ -107,7 +107,7 @@ func appendText(b []byte, p *bpf.NATPair, l bpf.Lifetimes, now uint64) []byte {
 	b = append(b, ' ')
 	b = append(b, family(p)...)
 	b = append(b, ' ')
-	b = append(b, ProtoName(p.Proto)...)
+	b = append(b, bpf.ProtoName(p.Proto)...)
 	b = append(b, ' ')
 	b = append(b, p.State.String()...)
 	b = append(b, " age="...)
@@ -178,7 +178,7 @@ func writeJSON(w *bufio.Writer, src Source, f filter, l bpf.Lifetimes, now uint6
 			return true
 		}
 		rec := jsonPair{
-			Kind: p.Kind.String(), Family: family(p), Proto: ProtoName(p.Proto), State: p.State.String(),
+			Kind: p.Kind.String(), Family: family(p), Proto: bpf.ProtoName(p.Proto), State: p.State.String(),
 			Original:         jsonTuple{p.Src, p.Dst},
 			AgeSeconds:       p.Age(now).Seconds(),
 			ExpiresInSeconds: p.ExpiresIn(l, now).Seconds(),
@@ -277,7 +277,7 @@ func writeSummary(w *bufio.Writer, src Source, f filter, asJSON bool) error {
 			Groups []group          `json:"groups"`
 		}{Maps: fill, Pairs: total, Groups: []group{}}
 		for _, k := range keys {
-			out.Groups = append(out.Groups, group{k.kind.String(), k.family, ProtoName(k.proto), k.state.String(), counts[k]})
+			out.Groups = append(out.Groups, group{k.kind.String(), k.family, bpf.ProtoName(k.proto), k.state.String(), counts[k]})
 		}
 		return json.NewEncoder(w).Encode(out)
 	}
@@ -287,7 +287,7 @@ func writeSummary(w *bufio.Writer, src Source, f filter, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "\n%-10s %-6s %-8s %-16s %9s\n", "KIND", "FAMILY", "PROTO", "STATE", "PAIRS")
 	for _, k := range keys {
-		fmt.Fprintf(w, "%-10s %-6s %-8s %-16s %9d\n", k.kind, k.family, ProtoName(k.proto), k.state, counts[k])
+		fmt.Fprintf(w, "%-10s %-6s %-8s %-16s %9d\n", k.kind, k.family, bpf.ProtoName(k.proto), k.state, counts[k])
 	}
 	fmt.Fprintf(w, "%-10s %-6s %-8s %-16s %9d\n", "total", "", "", "", total)
 	return nil

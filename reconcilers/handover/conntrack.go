@@ -9,6 +9,8 @@ import (
 	"github.com/mdlayher/netlink"
 	"github.com/ti-mo/conntrack"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipmasq/ipmasq/bpf"
 )
 
 // The ctnetlink messages and attributes this file writes
@@ -87,17 +89,7 @@ type flow struct {
 }
 
 func (f flow) String() string {
-	return fmt.Sprintf("%s %s -> %s as %s", protoName(f.proto), f.src, f.dst, f.to)
-}
-
-func protoName(p uint8) string {
-	switch p {
-	case unix.IPPROTO_TCP:
-		return "tcp"
-	case unix.IPPROTO_UDP:
-		return "udp"
-	}
-	return fmt.Sprintf("proto-%d", p)
+	return fmt.Sprintf("%s %s -> %s as %s", bpf.ProtoName(f.proto), f.src, f.dst, f.to)
 }
 
 // bindingOf returns the masquerade binding conntrack holds in f: a TCP or
