@@ -51,19 +51,13 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 
 // handBackInterval is how often the pairs made since the last pass are
 // handed back while a rule decides before ipmasq; at least ten times as
-// long as a pass took (a pass reads the NAT maps whole: about a second of
-// CPU at a million pairs), so that it takes at most a tenth of a CPU.
+// long as a pass took (a pass reads the NAT maps whole, a cost that grows
+// with the flows), so that it takes at most a tenth of a CPU.
 const handBackInterval = time.Second
 
 // Handover is the running handover: see the package doc.
 type Handover struct {
-	enabled   bool
-	log       *slog.Logger
-	db        *statedb.DB
-	dp        *datapath.Handle
-	rules     statedb.Table[*tables.NetfilterNATRule]
-	nodeAddrs statedb.Table[*tables.NodeAddress]
-	table     statedb.RWTable[*tables.Handover]
+	params
 
 	mu        sync.Mutex
 	mover     *mover // for the loaded datapath; nil until it is
@@ -84,7 +78,7 @@ type params struct {
 }
 
 func newHandover(p params) *Handover {
-	return &Handover{enabled: p.Config.ConntrackHandover, log: p.Log, db: p.DB, dp: p.Handle, rules: p.Rules, nodeAddrs: p.NodeAddrs, table: p.Table}
+	return &Handover{params: p}
 }
 
 func register(jobs job.Registry, health cell.Health, log *slog.Logger, h *Handover) {
@@ -102,19 +96,19 @@ func (h *Handover) row() *tables.Handover {
 		r = h.mover.stats
 		h.mover.mu.Unlock()
 	}
-	r.Enabled, r.Active, r.Available = h.enabled, h.active, h.available
+	r.Enabled, r.Active, r.Available = h.Config.ConntrackHandover, h.active, h.available
 	return &r
 }
 
 // publish writes the row if it changed.
 func (h *Handover) publish() {
 	r := h.row()
-	txn := h.db.WriteTxn(h.table)
+	txn := h.DB.WriteTxn(h.Table)
 	defer txn.Abort()
-	if old := tables.HandoverRow(txn, h.table); old != nil && *old == *r {
+	if old := tables.HandoverRow(txn, h.Table); old != nil && *old == *r {
 		return
 	}
-	h.table.Insert(txn, r)
+	h.Table.Insert(txn, r)
 	txn.Commit()
 }
 
@@ -124,7 +118,7 @@ func (h *Handover) publish() {
 func (h *Handover) run(ctx context.Context, health cell.Health) error {
 	available, err := bpf.ConntrackLookupAvailable()
 	if err != nil {
-		h.log.Warn("Cannot tell whether the kernel has the conntrack lookup for BPF; no flow handover", "error", err)
+		h.Log.Warn("Cannot tell whether the kernel has the conntrack lookup for BPF; no flow handover", "error", err)
 	}
 	h.mu.Lock()
 	h.available = available
@@ -141,19 +135,19 @@ func (h *Handover) run(ctx context.Context, health cell.Health) error {
 		}
 	}()
 	for {
-		rows, watch := h.rules.AllWatch(h.db.ReadTxn())
-		want := h.enabled && len(tables.NetfilterNATRules(rows)) > 0 && available
+		rows, watch := h.Rules.AllWatch(h.DB.ReadTxn())
+		want := h.Config.ConntrackHandover && len(tables.NetfilterNATRules(rows)) > 0 && available
 		m := h.moverFor()
 		if stop != nil && (!want || m != cur) {
 			// No rule decides before ipmasq any more, or the datapath
 			// was loaded again.
-			h.log.Info("Flow handover stopped", "status", h.row().Describe())
+			h.Log.Info("Flow handover stopped", "status", h.row().Describe())
 			stop()
 			cur.close()
 			stop, cur = nil, nil
 		}
 		if want && m != nil && stop == nil {
-			h.log.Info("A netfilter NAT rule decides before ipmasq: adopting conntrack's masquerade bindings and handing pairs back to conntrack (docs/migrate.md)")
+			h.Log.Info("A netfilter NAT rule decides before ipmasq: adopting conntrack's masquerade bindings and handing pairs back to conntrack (docs/migrate.md)")
 			if stop, err = h.listen(ctx, m); err != nil {
 				health.Degraded("adopt conntrack's bindings", err)
 				stop = nil
@@ -172,7 +166,7 @@ func (h *Handover) run(ctx context.Context, health cell.Health) error {
 				health.Degraded("hand pairs back to conntrack", err)
 			} else {
 				if n > 0 {
-					h.log.Info("Pairs handed back to conntrack", "count", n)
+					h.Log.Info("Pairs handed back to conntrack", "count", n)
 				}
 				health.OK("handover active")
 			}
@@ -197,20 +191,20 @@ func (h *Handover) run(ctx context.Context, health cell.Health) error {
 
 // moverFor returns the mover of the loaded datapath (nil before it loads).
 func (h *Handover) moverFor() *mover {
-	dp := h.dp.Get()
+	dp := h.Handle.Get()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if dp == nil {
 		return nil
 	}
 	if h.mover == nil || h.mover.dp != dp {
-		h.mover = &mover{log: h.log, dp: dp, forwarded: func(a netip.Addr) bool { return !h.isNodeAddr(a) }, nodeAddr: h.isNodeAddr}
+		h.mover = &mover{log: h.Log, dp: dp, forwarded: func(a netip.Addr) bool { return !h.isNodeAddr(a) }, nodeAddr: h.isNodeAddr}
 	}
 	return h.mover
 }
 
 func (h *Handover) isNodeAddr(a netip.Addr) bool {
-	_, _, found := h.nodeAddrs.Get(h.db.ReadTxn(), tables.NodeAddressByAddr.Query(a))
+	_, _, found := h.NodeAddrs.Get(h.DB.ReadTxn(), tables.NodeAddressByAddr.Query(a))
 	return found
 }
 
@@ -225,7 +219,7 @@ func (h *Handover) listen(ctx context.Context, m *mover) (stop func(), err error
 	// Room for a burst of new flows: an overrun drops events, and is
 	// caught up by a dump.
 	if err := events.SetReadBuffer(8 << 20); err != nil {
-		h.log.Debug("Cannot enlarge the conntrack event buffer", "error", err)
+		h.Log.Debug("Cannot enlarge the conntrack event buffer", "error", err)
 	}
 	ch := make(chan conntrack.Event, 1024)
 	errs, err := events.Listen(ch, 1, []netfilter.NetlinkGroup{netfilter.GroupCTNew})
@@ -256,9 +250,9 @@ func (h *Handover) listen(ctx context.Context, m *mover) (stop func(), err error
 				}
 				// Events were lost (the socket's buffer overran): a dump
 				// has every binding still there.
-				h.log.Warn("Conntrack events lost; reading the table again", "error", err)
+				h.Log.Warn("Conntrack events lost; reading the table again", "error", err)
 				if err := h.adoptDump(m); err != nil {
-					h.log.Warn("Cannot read conntrack's table", "error", err)
+					h.Log.Warn("Cannot read conntrack's table", "error", err)
 				}
 			}
 		}
