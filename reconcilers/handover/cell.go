@@ -57,7 +57,7 @@ const handBackInterval = time.Second
 
 // Handover is the running handover: see the package doc.
 type Handover struct {
-	params
+	in params // what the hive injected
 
 	mu        sync.Mutex
 	mover     *mover // for the loaded datapath; nil until it is
@@ -78,7 +78,7 @@ type params struct {
 }
 
 func newHandover(p params) *Handover {
-	return &Handover{params: p}
+	return &Handover{in: p}
 }
 
 func register(jobs job.Registry, health cell.Health, log *slog.Logger, h *Handover) {
@@ -96,19 +96,19 @@ func (h *Handover) row() *tables.Handover {
 		r = h.mover.stats
 		h.mover.mu.Unlock()
 	}
-	r.Enabled, r.Active, r.Available = h.Config.ConntrackHandover, h.active, h.available
+	r.Enabled, r.Active, r.Available = h.in.Config.ConntrackHandover, h.active, h.available
 	return &r
 }
 
 // publish writes the row if it changed.
 func (h *Handover) publish() {
 	r := h.row()
-	txn := h.DB.WriteTxn(h.Table)
+	txn := h.in.DB.WriteTxn(h.in.Table)
 	defer txn.Abort()
-	if old := tables.HandoverRow(txn, h.Table); old != nil && *old == *r {
+	if old := tables.HandoverRow(txn, h.in.Table); old != nil && *old == *r {
 		return
 	}
-	h.Table.Insert(txn, r)
+	h.in.Table.Insert(txn, r)
 	txn.Commit()
 }
 
@@ -118,7 +118,7 @@ func (h *Handover) publish() {
 func (h *Handover) run(ctx context.Context, health cell.Health) error {
 	available, err := bpf.ConntrackLookupAvailable()
 	if err != nil {
-		h.Log.Warn("Cannot tell whether the kernel has the conntrack lookup for BPF; no flow handover", "error", err)
+		h.in.Log.Warn("Cannot tell whether the kernel has the conntrack lookup for BPF; no flow handover", "error", err)
 	}
 	h.mu.Lock()
 	h.available = available
@@ -135,19 +135,19 @@ func (h *Handover) run(ctx context.Context, health cell.Health) error {
 		}
 	}()
 	for {
-		rows, watch := h.Rules.AllWatch(h.DB.ReadTxn())
-		want := h.Config.ConntrackHandover && len(tables.NetfilterNATRules(rows)) > 0 && available
+		rows, watch := h.in.Rules.AllWatch(h.in.DB.ReadTxn())
+		want := h.in.Config.ConntrackHandover && len(tables.NetfilterNATRules(rows)) > 0 && available
 		m := h.moverFor()
 		if stop != nil && (!want || m != cur) {
 			// No rule decides before ipmasq any more, or the datapath
 			// was loaded again.
-			h.Log.Info("Flow handover stopped", "status", h.row().Describe())
+			h.in.Log.Info("Flow handover stopped", "status", h.row().Describe())
 			stop()
 			cur.close()
 			stop, cur = nil, nil
 		}
 		if want && m != nil && stop == nil {
-			h.Log.Info("A netfilter NAT rule decides before ipmasq: adopting conntrack's masquerade bindings and handing pairs back to conntrack (docs/migrate.md)")
+			h.in.Log.Info("A netfilter NAT rule decides before ipmasq: adopting conntrack's masquerade bindings and handing pairs back to conntrack (docs/migrate.md)")
 			if stop, err = h.listen(ctx, m); err != nil {
 				health.Degraded("adopt conntrack's bindings", err)
 				stop = nil
@@ -166,7 +166,7 @@ func (h *Handover) run(ctx context.Context, health cell.Health) error {
 				health.Degraded("hand pairs back to conntrack", err)
 			} else {
 				if n > 0 {
-					h.Log.Info("Pairs handed back to conntrack", "count", n)
+					h.in.Log.Info("Pairs handed back to conntrack", "count", n)
 				}
 				health.OK("handover active")
 			}
@@ -191,20 +191,20 @@ func (h *Handover) run(ctx context.Context, health cell.Health) error {
 
 // moverFor returns the mover of the loaded datapath (nil before it loads).
 func (h *Handover) moverFor() *mover {
-	dp := h.Handle.Get()
+	dp := h.in.Handle.Get()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if dp == nil {
 		return nil
 	}
 	if h.mover == nil || h.mover.dp != dp {
-		h.mover = &mover{log: h.Log, dp: dp, forwarded: func(a netip.Addr) bool { return !h.isNodeAddr(a) }, nodeAddr: h.isNodeAddr}
+		h.mover = &mover{log: h.in.Log, dp: dp, forwarded: func(a netip.Addr) bool { return !h.isNodeAddr(a) }, nodeAddr: h.isNodeAddr}
 	}
 	return h.mover
 }
 
 func (h *Handover) isNodeAddr(a netip.Addr) bool {
-	_, _, found := h.NodeAddrs.Get(h.DB.ReadTxn(), tables.NodeAddressByAddr.Query(a))
+	_, _, found := h.in.NodeAddrs.Get(h.in.DB.ReadTxn(), tables.NodeAddressByAddr.Query(a))
 	return found
 }
 
@@ -219,7 +219,7 @@ func (h *Handover) listen(ctx context.Context, m *mover) (stop func(), err error
 	// Room for a burst of new flows: an overrun drops events, and is
 	// caught up by a dump.
 	if err := events.SetReadBuffer(8 << 20); err != nil {
-		h.Log.Debug("Cannot enlarge the conntrack event buffer", "error", err)
+		h.in.Log.Debug("Cannot enlarge the conntrack event buffer", "error", err)
 	}
 	ch := make(chan conntrack.Event, 1024)
 	errs, err := events.Listen(ch, 1, []netfilter.NetlinkGroup{netfilter.GroupCTNew})
@@ -250,9 +250,9 @@ func (h *Handover) listen(ctx context.Context, m *mover) (stop func(), err error
 				}
 				// Events were lost (the socket's buffer overran): a dump
 				// has every binding still there.
-				h.Log.Warn("Conntrack events lost; reading the table again", "error", err)
+				h.in.Log.Warn("Conntrack events lost; reading the table again", "error", err)
 				if err := h.adoptDump(m); err != nil {
-					h.Log.Warn("Cannot read conntrack's table", "error", err)
+					h.in.Log.Warn("Cannot read conntrack's table", "error", err)
 				}
 			}
 		}
