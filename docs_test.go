@@ -1,6 +1,9 @@
 package ipmasq_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -364,6 +367,79 @@ func TestDocsListEveryCounter(t *testing.T) {
 	for c := bpf.Counter(0); c < bpf.NumCounters; c++ {
 		if !slices.Contains(spans, c.String()) {
 			t.Errorf("docs/datapath.md, Counters: counter %s is not named", c)
+		}
+	}
+}
+
+// goIdentSpan is a code span that names a Go declaration: Name, pkg.Name,
+// Type.Method or pkg.Type.Method, with an exported last part.
+var goIdentSpan = regexp.MustCompile(`^(?:([a-z][a-z0-9]*)\.)?(?:[A-Z][A-Za-z0-9]*\.)?([A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*)$`)
+
+// TestLayoutNamesExist: every Go name docs/layout.md puts in a code span
+// (`bpf.Pinned`, `NonMasqSpec`, `TestKeysComeFromRawFile`, ...) is declared
+// somewhere in the module, so a renamed or removed function does not stay
+// in the map of the tree. Names qualified by a package outside the module
+// (`statedb.Table`) are not checked.
+func TestLayoutNamesExist(t *testing.T) {
+	declared, packages := map[string]bool{}, map[string]bool{}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		packages[f.Name.Name] = true
+		for _, decl := range f.Decls {
+			switch decl := decl.(type) {
+			case *ast.FuncDecl:
+				declared[decl.Name.Name] = true
+			case *ast.GenDecl:
+				for _, s := range decl.Specs {
+					switch s := s.(type) {
+					case *ast.TypeSpec:
+						declared[s.Name.Name] = true
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							declared[n.Name] = true
+						}
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile("docs/layout.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The prose without its fenced blocks, whose ``` would pair with the
+	// spans' backticks.
+	var prose []string
+	fenced := false
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
+			continue
+		}
+		if !fenced {
+			prose = append(prose, line)
+		}
+	}
+	for _, span := range codeSpans(strings.Join(prose, " ")) {
+		if m := goIdentSpan.FindStringSubmatch(span); m != nil && (m[1] == "" || packages[m[1]]) && !declared[m[2]] {
+			t.Errorf("docs/layout.md names `%s`, which the module does not declare", span)
 		}
 	}
 }

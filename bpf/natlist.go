@@ -57,8 +57,8 @@ type NATPair struct {
 	// times: the pair's start (or last reopening) and its last packet in
 	// either direction (refreshed at most once a second).
 	CreatedNs, LastSeenNs uint64
-	// ReplyMissing: a masquerade pair whose reply entry is gone (evicted
-	// from the LRU map); its next packet from the source restores it.
+	// ReplyMissing: a masquerade pair whose reply entry is gone; its next
+	// packet from the source restores it (lib/flow_fam.h).
 	ReplyMissing bool
 	// Conntrack: a masquerade pair whose translation conntrack may hold
 	// (adopted from it, or handed back to it: lib/handover.h); its

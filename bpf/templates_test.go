@@ -15,13 +15,16 @@ import (
 var (
 	templateFunc   = regexp.MustCompile(`(?m)^[a-z_].*\bFAM\((\w+)\)\s*\(`)
 	templateStruct = regexp.MustCompile(`(?m)^FAM_T\((\w+),\s*(\w+)\)\s*\{`)
+	// A map: "} FAM(name) SEC(".maps");" closing its struct.
+	templateMap = regexp.MustCompile(`(?m)^\}\s*FAM\((\w+)\)\s*SEC\(`)
 	// The header comment's list: " * Defines: a_v4, a_v6, struct b_v4_c, ..."
 	// over one or more lines, up to a line that is only " *" or the end.
 	templateDefines = regexp.MustCompile(`(?s)\n \* Defines: (.*?)(\n \*\n|\n \*/)`)
 )
 
 // TestTemplatesNameWhatTheyDefine: the names a family template makes with
-// FAM() and FAM_T() (egress_v4, struct nat_v6_key's users, ...) appear
+// FAM() and FAM_T() (egress_v4, struct nat_v6_key's users, the maps
+// early_drop_scratch_v4/v6, ...) appear
 // nowhere by name in the source, so each lib/*_fam.h lists them, both
 // families spelled out, in its header comment's "Defines:" paragraph:
 // `grep -rn egress_v4 bpf/` lands on the template. The list must be
@@ -41,6 +44,9 @@ func TestTemplatesNameWhatTheyDefine(t *testing.T) {
 			want = append(want, "struct "+m[1]+"_v4_"+m[2], "struct "+m[1]+"_v6_"+m[2])
 		}
 		for _, m := range templateFunc.FindAllStringSubmatch(string(src), -1) {
+			want = append(want, m[1]+"_v4", m[1]+"_v6")
+		}
+		for _, m := range templateMap.FindAllStringSubmatch(string(src), -1) {
 			want = append(want, m[1]+"_v4", m[1]+"_v6")
 		}
 		m := templateDefines.FindStringSubmatch(string(src))

@@ -21,7 +21,8 @@ const MasqueradeSourceTableName = "masquerade-sources"
 // longer entry inside it says for its own part (longest prefix wins, so
 // each entry carries the flags of every prefix that covers it). By default
 // 0.0.0.0/0 and ::/0 are masqueraded and each node address is an entry that
-// is not; with --masquerade-pod-cidrs-only the pod CIDRs are. Masquerade
+// is not, nor are the unspecified and IPv6 link-local sources; with
+// --masquerade-pod-cidrs-only the pod CIDRs are. Masquerade
 // rules' sources, per device, are MasqueradeRuleSource; here they only mark
 // their prefixes (Rules) so that the datapath looks the rule up.
 type MasqueradeSource struct {
@@ -33,7 +34,8 @@ type MasqueradeSource struct {
 	// looks up masq_rules_* first, and a rule for the device wins.
 	Rules bool `json:"rules" yaml:"rules"`
 	// Origin says why the entry exists: OriginEverySource,
-	// OriginPodCIDR, OriginNodeAddress or OriginMasqueradeRule.
+	// OriginPodCIDR, OriginNodeAddress, OriginMasqueradeRule or
+	// OriginLinkOnly.
 	Origin SourceOrigin `json:"origin" yaml:"origin"`
 	// Status is the map reconciliation status.
 	Status reconciler.Status `json:"status" yaml:"status"`
@@ -54,6 +56,11 @@ const (
 	OriginNodeAddress SourceOrigin = "node-address"
 	// OriginMasqueradeRule: a masquerade rule's source.
 	OriginMasqueradeRule SourceOrigin = "masquerade-rule"
+	// OriginLinkOnly: 0.0.0.0/32, ::/128 or fe80::/10, sources only the
+	// node sends from, for the link alone (duplicate address detection,
+	// MLD, neighbour discovery, DHCP): never masqueraded, nor translated
+	// by a rule.
+	OriginLinkOnly SourceOrigin = "link-only"
 )
 
 // SameAs reports whether two rows hold the same entry.

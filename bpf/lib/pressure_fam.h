@@ -6,7 +6,8 @@
  *
  * Defines: struct early_drop_v4_ctx, struct early_drop_v6_ctx,
  * early_drop_slot_v4, early_drop_slot_v6, early_drop_victim_v4,
- * early_drop_victim_v6, nat_early_drop_v4, nat_early_drop_v6.
+ * early_drop_victim_v6, nat_early_drop_v4, nat_early_drop_v6,
+ * early_drop_scratch_v4, early_drop_scratch_v6.
  */
 
 #include "family.h"

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -120,6 +121,45 @@ func TestIsDropIn(t *testing.T) {
 	} {
 		if got := isDropIn(name, "ip-masq-agent"); got != want {
 			t.Errorf("isDropIn(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// TestMergeCarriesEveryKey: a file that sets every key, merged beside a
+// file that sets none of them, keeps each one in the merged File, so a key
+// added to File (docs/layout.md, "A new config key") without its rule in
+// merge is not silently dropped as soon as a second ip-masq* file appears.
+func TestMergeCarriesEveryKey(t *testing.T) {
+	// Fields merge does not carry on purpose.
+	notMerged := map[string]string{
+		"CIDRLimit":   "each file's own, checked when that file is parsed",
+		"UnknownKeys": "warnings of each file (unknownKeyWarnings)",
+	}
+	all := mustParse(t, "a", `
+nonMasqueradeCIDRs: [10.0.0.0/8]
+masqueradeCIDRs: [10.96.0.0/12]
+masqLinkLocal: true
+masqLinkLocalIPv6: true
+resyncInterval: 30s
+cidrLimit: 10
+typo: 1
+masqueradeRules:
+- {name: wg, sources: [192.168.6.0/24], outInterfaces: [eth0]}
+`)
+	other := mustParse(t, "b", "nonMasqueradeCIDRs: [172.16.0.0/12]\n")
+	f, _, _, err := merge([]namedFile{all, other}, limBoth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, out := reflect.ValueOf(*all.p.file), reflect.ValueOf(*f)
+	for i := range in.NumField() {
+		name := in.Type().Field(i).Name
+		if in.Field(i).IsZero() {
+			t.Errorf("File.%s: the test's file does not set it; give it a value above", name)
+			continue
+		}
+		if _, skip := notMerged[name]; !skip && out.Field(i).IsZero() {
+			t.Errorf("File.%s is set in one of the merged files but not in the merge: add its rule to merge (merge.go)", name)
 		}
 	}
 }

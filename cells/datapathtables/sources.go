@@ -33,15 +33,33 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 			"so pods of any CNI and IPAM (Calico blocks, ENI secondary addresses, ...) are covered")
 }
 
+// linkOnly are the sources only the node's own kernel sends from, for the
+// link alone: the unspecified addresses (duplicate address detection, MLD
+// reports before the device has a usable link-local address, a DHCP
+// client's first messages) and the IPv6 link-local addresses. No forwarded
+// packet has such a source (the kernel drops them as martians; ip6_forward
+// refuses them), so none is masqueraded, nor translated by a rule,
+// whatever prefix covers it: under 0.0.0.0/0 or ::/0 a DAD probe would
+// leave as a solicitation from the SNAT address, with a NAT pair of its
+// own. Linux never translates them either: conntrack makes no entry for
+// neighbour discovery or MLD, and DHCP clients' packet sockets pass no
+// netfilter hook.
+var linkOnly = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/32"),
+	netip.MustParsePrefix("::/128"),
+	netip.MustParsePrefix("fe80::/10"),
+}
+
 // sourceEntries returns the entries of masq_src_v4/v6. masq are the
 // masquerade sources (0.0.0.0/0 and ::/0, or the pod CIDRs), nodes the
 // node's own addresses (never masqueraded), rules the masquerade rules'
 // sources on any device. The datapath reads only the longest matching
 // entry, so each entry carries the flags of every prefix that covers it:
 // Masquerade when a masquerade source covers it and it is not a node
-// address, Rules when a rule's source covers it. A node address gets an
-// entry only where a masquerade source or a rule covers it (elsewhere no
-// entry says the same).
+// address, Rules when a rule's source covers it; an entry inside a
+// link-only prefix (linkOnly) has neither. A node address or a link-only
+// prefix gets an entry only where a masquerade source or a rule covers it
+// (elsewhere no entry says the same).
 func sourceEntries(masq []netip.Prefix, masqOrigin tables.SourceOrigin, nodes []netip.Addr, rules []netip.Prefix) map[netip.Prefix]*tables.MasqueradeSource {
 	covered := func(set []netip.Prefix, p netip.Prefix) bool {
 		for _, s := range set {
@@ -66,9 +84,15 @@ func sourceEntries(masq []netip.Prefix, masqOrigin tables.SourceOrigin, nodes []
 			out[p] = &tables.MasqueradeSource{Prefix: p, Origin: tables.OriginNodeAddress}
 		}
 	}
+	for _, p := range linkOnly {
+		if _, ok := out[p]; !ok && (covered(masq, p) || covered(rules, p)) {
+			out[p] = &tables.MasqueradeSource{Prefix: p, Origin: tables.OriginLinkOnly}
+		}
+	}
 	for p, e := range out {
-		e.Masquerade = e.Origin != tables.OriginNodeAddress && covered(masq, p)
-		e.Rules = covered(rules, p)
+		link := covered(linkOnly, p)
+		e.Masquerade = !link && e.Origin != tables.OriginNodeAddress && covered(masq, p)
+		e.Rules = !link && covered(rules, p)
 	}
 	return out
 }

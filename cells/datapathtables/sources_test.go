@@ -49,15 +49,27 @@ func TestSourceEntries(t *testing.T) {
 	}{{
 		name: "every source but the node's", masq: pfx("0.0.0.0/0", "::/0"), origin: tables.OriginEverySource,
 		nodes: addrs("10.0.0.5", "127.0.0.1", "fd00::5"),
-		rows: []string{"0.0.0.0/0 true false every-source", "10.0.0.5/32 false false node-address",
-			"127.0.0.1/32 false false node-address", "::/0 true false every-source", "fd00::5/128 false false node-address"},
-		check: []want{{"10.244.1.5", true, false}, {"192.168.6.1", true, false}, {"10.0.0.5", false, false}, {"10.0.0.6", true, false}, {"fd00::6", true, false}, {"fd00::5", false, false}},
+		rows: []string{"0.0.0.0/0 true false every-source", "0.0.0.0/32 false false link-only", "10.0.0.5/32 false false node-address",
+			"127.0.0.1/32 false false node-address", "::/0 true false every-source", "::/128 false false link-only",
+			"fd00::5/128 false false node-address", "fe80::/10 false false link-only"},
+		check: []want{{"10.244.1.5", true, false}, {"192.168.6.1", true, false}, {"10.0.0.5", false, false}, {"10.0.0.6", true, false}, {"fd00::6", true, false}, {"fd00::5", false, false},
+			// the node's own, for the link alone: DHCP, DAD and MLD from
+			// the unspecified address, neighbour discovery from a
+			// link-local one (in node-addresses or not yet)
+			{"0.0.0.0", false, false}, {"::", false, false}, {"fe80::1", false, false}, {"febf::1", false, false},
+			{"fec0::1", true, false}, {"0.0.0.1", true, false}, {"::1:0", true, false}},
+	}, {
+		name: "rules cover the link-only sources too", masq: pfx("0.0.0.0/0", "::/0"), origin: tables.OriginEverySource,
+		nodes: addrs("fe80::5"), rules: pfx("0.0.0.0/0", "::/0", "fe80::/64"),
+		rows: []string{"0.0.0.0/0 true true every-source", "0.0.0.0/32 false false link-only", "::/0 true true every-source",
+			"::/128 false false link-only", "fe80::/10 false false link-only", "fe80::/64 false false masquerade-rule", "fe80::5/128 false false node-address"},
+		check: []want{{"10.244.1.5", true, true}, {"0.0.0.0", false, false}, {"::", false, false}, {"fe80::5", false, false}, {"fe80::6", false, false}, {"fe80:1::6", false, false}, {"2001:db8::1", true, true}},
 	}, {
 		name: "rules inside and around", masq: pfx("0.0.0.0/0"), origin: tables.OriginEverySource,
 		nodes: addrs("10.0.0.5"), rules: pfx("192.168.6.0/24", "10.0.0.0/8"),
-		rows: []string{"0.0.0.0/0 true false every-source", "10.0.0.0/8 true true masquerade-rule",
+		rows: []string{"0.0.0.0/0 true false every-source", "0.0.0.0/32 false false link-only", "10.0.0.0/8 true true masquerade-rule",
 			"10.0.0.5/32 false true node-address", "192.168.6.0/24 true true masquerade-rule"},
-		check: []want{{"192.168.6.1", true, true}, {"192.168.7.1", true, false}, {"10.0.0.5", false, true}, {"10.9.9.9", true, true}},
+		check: []want{{"192.168.6.1", true, true}, {"192.168.7.1", true, false}, {"10.0.0.5", false, true}, {"10.9.9.9", true, true}, {"0.0.0.0", false, false}},
 	}, {
 		name: "pod CIDRs only", masq: pfx("10.244.1.0/24"), origin: tables.OriginPodCIDR,
 		// the bridge's address is in the pod CIDR; the uplink's is not

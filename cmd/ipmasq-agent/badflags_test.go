@@ -20,7 +20,8 @@ var badValues = map[string]string{
 	"skip_headers": "maybe", "skip_log_headers": "maybe", "random-fully": "maybe", "version": "maybe",
 	"legacy_stderr_threshold_behavior": "maybe", "conntrack-handover": "maybe",
 	"enable-ipv4": "maybe", "enable-ipv6": "maybe", "masquerade-pod-cidrs-only": "maybe", "nat-keep-source-port": "maybe", "nomasq-all-reserved-ranges": "maybe",
-	"v": "x", "log_file_max_size": "-1",
+	"v": "x", "log_file_max_size": "-1", "stderrthreshold": "bogus", "alsologtostderrthreshold": "bogus",
+	"vmodule": "main", "log_backtrace_at": "main.go:x",
 	"egress-route-table": "x", "egress-rule-priority": "0", "max-nonmasq-cidrs": "0", "nat-max-entries": "x",
 	"ipam-config-wait": "x", "nat-gc-interval": "x",
 	"nat-timeout-icmp": "0s", "nat-timeout-other": "0s", "nat-timeout-tcp-closing": "0s",
@@ -45,9 +46,8 @@ var alsoBad = map[string][]string{
 var anyValue = map[string]string{
 	"api-socket": "a path the agent creates", "state-dir": "a path the agent creates",
 	"shell-sock-path": "a path the agent creates (empty: no shell)", "ip-masq-agent-config-path": "a missing file is waited for",
-	"masq-chain": "ignored, one warning", "vmodule": "ignored, one warning", "stderrthreshold": "ignored, one warning",
-	"alsologtostderrthreshold": "ignored, one warning",
-	"log_dir":                  "ignored, one warning", "log_file": "ignored, one warning", "log_backtrace_at": "ignored, one warning",
+	"masq-chain": "ignored, one warning",
+	"log_dir":    "ignored, one warning", "log_file": "ignored, one warning",
 	"help": "not a setting",
 }
 

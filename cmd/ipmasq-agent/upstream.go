@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -25,7 +27,9 @@ type upstreamFlags struct {
 type ignoredUpstreamFlag struct {
 	name string
 	// kind is the flag's type upstream, so that a value upstream would
-	// refuse is refused here too: "bool", "int", "uint64" or "string".
+	// refuse is refused here too: "bool", "int32", "uint64", "string", or
+	// one of klog's own values ("severity", "vmodule", "traceLocation",
+	// checked as klog's Set checks them: upstreamValueCheck).
 	kind string
 	def  string
 	why  string
@@ -40,17 +44,17 @@ const klogWhy = "ipmasq logs with log/slog to stderr; use --log-level (debug, in
 var ignoredUpstreamFlags = []ignoredUpstreamFlag{
 	{"masq-chain", "string", "IP-MASQ-AGENT", "ipmasq writes no iptables chain: the decision is made by its tc programs"},
 	{"random-fully", "bool", "true", "ipmasq picks NAT ports itself: a flow keeps its source port when free (--nat-keep-source-port), else gets one of --nat-port-range"},
-	{"v", "int", "0", klogWhy},
-	{"vmodule", "string", "", klogWhy},
+	{"v", "int32", "0", klogWhy},
+	{"vmodule", "vmodule", "", klogWhy},
 	{"logtostderr", "bool", "true", klogWhy},
 	{"alsologtostderr", "bool", "false", klogWhy},
-	{"alsologtostderrthreshold", "string", "0", klogWhy},
+	{"alsologtostderrthreshold", "severity", "0", klogWhy},
 	{"legacy_stderr_threshold_behavior", "bool", "true", klogWhy},
-	{"stderrthreshold", "string", "2", klogWhy},
+	{"stderrthreshold", "severity", "2", klogWhy},
 	{"log_dir", "string", "", klogWhy},
 	{"log_file", "string", "", klogWhy},
 	{"log_file_max_size", "uint64", "1800", klogWhy},
-	{"log_backtrace_at", "string", "", klogWhy},
+	{"log_backtrace_at", "traceLocation", "", klogWhy},
 	{"skip_headers", "bool", "false", klogWhy},
 	{"skip_log_headers", "bool", "false", klogWhy},
 	{"add_dir_header", "bool", "false", klogWhy},
@@ -65,21 +69,87 @@ func (u *upstreamFlags) register(flags *pflag.FlagSet) {
 		switch f.kind {
 		case "bool":
 			flags.Bool(f.name, f.def == "true", usage)
-		case "int":
-			flags.Int(f.name, 0, usage)
+		case "int32":
+			flags.Int32(f.name, 0, usage)
 		case "uint64":
 			flags.Uint64(f.name, 1800, usage)
-		default:
+		case "string":
 			flags.String(f.name, f.def, usage)
+		default:
+			flags.Var(&checkedValue{value: f.def, kind: f.kind, check: upstreamValueCheck[f.kind]}, f.name, usage)
 		}
 	}
+}
+
+// checkedValue is a string flag that refuses what its check refuses: the
+// klog values upstream parses (a threshold, a vmodule list, a trace
+// location), so that ipmasq refuses what would make upstream exit.
+type checkedValue struct {
+	value, kind string
+	check       func(string) error
+}
+
+func (v *checkedValue) String() string { return v.value }
+func (v *checkedValue) Type() string   { return v.kind }
+func (v *checkedValue) Set(s string) error {
+	if err := v.check(s); err != nil {
+		return err
+	}
+	v.value = s
+	return nil
+}
+
+// upstreamValueCheck checks a value of each of klog's own flag types as
+// klog v2 (the version upstream's go.mod requires) parses it.
+var upstreamValueCheck = map[string]func(string) error{
+	// A severity by name (any case) or a number (klog's severityValue).
+	"severity": func(s string) error {
+		switch strings.ToUpper(s) {
+		case "INFO", "WARNING", "ERROR", "FATAL":
+			return nil
+		}
+		if _, err := strconv.ParseInt(s, 10, 32); err != nil {
+			return errors.New("want INFO, WARNING, ERROR, FATAL or a number")
+		}
+		return nil
+	},
+	// pattern=N, comma-separated, N >= 0 (klog's moduleSpec; empty
+	// items, as from a trailing comma, are skipped).
+	"vmodule": func(s string) error {
+		for _, item := range strings.Split(s, ",") {
+			if item == "" {
+				continue
+			}
+			pattern, level, ok := strings.Cut(item, "=")
+			n, err := strconv.ParseInt(level, 10, 32)
+			if !ok || pattern == "" || strings.Contains(level, "=") || err != nil || n < 0 {
+				return fmt.Errorf("%q: want a comma-separated list of pattern=N, N >= 0", item)
+			}
+		}
+		return nil
+	},
+	// file.go:N with N > 0, or empty (klog's traceLocation).
+	"traceLocation": func(s string) error {
+		if s == "" {
+			return nil
+		}
+		file, line, ok := strings.Cut(s, ":")
+		n, err := strconv.Atoi(line)
+		if !ok || strings.Contains(line, ":") || !strings.Contains(file, ".") || err != nil || n <= 0 {
+			return errors.New("want file.go:N with N > 0")
+		}
+		return nil
+	},
 }
 
 // apply maps --to-ports onto the datapath's flags and returns one warning
 // per ignored upstream flag that was given. It changes nothing when it
 // returns an error.
 func (u *upstreamFlags) apply(flags *pflag.FlagSet) (warnings []string, err error) {
-	if flags.Changed("to-ports") {
+	// An empty --to-ports is upstream's default, not a range: its agent
+	// masquerades as without the flag (a manifest's templated
+	// --to-ports=$(TO_PORTS) with nothing to fill in).
+	if flags.Changed("to-ports") && strings.TrimSpace(u.toPorts) != "" {
 		r, err := parseToPorts(u.toPorts)
 		if err != nil {
 			return nil, err

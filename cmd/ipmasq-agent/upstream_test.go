@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"strings"
 	"testing"
 
@@ -99,5 +100,59 @@ func TestGoStyleArgs(t *testing.T) {
 		"--log-level=debug", "-h", "-x", "status", "--", "-v=3"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("got  %q\nwant %q", got, want)
+	}
+}
+
+// TestToPortsEmptyIsUnset: --to-ports= is upstream's default (its agent
+// adds no port range for an empty value): accepted, nothing changed, even
+// beside --nat-port-range.
+func TestToPortsEmptyIsUnset(t *testing.T) {
+	for _, args := range [][]string{{"--to-ports="}, {"--to-ports", " "}, {"--to-ports=", "--nat-port-range=40000-50000"}} {
+		flags, warnings, err := parseUpstream(t, args...)
+		if err != nil || len(warnings) != 0 {
+			t.Errorf("%q: warnings %q, error %v; want it taken as no --to-ports", args, warnings, err)
+			continue
+		}
+		want := datapath.DefaultConfig.NATPortRange
+		if flags.Changed("nat-port-range") {
+			want = "40000-50000"
+		}
+		if got := flags.Lookup("nat-port-range").Value.String(); got != want {
+			t.Errorf("%q: --nat-port-range=%s, want %s", args, got, want)
+		}
+		if got := flags.Lookup("nat-keep-source-port").Value.String(); got != "true" {
+			t.Errorf("%q: --nat-keep-source-port=%s, want true", args, got)
+		}
+	}
+}
+
+// TestKlogValuesAsUpstream: klog's flags take what klog's parsers take
+// and refuse what makes the upstream binary exit at its flags (checked
+// against the built upstream binary at the pinned commit).
+func TestKlogValuesAsUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		arg string
+		ok  bool
+	}{
+		{"--stderrthreshold=WARNING", true}, {"--stderrthreshold=warning", true}, {"--stderrthreshold=7", true},
+		{"--stderrthreshold=-1", true}, {"--stderrthreshold=bogus", false}, {"--stderrthreshold=", false},
+		{"--alsologtostderrthreshold=ERROR", true}, {"--alsologtostderrthreshold=bogus", false},
+		{"--vmodule=main=4", true}, {"--vmodule=main=4,foo*=2,", true}, {"--vmodule=", true}, {"--vmodule=main=0", true},
+		{"--vmodule=main", false}, {"--vmodule=main=x", false}, {"--vmodule=main=-1", false}, {"--vmodule==2", false},
+		{"--vmodule=a=b=2", false},
+		{"--log_backtrace_at=main.go:10", true}, {"--log_backtrace_at=", true},
+		{"--log_backtrace_at=x", false}, {"--log_backtrace_at=main.go:x", false}, {"--log_backtrace_at=main:10", false},
+		{"--log_backtrace_at=main.go:0", false}, {"--log_backtrace_at=a.go:1:2", false},
+		{"--v=2", true}, {"--v=-1", true}, {"--v=2147483648", false}, {"--v=x", false},
+	} {
+		var u upstreamFlags
+		flags := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+		flags.SetOutput(io.Discard)
+		datapath.DefaultConfig.Flags(flags)
+		u.register(flags)
+		err := flags.Parse([]string{tc.arg})
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: error %v, want accepted %v (as upstream)", tc.arg, err, tc.ok)
+		}
 	}
 }

@@ -215,8 +215,9 @@ func loadUpstreamFlags(t *testing.T) []upstreamFlag {
 }
 
 // TestEveryUpstreamFlagStarts runs the real binary with every flag of the
-// upstream binary, alone and all together, in both spellings upstream's Go
-// flag package takes (--name=value and -name=value), with a value upstream
+// upstream binary, alone and all together, in the spellings upstream's Go
+// flag package takes (--name=value, -name=value, -name value, and a
+// boolean's bare -name), with a value upstream
 // accepts: each must get past the flags to the agent's start-up, which here
 // stops at the first check that follows them (a --bpf-root that is not a
 // BPF filesystem: one line naming --bpf-root), never exit naming the flag.
@@ -257,6 +258,15 @@ func TestEveryUpstreamFlagStarts(t *testing.T) {
 		t.Run(arg, func(t *testing.T) {
 			run(t, "--"+arg)
 			run(t, "-"+arg)
+			// Go's flag package also takes a value as the next argument
+			// (-v 2), and a boolean without one (-logtostderr).
+			if f.kind == "bool" {
+				run(t, "-"+f.name)
+				run(t, "--"+f.name)
+			} else {
+				run(t, "-"+f.name, f.value)
+				run(t, "--"+f.name, f.value)
+			}
 		})
 	}
 	t.Run("all together", func(t *testing.T) { run(t, all...) })

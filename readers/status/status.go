@@ -159,7 +159,12 @@ func (s sources) summary() string {
 func (s sources) writeConfig(b *strings.Builder, txn statedb.ReadTxn) {
 	for st := range s.Config.All(txn) {
 		state := "ok"
-		if st.LastError != "" {
+		switch {
+		case st.LastError != "" && len(st.Files) > 0:
+			// Several files merged: the rejected one keeps its last good
+			// content in the merge, the others' changes apply.
+			state = "REJECTED (the other files stay applied, this one with its last good content if it had one): " + st.LastError
+		case st.LastError != "":
 			state = "REJECTED (last good config kept): " + st.LastError
 		}
 		good := "never"

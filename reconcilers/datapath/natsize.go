@@ -35,8 +35,8 @@ const (
 
 // Where the default NAT size stops: under a container memory limit (the
 // agent's own cgroup, internal/cgroupmem) the maps get no more than fits
-// beside the Go heap, since the kernel charges their preallocated memory to
-// the container, and a 32-core node whose kube-proxy set nf_conntrack_max
+// beside the Go heap, since the kernel charges their memory to the
+// container as they fill, and a 32-core node whose kube-proxy set nf_conntrack_max
 // to 32 768 per core would otherwise get 2 097 152 entries a family: more
 // kernel memory than a 512 Mi limit holds.
 
@@ -71,14 +71,13 @@ func defaultNATEntries(ram, conntrackMax uint64) uint32 {
 // disabledFamilyNATEntries sizes the NAT map of a disabled family
 // (--enable-ipv4/--enable-ipv6 false): that family has no masquerade
 // source and no masquerade rule, so its map holds no pair, yet the programs
-// look it up, so it exists. Preallocated at the enabled family's size it
-// would take up to 76 MiB of kernel memory, charged to the agent, for
-// nothing. Enabling the family at a restart resizes the map as a changed
+// look it up, so it exists. At the enabled family's size its buckets
+// alone would take kernel memory, charged to the agent, for nothing. Enabling the family at a restart resizes the map as a changed
 // --nat-max-entries does.
 const disabledFamilyNATEntries = 1024
 
 // Kernel memory of the NAT maps per entry, charged to the agent's cgroup
-// (kernels since 5.11; bpftool's memlock, preallocated): an entry of the
+// (kernels since 5.11; bpftool's memlock, as if full): an entry of the
 // family's NAT map and its quarter of an unmasq record (bpf.UnmasqEntries).
 const (
 	natEntryBytesV4 = 104 + 96/4

@@ -2,11 +2,13 @@ package datapath
 
 import (
 	"os"
-
-	"github.com/ipmasq/ipmasq/internal/cgroupmem"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/ipmasq/ipmasq/internal/cgroupmem"
 )
 
 func TestConntrackDefaultMax(t *testing.T) {
@@ -163,5 +165,77 @@ func TestSizeNATMapsUnderAMemoryLimit(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDeployDocsNATSizes: docs/deploy.md's table of NAT map sizes per node
+// size is what sizeNATMaps gives under the DaemonSet's memory limit and
+// GOMEMLIMIT, for each row's conntrack size: the entries a family wants,
+// and what IPv4 alone and both families get, with their MiB.
+func TestDeployDocsNATSizes(t *testing.T) {
+	data, err := os.ReadFile("../../docs/deploy.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(data), "\n### NAT maps and the memory limit\n")
+	if !ok {
+		t.Fatal("docs/deploy.md: no section \"NAT maps and the memory limit\"")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	const mib = 1 << 20
+	const limit, goMem = 512 * mib, 300 * mib
+	if !strings.Contains(strings.Join(strings.Fields(section), " "), "512 Mi limit and `GOMEMLIMIT=300MiB`") {
+		t.Fatalf("docs/deploy.md: the table's limit and GOMEMLIMIT are not the 512 Mi and 300MiB this test sizes with")
+	}
+	// "1 343 488 (164, capped)": entries, MiB, capped.
+	cell := regexp.MustCompile(`^([0-9 ]+) \(([0-9]+)(, capped)?\)$`)
+	num := func(s string) int64 {
+		n, err := strconv.ParseInt(strings.ReplaceAll(strings.TrimSpace(s), " ", ""), 10, 64)
+		if err != nil {
+			t.Fatalf("docs/deploy.md: %q is not a number", s)
+		}
+		return n
+	}
+	dir := t.TempDir()
+	meminfo := filepath.Join(dir, "meminfo")
+	// 64 MiB: Linux's default for it (1 024) is below every row's.
+	if err := os.WriteFile(meminfo, []byte("MemTotal: 65536 kB\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for _, line := range strings.Split(section, "\n") {
+		cols := strings.Split(strings.Trim(line, "|"), "|")
+		if !strings.HasPrefix(line, "|") || len(cols) != 5 || strings.HasPrefix(strings.TrimSpace(cols[1]), "-") ||
+			strings.TrimSpace(cols[1]) == "flows conntrack holds" {
+			continue
+		}
+		rows++
+		flows := num(cols[1])
+		ct := filepath.Join(dir, "nf_conntrack_max")
+		if err := os.WriteFile(ct, []byte(strconv.FormatInt(flows, 10)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for i, v6 := range []bool{false, true} {
+			s, err := sizeNATMaps(natInputs{Meminfo: meminfo, ConntrackMax: ct, IPv4: true, IPv6: v6, GoMemLimit: goMem,
+				Limit: cgroupmem.Limit{Bytes: limit, File: "memory.max"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := num(cols[2]); int64(s.Wanted) != want {
+				t.Errorf("docs/deploy.md, %s: %d entries wanted, sizeNATMaps wants %d", strings.TrimSpace(cols[0]), want, s.Wanted)
+			}
+			m := cell.FindStringSubmatch(strings.TrimSpace(cols[3+i]))
+			if m == nil {
+				t.Fatalf("docs/deploy.md, %s: %q: want \"entries (MiB)\" or \"entries (MiB, capped)\"", strings.TrimSpace(cols[0]), cols[3+i])
+			}
+			gotMiB := (int64(s.Entries)*entryBytes(true, v6) + mib/2) / mib
+			if num(m[1]) != int64(s.Entries) || num(m[2]) != gotMiB || (m[3] != "") != s.CappedByLimit {
+				t.Errorf("docs/deploy.md, %s, IPv6 %v: %q; sizeNATMaps gives %d entries (%d MiB, capped %v)",
+					strings.TrimSpace(cols[0]), v6, strings.TrimSpace(cols[3+i]), s.Entries, gotMiB, s.CappedByLimit)
+			}
+		}
+	}
+	if rows == 0 {
+		t.Fatal("docs/deploy.md: no rows in the table of NAT map sizes")
 	}
 }

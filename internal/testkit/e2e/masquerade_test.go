@@ -1,15 +1,24 @@
 package e2e
 
 import (
+	"fmt"
+	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
 
@@ -150,6 +159,104 @@ func TestHostTrafficUntouched(t *testing.T) {
 		// And pods are still masqueraded.
 		checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 2)
 	})
+}
+
+// TestNodeLinkTrafficUntouched: the node's own packets for the link alone
+// pass the programs unchanged and make no NAT pair, although 0.0.0.0/0 and
+// ::/0 are masquerade sources: here the duplicate address detection probe
+// of an address added to the uplink while the agent runs, which leaves
+// from the unspecified address (a DAD probe or an MLD report from :: when
+// the agent starts at the same time as the uplink did this too).
+func TestNodeLinkTrafficUntouched(t *testing.T) {
+	topo, a, _ := setup(t, masqueradeAll)
+	probes := watchSolicitations(t, topo.Ext, "eth0")
+	eth0, err := topo.Node.NL.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	added := netip.MustParseAddr("2001:db8::77")
+	// With duplicate address detection (topology.Netns.Addr skips it).
+	if err := topo.Node.NL.AddrAdd(eth0, &netlink.Addr{IPNet: &net.IPNet{IP: added.AsSlice(), Mask: net.CIDRMask(64, 128)}}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitFor("the DAD probe of "+added.String()+" on ext", func() bool { return len(probes.of(added)) > 0 })
+	for _, src := range probes.of(added) {
+		if src != netip.IPv6Unspecified() {
+			t.Errorf("the DAD probe of %s reached ext from %s, want ::", added, src)
+		}
+	}
+	for _, c := range []bpf.Counter{bpf.CounterNATNew, bpf.CounterNATNewAddrOnly, bpf.CounterMasqueraded} {
+		if n := a.counter(c); n != 0 {
+			t.Errorf("%s = %d, want 0", c, n)
+		}
+	}
+	if nat := natCommand(t, a); nat != "" {
+		t.Errorf("NAT pairs of the node's own link traffic:\n%s", nat)
+	}
+}
+
+// solicitations records the targets and sources of the neighbour
+// solicitations seen on a device.
+type solicitations struct {
+	mu  sync.Mutex
+	src map[netip.Addr][]netip.Addr // target → sources
+}
+
+func (s *solicitations) of(target netip.Addr) []netip.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.src[target])
+}
+
+// watchSolicitations records the neighbour solicitations on dev in n
+// (without extension headers, as the kernel sends them) until the test
+// ends.
+func watchSolicitations(t *testing.T, n *topology.Netns, dev string) *solicitations {
+	t.Helper()
+	l, err := n.NL.LinkByName(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proto := htons(unix.ETH_P_IPV6)
+	var f *os.File
+	err = n.Do(func() error {
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(proto))
+		if err != nil {
+			return fmt.Errorf("packet socket: %w", err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: l.Attrs().Index}); err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("bind packet socket to %s: %w", dev, err)
+		}
+		f = os.NewFile(uintptr(fd), "packet:"+dev)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &solicitations{src: map[netip.Addr][]netip.Addr{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 65536)
+		for {
+			m, err := f.Read(buf)
+			if err != nil {
+				return
+			}
+			// IPv6, next header ICMPv6, type 135; the target follows the
+			// 4 reserved bytes.
+			if m < 40+24 || buf[0]>>4 != 6 || buf[6] != 58 || buf[40] != 135 {
+				continue
+			}
+			src, target := netip.AddrFrom16([16]byte(buf[8:24])), netip.AddrFrom16([16]byte(buf[48:64]))
+			s.mu.Lock()
+			s.src[target] = append(s.src[target], src)
+			s.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { f.Close(); <-done })
+	return s
 }
 
 // TestStatusAndShell: "ipmasq-agent status" and "ipmasq-agent shell <cmd>"

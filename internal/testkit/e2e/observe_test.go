@@ -210,7 +210,7 @@ func TestDatapathCountersAndDrops(t *testing.T) {
 		{"ipv4", "masquerade", 4}, {"ipv6", "masquerade", 3}, {"ipv4", "inbound", 0}, {"ipv4", "host", 0},
 	} {
 		if got := m.sum("ipmasq_nat_pairs", "family", c.family, "kind", c.kind); got != c.want {
-			t.Errorf("NAT pairs %s %s: %v, want %v", c.family, c.kind, got, c.want)
+			t.Errorf("NAT pairs %s %s: %v, want %v; the pairs:\n%s", c.family, c.kind, got, c.want, natCommand(t, a))
 		}
 	}
 

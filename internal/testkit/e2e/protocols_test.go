@@ -58,7 +58,7 @@ func TestOtherProtocols(t *testing.T) {
 		}
 		if a := s.agent; a != nil {
 			if n := a.counter(bpf.CounterNATNewAddrOnly); n != 5 {
-				t.Errorf("nat-new-address-only = %d, want 5", n)
+				t.Errorf("nat-new-address-only = %d, want 5 (one pair per flow); the pairs:\n%s", n, natCommand(t, a))
 			}
 			if n := a.counter(bpf.CounterNATNewSCTP); n != 2 {
 				t.Errorf("nat-new-sctp = %d, want 2", n)
