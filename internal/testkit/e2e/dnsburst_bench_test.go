@@ -60,9 +60,7 @@ func BenchmarkDNSBurst(b *testing.B) {
 					loadBefore := loadAverage()
 					leaks := watchLeaks(b, topo.Ext, "eth0", podSources...)
 					res.dnsBurstResult = dnsBurst(b, topo, a, resolvers, *flagDNSRate, *flagDNSDuration, 0)
-					leaks.mu.Lock()
-					res.leaked = len(leaks.leaked)
-					leaks.mu.Unlock()
+					res.leaked = leaks.count()
 					b.Logf("%s, %d/s for %s to %d resolver(s): %s; %d packets with a pod address on ext's link; load average %s before, %s after",
 						name, *flagDNSRate, *flagDNSDuration, resolvers, res.dnsBurstResult, res.leaked, loadBefore, loadAverage())
 					if a != nil {

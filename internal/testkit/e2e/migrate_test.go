@@ -237,12 +237,6 @@ func testMigration(t *testing.T, handover bool) {
 	leaks.check(t)
 }
 
-func (w *leakWatch) count() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.leaked)
-}
-
 // waitHandover waits (up to the netfilter scan's interval and some) until
 // the status's Handover line satisfies ok.
 func (a *agent) waitHandover(what string, ok func(line string) bool) {

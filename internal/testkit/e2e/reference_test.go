@@ -3,15 +3,11 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
-	"slices"
-	"sync"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
@@ -113,119 +109,39 @@ func underBoth(t *testing.T, spec setupSpec, fn func(t *testing.T, s *scenario))
 	})
 }
 
-// leakWatch records packets seen on a device whose source is one of the
-// masquerade sources, but those of the flows allowed.
-type leakWatch struct {
-	mu      sync.Mutex
-	leaked  []string
-	sources []netip.Prefix
-	allowed []watchedFlow
-	f       *os.File
-}
+// leakWatch is topology's LeakWatch for a test: it ends with the test, and
+// ignores the node's own addresses on the pod side.
+type leakWatch struct{ *topology.LeakWatch }
 
-// watchedFlow is a flow of a masquerade source, as the watcher sees it.
-type watchedFlow struct {
-	dst   netip.Addr
-	proto byte
-	sport uint16
-}
-
-// allow lets the packets of one flow (TCP or UDP) from a masquerade
-// source to dst with source port sport reach the wire with the source's
-// address: a flow that is not masqueraded on purpose. Call it before the
-// flow's first packet.
-func (w *leakWatch) allow(dst netip.Addr, proto byte, sport uint16) {
-	w.mu.Lock()
-	w.allowed = append(w.allowed, watchedFlow{dst, proto, sport})
-	w.mu.Unlock()
-}
-
-// watchLeaks opens a packet socket on dev in n (network-layer view, so it
-// works on Ethernet and L3 devices alike) until the test ends.
+// watchLeaks watches dev in n for packets from sources until the test ends.
 func watchLeaks(t testing.TB, n *topology.Netns, dev string, sources ...string) *leakWatch {
 	t.Helper()
-	w := &leakWatch{}
+	var prefixes []netip.Prefix
 	for _, s := range sources {
-		w.sources = append(w.sources, netip.MustParsePrefix(s))
+		prefixes = append(prefixes, netip.MustParsePrefix(s))
 	}
-	l, err := n.NL.LinkByName(dev)
+	// The node's own addresses on the pod side are inside the pod CIDRs
+	// but are no pod's: the kernel may pick them as a source (MASQUERADE
+	// does when the uplink has no address of the family).
+	w, err := topology.WatchLeaks(n, dev, []netip.Addr{nodePodSide4, nodePodSide6}, prefixes...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proto := htons(unix.ETH_P_ALL)
-	err = n.Do(func() error {
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(proto))
-		if err != nil {
-			return fmt.Errorf("packet socket: %w", err)
-		}
-		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: l.Attrs().Index}); err != nil {
-			unix.Close(fd)
-			return fmt.Errorf("bind packet socket to %s: %w", dev, err)
-		}
-		w.f = os.NewFile(uintptr(fd), "packet:"+dev)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go w.read(done)
-	t.Cleanup(func() { w.f.Close(); <-done })
-	return w
+	t.Cleanup(w.Close)
+	return &leakWatch{w}
 }
 
-func (w *leakWatch) read(done chan struct{}) {
-	defer close(done)
-	buf := make([]byte, 65536)
-	for {
-		n, err := w.f.Read(buf)
-		if err != nil {
-			return
-		}
-		var src, dst netip.Addr
-		var proto byte
-		l4 := -1 // where the ports are: first fragments and unfragmented packets only
-		switch {
-		case n >= 20 && buf[0]>>4 == 4:
-			src, dst, proto = netip.AddrFrom4([4]byte(buf[12:16])), netip.AddrFrom4([4]byte(buf[16:20])), buf[9]
-			if buf[6]&0x1f == 0 && buf[7] == 0 {
-				l4 = int(buf[0]&0xf) * 4
-			}
-		case n >= 40 && buf[0]>>4 == 6:
-			src, dst, proto = netip.AddrFrom16([16]byte(buf[8:24])), netip.AddrFrom16([16]byte(buf[24:40])), buf[6]
-			l4 = 40 // no extension headers in these tests' flows
-		default:
-			continue
-		}
-		var sport uint16
-		if l4 >= 0 && n >= l4+4 {
-			sport = uint16(buf[l4])<<8 | uint16(buf[l4+1])
-		}
-		// The node's own addresses on the pod side are inside the pod
-		// CIDRs but are no pod's: the kernel may pick them as a source
-		// (MASQUERADE does when the uplink has no address of the family).
-		if src == nodePodSide4 || src == nodePodSide6 {
-			continue
-		}
-		for _, p := range w.sources {
-			if p.Contains(src) {
-				w.mu.Lock()
-				if !slices.Contains(w.allowed, watchedFlow{dst, proto, sport}) || (proto != unix.IPPROTO_TCP && proto != unix.IPPROTO_UDP) {
-					w.leaked = append(w.leaked, fmt.Sprintf("%s protocol %d port %d to %s, %d bytes", src, proto, sport, dst, n))
-				}
-				w.mu.Unlock()
-			}
-		}
-	}
-}
+// allow: see topology.LeakWatch.Allow.
+func (w *leakWatch) allow(dst netip.Addr, proto byte, sport uint16) { w.Allow(dst, proto, sport) }
+
+// count is the number of packets recorded so far.
+func (w *leakWatch) count() int { return len(w.Leaked()) }
 
 // check fails the test if a masquerade source's address reached the wire.
 func (w *leakWatch) check(t *testing.T) {
 	t.Helper()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if len(w.leaked) > 0 {
-		t.Fatalf("%d packet(s) reached ext with an untranslated source, first: %s", len(w.leaked), w.leaked[0])
+	if leaked := w.Leaked(); len(leaked) > 0 {
+		t.Fatalf("%d packet(s) reached ext with an untranslated source, first: %s", len(leaked), leaked[0])
 	}
 }
 
@@ -294,9 +210,7 @@ func TestLeakWatchSeesPodAddresses(t *testing.T) {
 		for _, dst := range []netip.Addr{topology.RemoteIP4, topology.RemoteIP6} {
 			udpSource(topo.Pod, dst) // no answer: ext has no route back
 		}
-		w.mu.Lock()
-		n := len(w.leaked)
-		w.mu.Unlock()
+		n := w.count()
 		if n < 2 {
 			t.Errorf("L3 uplink %v: the watcher saw %d leaked packets, want ≥ 2 (one per family)", l3, n)
 		}

@@ -22,3 +22,17 @@ func CoreDNSBinary() (string, error) {
 	return toolbuild.BinaryEnv([]string{"CGO_ENABLED=0"}, "coredns", "coredns", CoreDNSVersion,
 		"github.com/ipmasq/ipmasq/tools/coredns", "-trimpath")
 }
+
+// UpstreamAgentVersion is the commit of the Kubernetes ip-masq-agent kept
+// in tools/ip-masq-agent (git describe of kubernetes-sigs/ip-masq-agent).
+const UpstreamAgentVersion = "v2.12.6-12-ge300086"
+
+// UpstreamAgentBinary returns the Kubernetes ip-masq-agent
+// UpstreamAgentVersion (tools/ip-masq-agent: its unmodified source),
+// static (CGO_ENABLED=0) as its own release images build it, its version
+// stamped as its Makefile does, built into the user's cache directory the
+// first time.
+func UpstreamAgentBinary() (string, error) {
+	return toolbuild.BinaryEnv([]string{"CGO_ENABLED=0"}, "ip-masq-agent", "ip-masq-agent", UpstreamAgentVersion,
+		"./cmd/ip-masq-agent", "-trimpath", "-ldflags", "-X k8s.io/ip-masq-agent/pkg/version.Version="+UpstreamAgentVersion)
+}

@@ -59,6 +59,9 @@ type cluster struct {
 	dir       string
 	ctl       map[string]*exec.Cmd
 	nodeNetns *topology.Netns
+	// ipmasqCNI: the pods' network is ipmasq-cni's (installCNI), so the
+	// agent's IPAM API must answer.
+	ipmasqCNI bool
 }
 
 // startCluster brings everything up to a Ready node with ipmasq's CNI
@@ -242,6 +245,7 @@ func (c *cluster) startControl(name, bin string, args ...string) {
 // /opt/cni/bin, deploy/cni/90-ipmasq.conflist in /etc/cni/net.d with
 // routeTable set, as a routed node's operator does.
 func (c *cluster) installCNI() {
+	c.ipmasqCNI = true
 	t := c.t
 	bin := filepath.Join(c.dir, "cni")
 	for _, pkg := range []string{
@@ -471,11 +475,11 @@ func (c *cluster) deletePod(ns, name string) {
 	})
 }
 
-// allocations are the agent's IPAM allocations, over its API socket on
-// the node.
 // allocation is one IPAM allocation of the agent.
 type allocation = ipamapi.AllocationResponse
 
+// allocations are the agent's IPAM allocations, over its API socket on
+// the node.
 func (c *cluster) allocations() []allocation {
 	list, err := c.tryAllocations()
 	if err != nil {

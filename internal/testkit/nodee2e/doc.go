@@ -6,8 +6,11 @@
 // network that is not ipmasq's instead (Debian's bridge and host-local
 // plugins on a Calico-like /26 outside the Node's spec.podCIDRs) and
 // installs the image of plain `make image` with `kubectl apply -k
-// deploy/` unedited. Everything is in its test files; the pods' workload
-// is podprog.
+// deploy/` unedited. TestRealNodeMigration, on that network, moves the node
+// from the Kubernetes ip-masq-agent itself (tools/ip-masq-agent, in an
+// image with Debian's iptables) to ipmasq and back as docs/migrate.md
+// says, with flows running throughout. Everything is in its test files;
+// the pods' workload is podprog.
 //
 // TestFleet (fleet*_test.go) is a cluster of several such nodes with the
 // components every cluster runs: the real kube-proxy (iptables mode) on

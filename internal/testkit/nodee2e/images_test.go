@@ -39,27 +39,53 @@ func goBuild(t *testing.T, dir, pkg string) string {
 // bin as /usr/local/bin/<its name>, with entrypoint, for `ctr images import`.
 func writeImage(t *testing.T, file, ref, bin string, entrypoint ...string) {
 	t.Helper()
-	data, err := os.ReadFile(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
+	writeImageFiles(t, file, ref, []imageFile{{path: "usr/local/bin/" + filepath.Base(bin), src: bin}}, entrypoint...)
+}
+
+// imageFile is one entry of an image's layer: at path (relative to the
+// image's root), a copy of the host's file src, or a symbolic link to link.
+type imageFile struct{ path, src, link string }
+
+// writeImageFiles writes a docker-archive tarball of a one-layer image
+// holding files (and the directories above them, and /tmp), with
+// entrypoint, for `ctr images import`.
+func writeImageFiles(t *testing.T, file, ref string, files []imageFile, entrypoint ...string) {
+	t.Helper()
 	var layerTar bytes.Buffer
 	tw := tar.NewWriter(&layerTar)
-	for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/", "tmp/"} {
-		mode := int64(0o755)
-		if d == "tmp/" {
-			mode = 0o1777
-		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: mode}); err != nil {
+	dirs := map[string]bool{}
+	dir := func(d string, mode int64) {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: mode}); err != nil {
 			t.Fatal(err)
 		}
+		dirs[d] = true
 	}
-	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: "usr/local/bin/" + filepath.Base(bin), Mode: 0o755, Size: int64(len(data))}
-	if err := tw.WriteHeader(hdr); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tw.Write(data); err != nil {
-		t.Fatal(err)
+	dir("tmp", 0o1777)
+	for _, f := range files {
+		var parents []string
+		for d := filepath.Dir(f.path); d != "." && !dirs[d]; d = filepath.Dir(d) {
+			parents = append(parents, d)
+		}
+		for i := len(parents) - 1; i >= 0; i-- {
+			dir(parents[i], 0o755)
+		}
+		if f.link != "" {
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: f.path, Linkname: f.link, Mode: 0o777}); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		data, err := os.ReadFile(f.src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr := &tar.Header{Typeflag: tar.TypeReg, Name: f.path, Mode: 0o755, Size: int64(len(data))}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(data); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
@@ -80,7 +106,7 @@ func writeImage(t *testing.T, file, ref, bin string, entrypoint ...string) {
 	cf.OS, cf.Architecture = "linux", runtime.GOARCH
 	cf.Config = v1.Config{
 		Entrypoint: entrypoint,
-		Env:        []string{"PATH=/usr/local/bin:/usr/bin:/bin"},
+		Env:        []string{"PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 	}
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		t.Fatal(err)

@@ -101,6 +101,16 @@ func testUninstall(t *testing.T, c *cluster, image string) {
 			t.Fatal(err)
 		}
 	}
+	c.uninstallAgent(image)
+	if left := c.ipmasqOnNode(); len(left) > 0 {
+		t.Errorf("after the uninstall the node still holds:\n%s", strings.Join(left, "\n"))
+	}
+}
+
+// uninstallAgent is docs/deploy.md's uninstall after the pods and the
+// CNI files: kubectl delete -k deploy/, then the uninstall Job on the node.
+func (c *cluster) uninstallAgent(image string) {
+	t := c.t
 	begin := time.Now()
 	c.deleteRendered("../../../deploy", image)
 	// docs/deploy.md's loop: the node's name, and 16 hex digits of its
@@ -123,9 +133,6 @@ func testUninstall(t *testing.T, c *cluster, image string) {
 		return nil
 	})
 	t.Logf("uninstalled in %v (the Job retries while the agent's pod stops)", time.Since(begin).Round(time.Millisecond))
-	if left := c.ipmasqOnNode(); len(left) > 0 {
-		t.Errorf("after the uninstall the node still holds:\n%s", strings.Join(left, "\n"))
-	}
 }
 
 // deleteRendered deletes the objects of a kustomization as `kubectl delete

@@ -1,9 +1,10 @@
 // Command prebuild builds, once, every program the tests build from the
 // separate modules under tools/ (kube-apiserver, kubelet, kube-scheduler,
-// kube-controller-manager, kube-proxy, CoreDNS, promtool) into the user's
-// cache directory, as the tests themselves would on first use. `.ci/run`
-// runs it before `make test`, so that a cold machine's 20-odd minutes of
-// building count against no test binary's timeout:
+// kube-controller-manager, kube-proxy, CoreDNS, the Kubernetes
+// ip-masq-agent, promtool) into the user's cache directory, as the tests
+// themselves would on first use. `.ci/run` runs it before `make test`, so
+// that a cold machine's 20-odd minutes of building count against no test
+// binary's timeout:
 //
 //	go run ./internal/testkit/prebuild
 package main
@@ -26,6 +27,7 @@ func main() {
 		{"kubelet, kube-scheduler, kube-controller-manager", func() error { _, err := kubetest.NodeBinariesBuilt(); return err }},
 		{"kube-proxy", func() error { _, err := kubetest.ProxyBinary(); return err }},
 		{"coredns", func() error { _, err := kubetest.CoreDNSBinary(); return err }},
+		{"ip-masq-agent", func() error { _, err := kubetest.UpstreamAgentBinary(); return err }},
 		{"promtool", func() error { _, err := promtooltest.Binary(); return err }},
 	} {
 		begin := time.Now()

@@ -14,6 +14,13 @@
 //	podprog ask ADDR...         every 200 ms, a TCP connection to each ADDR
 //	                            (a name is resolved through the pod's DNS);
 //	                            print "ADDR ANSWER" for each answer, to stdout
+//	podprog query ADDR          every 20 ms, a UDP query to ADDR from a new
+//	                            socket (its own flow), answered by a
+//	                            resolver that echoes it with the source it
+//	                            saw (topology.ServeResolver); every second
+//	                            a line "asked=N answered=M failed=F
+//	                            from=ADDR:COUNT,..." to stdout, and each
+//	                            failure to stderr
 //
 // The pod's name is its hostname (the kubelet sets it). Any error ends the
 // program with status 1, so that a lost or reset stream shows as a
@@ -28,6 +35,9 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sort"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -85,6 +95,11 @@ func main() {
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
+	case "query":
+		if len(args) != 1 {
+			fail(fmt.Errorf("query takes one address"))
+		}
+		fail(queryBurst(name, args[0]))
 	default:
 		fail(fmt.Errorf("unknown mode %q", os.Args[1]))
 	}
@@ -175,6 +190,67 @@ func ask(addr string) (string, error) {
 		return "", fmt.Errorf("%s: %w", addr, err)
 	}
 	return line[:len(line)-1], nil
+}
+
+// queryBurst never returns nil: it asks until asking itself fails.
+func queryBurst(name, addr string) error {
+	var (
+		mu                     sync.Mutex
+		asked, answered, wrong int
+		from                   = map[string]int{}
+	)
+	report := time.NewTicker(time.Second)
+	defer report.Stop()
+	next := time.NewTicker(20 * time.Millisecond)
+	defer next.Stop()
+	for seq := 0; ; seq++ {
+		select {
+		case <-report.C:
+			mu.Lock()
+			srcs := make([]string, 0, len(from))
+			for a, n := range from {
+				srcs = append(srcs, fmt.Sprintf("%s:%d", a, n))
+			}
+			sort.Strings(srcs)
+			fmt.Printf("asked=%d answered=%d failed=%d from=%s\n", asked, answered, wrong, strings.Join(srcs, ","))
+			mu.Unlock()
+		case <-next.C:
+		}
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		asked++
+		mu.Unlock()
+		go func(seq int) {
+			defer c.Close()
+			q := fmt.Sprintf("%s %d", name, seq)
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, 512)
+			_, err := c.Write([]byte(q))
+			var n int
+			if err == nil {
+				n, err = c.Read(buf)
+			}
+			var src string
+			if err == nil {
+				var ok bool
+				if src, ok = strings.CutPrefix(string(buf[:n]), q+" "); !ok {
+					err = fmt.Errorf("answer %q", buf[:n])
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				wrong++
+				fmt.Fprintf(os.Stderr, "query %d: %v\n", seq, err)
+				return
+			}
+			answered++
+			from[src]++
+		}(seq)
+	}
 }
 
 func fail(err error) {
