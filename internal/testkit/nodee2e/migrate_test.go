@@ -2,6 +2,7 @@ package nodee2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -172,6 +173,34 @@ func (c *cluster) agentStatus() (string, error) {
 		id, "ipmasq-agent", "status")
 }
 
+// addAgentArg adds arg to the rendered ipmasq-agent container's args.
+func addAgentArg(t *testing.T, rendered []byte, arg string) []byte {
+	const anchor = "- --bpf-root=/sys/fs/bpf\n"
+	i := bytes.Index(rendered, []byte(anchor))
+	if i < 0 {
+		t.Fatalf("the rendered DaemonSet has no %q", anchor)
+	}
+	indent := i - bytes.LastIndexByte(rendered[:i], '\n') - 1
+	line := strings.Repeat(" ", indent) + "- " + arg + "\n"
+	at := i + len(anchor)
+	return append(rendered[:at:at], append([]byte(line), rendered[at:]...)...)
+}
+
+// broken says whether the stream's connection ended (or a second one
+// was made) within d.
+func (s *stream) broken(d time.Duration) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		conns := s.c.seen.streamsOf(s.pod)
+		if len(conns) != 1 {
+			return true
+		}
+		if _, err := conns[0].Progress(); err != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // handedBack is the count of pairs handed back in a Handover line ("...,
 // 57 handed back, ..."); -1 if it has none.
 func handedBack(line string) int {
@@ -267,8 +296,16 @@ func (c *cluster) queryReport(pod string) (queries, error) {
 // Kubernetes agent back, ipmasq deleted and uninstalled with the page's
 // Job. Every stream stays one connection from the node's address, every
 // query is answered from the node's address, and no packet reaches the
-// external host with a pod's address.
+// external host with a pod's address. The same run with ipmasq's
+// --conntrack-handover=false must break (the stream ipmasq translated is
+// reset or leaks the pod's address once ipmasq is uninstalled): the
+// reference that shows the test sees what the handover prevents.
 func TestRealNodeMigration(t *testing.T) {
+	t.Run("handover", func(t *testing.T) { testRealNodeMigration(t, true) })
+	t.Run("no-handover", func(t *testing.T) { testRealNodeMigration(t, false) })
+}
+
+func testRealNodeMigration(t *testing.T, handover bool) {
 	begin := time.Now()
 	c := startClusterWith(t, "", (*cluster).installBridgeCNI)
 	c.importUpstreamImage()
@@ -312,11 +349,21 @@ func TestRealNodeMigration(t *testing.T) {
 	// deploy/`; the ConfigMap is there). It adopts conntrack's bindings of
 	// the running flows.
 	step := time.Now()
-	c.apply("../../../deploy", "", nil)
+	var edit func([]byte) []byte
+	if !handover {
+		edit = func(b []byte) []byte {
+			return addAgentArg(t, b, "--conntrack-handover=false")
+		}
+	}
+	c.apply("../../../deploy", "", edit)
 	c.agentPod(90 * time.Second)
-	c.waitHandover("active, flows adopted", func(s string) bool {
-		return strings.HasPrefix(s, "active") && !strings.Contains(s, " 0 flow(s) adopted")
-	})
+	if !handover {
+		c.waitHandover("off", func(s string) bool { return strings.HasPrefix(s, "off") })
+	} else {
+		c.waitHandover("active, flows adopted", func(s string) bool {
+			return strings.HasPrefix(s, "active") && !strings.Contains(s, " 0 flow(s) adopted")
+		})
+	}
 	underUpstream.check("ipmasq's install beside the Kubernetes agent")
 	checkQueries("ipmasq's install")
 	t.Logf("ipmasq beside the Kubernetes agent in %v", time.Since(step).Round(time.Millisecond))
@@ -335,9 +382,12 @@ func TestRealNodeMigration(t *testing.T) {
 	}
 	underUpstream.check("the chain's removal")
 	// Until the agent's next netfilter scan it still hands new flows back.
-	idle := c.waitHandover("idle", func(s string) bool { return strings.HasPrefix(s, "idle") })
-	if handedBack(idle) < 0 {
-		t.Fatalf("no count of pairs handed back in the Handover line %q", idle)
+	idle := "off"
+	if handover {
+		idle = c.waitHandover("idle", func(s string) bool { return strings.HasPrefix(s, "idle") })
+		if handedBack(idle) < 0 {
+			t.Fatalf("no count of pairs handed back in the Handover line %q", idle)
+		}
 	}
 	underIPMasq := c.startStream("under-ipmasq")
 	underUpstream.check("ipmasq alone")
@@ -346,9 +396,13 @@ func TestRealNodeMigration(t *testing.T) {
 	// 4. Back: the Kubernetes agent's DaemonSet again; once ipmasq sees
 	// its chain, it hands its pairs to conntrack.
 	c.deployUpstreamAgent()
-	c.waitHandover("pairs handed back", func(s string) bool {
-		return strings.HasPrefix(s, "active") && handedBack(s) > handedBack(idle)
-	})
+	if handover {
+		c.waitHandover("pairs handed back", func(s string) bool {
+			return strings.HasPrefix(s, "active") && handedBack(s) > handedBack(idle)
+		})
+	} else {
+		time.Sleep(35 * time.Second) // a netfilter scan of the agent's
+	}
 	underIPMasq.check("the Kubernetes agent's return")
 	underUpstream.check("the Kubernetes agent's return")
 	checkQueries("the Kubernetes agent's return")
@@ -358,6 +412,13 @@ func TestRealNodeMigration(t *testing.T) {
 	c.uninstallAgent("")
 	if left := c.ipmasqOnNode(); len(left) > 0 {
 		t.Errorf("after the uninstall the node still holds:\n%s", strings.Join(left, "\n"))
+	}
+	if !handover {
+		if !underIPMasq.broken(10*time.Second) && len(leaks.Leaked()) == 0 {
+			t.Fatal("without the handover, the stream ipmasq translated survived its uninstall without a leak: the test would prove nothing")
+		}
+		t.Logf("without the handover: the stream ipmasq translated broke when ipmasq went (%d packet(s) reached the external host with a pod's address)", len(leaks.Leaked()))
+		return
 	}
 	underIPMasq.check("ipmasq's uninstall")
 	underUpstream.check("ipmasq's uninstall")
