@@ -26,6 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -224,8 +226,33 @@ func Load(opts LoadOptions) (*Datapath, error) {
 			d.Close()
 			return nil, err
 		}
+		removeRetiredPins(opts.Logger, opts.PinDir)
 	}
 	return d, nil
+}
+
+// retiredPins are maps earlier versions pinned and no program uses any
+// more. Nothing but the loader would remove them (the uninstall removes the
+// whole directory), so an upgraded node would keep their kernel memory.
+var retiredPins = []string{
+	"nat_full_until", // early drop's backoff, before its candidate notes
+}
+
+// removeRetiredPins unpins the retired maps found in pinDir, once the new
+// programs are loaded (a failed upgrade leaves them to the version that
+// still uses them).
+func removeRetiredPins(logger *slog.Logger, pinDir string) {
+	logger = cmp.Or(logger, slog.Default())
+	for _, name := range retiredPins {
+		path := filepath.Join(pinDir, name)
+		err := os.Remove(path)
+		switch {
+		case err == nil:
+			logger.Info("Removed the pin of a map no longer used", "pin", path)
+		case !errors.Is(err, os.ErrNotExist):
+			logger.Warn("Cannot remove the pin of a map no longer used", "pin", path, "error", err)
+		}
+	}
 }
 
 // pinnedMaps are the maps [Load] pins, sorted: every map of spec but the

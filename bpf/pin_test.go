@@ -1,7 +1,9 @@
 package bpf
 
 import (
+	"errors"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -92,5 +94,42 @@ func TestNonMasqTriesKeptThroughResize(t *testing.T) {
 	}
 	if v, ok := got[p]; len(got) != 1 || !ok || v != 0 {
 		t.Errorf("the pinned nonmasq_v4 after the resize holds %v, want %s → 0", got, p)
+	}
+}
+
+// TestLoadRemovesRetiredPins: a pin of a map the programs no longer use
+// (left by an earlier version in the pin directory) is removed by the
+// next load; the maps in use stay pinned.
+func TestLoadRemovesRetiredPins(t *testing.T) {
+	privtest.Require(t)
+	pinDir := filepath.Join(privtest.MountBPFFS(t), "ipmasq")
+	dp, err := Load(LoadOptions{PinDir: pinDir, NATMaxEntries: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+	for _, name := range retiredPins {
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Pin(filepath.Join(pinDir, name)); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+	}
+
+	dp, err = Load(LoadOptions{PinDir: pinDir, NATMaxEntries: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	for _, name := range retiredPins {
+		if _, err := os.Stat(filepath.Join(pinDir, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the retired pin %s is still there after a load (%v)", name, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(pinDir, MapNATV4)); err != nil {
+		t.Errorf("the pin of %s: %v", MapNATV4, err)
 	}
 }
