@@ -103,7 +103,10 @@ func (w *watcher) run(ctx context.Context, health cell.Health) error {
 			return nil
 		case <-time.After(ScanInterval):
 		case <-podCIDRsChanged:
-		case <-changes:
+		case _, ok := <-changes:
+			if !ok {
+				return nil // the watch ends with ctx
+			}
 			// Let the burst of changes settle (an iptables-restore
 			// writes many); what comes meanwhile is in this scan.
 			select {

@@ -10,7 +10,7 @@ import (
 )
 
 // Changes tells of changes to netfilter's rules while ctx lives: a value
-// on the channel means "scan again". The agent's is WatchNftables in its
+// on the channel means "scan again"; the channel is closed once ctx ends. The agent's is WatchNftables in its
 // own namespace; nil leaves the scan to ScanInterval alone.
 type Changes func(ctx context.Context) (<-chan struct{}, error)
 
@@ -48,6 +48,7 @@ func WatchNftables(ctx context.Context) (<-chan struct{}, error) {
 		}
 	}
 	go func() {
+		defer close(out)
 		defer ns.Close()
 		for {
 			select {
@@ -79,14 +80,16 @@ func WatchNftables(ctx context.Context) (<-chan struct{}, error) {
 // openNftablesMonitor subscribes to nftables' table, chain and rule
 // notifications in ns; stop ends the subscription and drains its channel.
 func openNftablesMonitor(ns netns.NsHandle) (<-chan *nftables.MonitorEvent, func(), error) {
-	conn, err := nftables.New(nftables.AsLasting(), nftables.WithNetNSFd(int(ns)))
+	// Not a lasting connection: the monitor then dials a socket of its
+	// own, which its Close closes (a lasting one's would not be, and the
+	// monitor would never end).
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
 	if err != nil {
 		return nil, nil, fmt.Errorf("nftables netlink: %w", err)
 	}
 	mon := nftables.NewMonitor(nftables.WithMonitorObject(nftables.MonitorObjectRuleset))
 	events, err := conn.AddMonitor(mon)
 	if err != nil {
-		conn.CloseLasting()
 		return nil, nil, fmt.Errorf("nftables notifications: %w", err)
 	}
 	stop := func() {
@@ -94,7 +97,6 @@ func openNftablesMonitor(ns netns.NsHandle) (<-chan *nftables.MonitorEvent, func
 		for range events {
 			// the monitor's goroutines end once their channel is drained
 		}
-		conn.CloseLasting()
 	}
 	return events, stop, nil
 }

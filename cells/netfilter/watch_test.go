@@ -121,4 +121,16 @@ func TestWatchNftablesSeesRuleChanges(t *testing.T) {
 		default:
 		}
 	}
+	// The watch ends with its context (its notification socket closed).
+	cancel()
+	for deadline := time.After(5 * time.Second); ; {
+		select {
+		case _, ok := <-changes:
+			if !ok {
+				return
+			}
+		case <-deadline:
+			t.Fatal("the watch did not end with its context")
+		}
+	}
 }
