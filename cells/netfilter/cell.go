@@ -24,7 +24,7 @@ import (
 )
 
 // ScanInterval is how often netfilter is read again (and whenever the pod
-// CIDRs change): the rules it looks for are left-overs and manual rules,
+// CIDRs change, and a second after nftables' rules change: Changes): the rules it looks for are left-overs and manual rules,
 // not a hot path, and one dump of the rules costs well under a millisecond.
 const ScanInterval = 30 * time.Second
 
@@ -48,6 +48,7 @@ var Cell = cell.Module(
 				return Scan("/proc/thread-self/net", sources)
 			}
 		},
+		func() Changes { return WatchNftables },
 	),
 	cell.Invoke(register),
 )
@@ -62,6 +63,7 @@ type params struct {
 	Rules    statedb.RWTable[*tables.NetfilterNATRule]
 	PodCIDRs statedb.Table[*tables.PodCIDR]
 	Scan     Scanner
+	Changes  Changes
 }
 
 func register(p params) {
@@ -78,6 +80,13 @@ type watcher struct {
 }
 
 func (w *watcher) run(ctx context.Context, health cell.Health) error {
+	var changes <-chan struct{}
+	if w.Changes != nil {
+		var err error
+		if changes, err = w.Changes(ctx); err != nil {
+			w.Log.Warn("Cannot watch netfilter's rules for changes: they are read every 30 s only", "error", err)
+		}
+	}
 	for {
 		txn := w.DB.ReadTxn()
 		sources := tables.PodCIDRPrefixes(txn, w.PodCIDRs)
@@ -94,6 +103,21 @@ func (w *watcher) run(ctx context.Context, health cell.Health) error {
 			return nil
 		case <-time.After(ScanInterval):
 		case <-podCIDRsChanged:
+		case _, ok := <-changes:
+			if !ok {
+				return nil // the watch ends with ctx
+			}
+			// Let the burst of changes settle (an iptables-restore
+			// writes many); what comes meanwhile is in this scan.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(changeSettle):
+			}
+			select {
+			case <-changes:
+			default:
+			}
 		}
 	}
 }

@@ -194,8 +194,9 @@ func testMigration(t *testing.T, handover bool) {
 	underUpstream.progress(t, 64<<10, "under ipmasq")
 	time.Sleep(2 * time.Second) // queries under ipmasq alone
 
-	// 4. The way back: the chain again (the netfilter scan sees it within
-	// its interval); ipmasq hands its pairs to conntrack.
+	// 4. The way back: the chain again (the agent reads netfilter a second
+	// after nftables tells of the change); ipmasq hands its pairs to
+	// conntrack.
 	upstreamChain(t, topo.Node)
 	underIPMasq.progress(t, 64<<10, "with the upstream chain back beside ipmasq")
 	if handover {

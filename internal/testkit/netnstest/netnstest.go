@@ -25,11 +25,11 @@ import (
 // Agent wraps cells holding the devices cell, the datapath and the
 // netfilter cell (e.g. agent.Cell): the devices cell lists ns's devices, and the datapath
 // attaches its programs and reserves its NAT ports in ns, and netfilter's
-// NAT rules are read in ns.
+// NAT rules are read and watched in ns.
 func Agent(ns netns.NsHandle, cells ...cell.Cell) cell.Cell {
 	return cell.Group(
 		Devices(ns),
-		cell.Decorate(func(ops reconciler.Operations[*tables.DatapathDevice], reserve datapath.PortReservation, scan netfilter.Scanner) (reconciler.Operations[*tables.DatapathDevice], datapath.PortReservation, netfilter.Scanner) {
+		cell.Decorate(func(ops reconciler.Operations[*tables.DatapathDevice], reserve datapath.PortReservation, scan netfilter.Scanner, changes netfilter.Changes) (reconciler.Operations[*tables.DatapathDevice], datapath.PortReservation, netfilter.Scanner, netfilter.Changes) {
 			return &inNetns[*tables.DatapathDevice]{ns: ns, ops: ops},
 				func(r datapath.PortRange) (note string, err error) {
 					err = Do(ns, func() (err error) { note, err = reserve(r); return err })
@@ -38,6 +38,10 @@ func Agent(ns netns.NsHandle, cells ...cell.Cell) cell.Cell {
 				func(sources []netip.Prefix) (rows []*tables.NetfilterNATRule, err error) {
 					err = Do(ns, func() error { rows, err = scan(sources); return err })
 					return rows, err
+				},
+				func(ctx context.Context) (ch <-chan struct{}, err error) {
+					err = Do(ns, func() error { ch, err = changes(ctx); return err })
+					return ch, err
 				}
 		}, cells...),
 	)

@@ -216,7 +216,8 @@ func handedBack(line string) int {
 }
 
 // waitHandover waits until the status's Handover line satisfies ok (the
-// agent reads netfilter every 30 s), and returns the line.
+// agent reads netfilter a second after nftables tells of a change, and
+// every 30 s), and returns the line.
 func (c *cluster) waitHandover(what string, ok func(line string) bool) string {
 	var line string
 	c.eventually(60*time.Second, "handover "+what, func() error {
@@ -401,7 +402,7 @@ func testRealNodeMigration(t *testing.T, handover bool) {
 			return strings.HasPrefix(s, "active") && handedBack(s) > handedBack(idle)
 		})
 	} else {
-		time.Sleep(35 * time.Second) // a netfilter scan of the agent's
+		time.Sleep(5 * time.Second) // the agent's netfilter scan after the change
 	}
 	underIPMasq.check("the Kubernetes agent's return")
 	underUpstream.check("the Kubernetes agent's return")
