@@ -38,32 +38,43 @@ type watchedFlow struct {
 // address inside a pod range, which the kernel may pick as a source) until
 // Close.
 func WatchLeaks(n *Netns, dev string, ignore []netip.Addr, sources ...netip.Prefix) (*LeakWatch, error) {
-	w := &LeakWatch{sources: sources, ignore: ignore, done: make(chan struct{})}
+	f, err := OpenPacketSocket(n, dev, unix.ETH_P_ALL)
+	if err != nil {
+		return nil, err
+	}
+	w := &LeakWatch{sources: sources, ignore: ignore, f: f, done: make(chan struct{})}
+	go w.read()
+	return w, nil
+}
+
+// OpenPacketSocket opens a packet socket on dev in n that reads the
+// packets of ethertype proto (unix.ETH_P_ALL: every one) from their
+// network header on (SOCK_DGRAM: the same view on Ethernet and L3
+// devices). Reads block until a packet comes or the file is closed.
+func OpenPacketSocket(n *Netns, dev string, proto uint16) (*os.File, error) {
 	l, err := n.NL.LinkByName(dev)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", n.Name, err)
 	}
-	proto := htons(unix.ETH_P_ALL)
+	be := proto<<8 | proto>>8 // network byte order
+	var f *os.File
 	err = n.Do(func() error {
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(proto))
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(be))
 		if err != nil {
 			return fmt.Errorf("packet socket: %w", err)
 		}
-		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: l.Attrs().Index}); err != nil {
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: be, Ifindex: l.Attrs().Index}); err != nil {
 			unix.Close(fd)
 			return fmt.Errorf("bind packet socket to %s: %w", dev, err)
 		}
-		w.f = os.NewFile(uintptr(fd), "packet:"+dev)
+		f = os.NewFile(uintptr(fd), "packet:"+dev)
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", n.Name, err)
 	}
-	go w.read()
-	return w, nil
+	return f, nil
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // Allow lets the packets of one flow (TCP or UDP) from a watched source to
 // dst with source port sport reach the device with the source's address:
