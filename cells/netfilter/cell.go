@@ -84,7 +84,7 @@ func (w *watcher) run(ctx context.Context, health cell.Health) error {
 	if w.Changes != nil {
 		var err error
 		if changes, err = w.Changes(ctx); err != nil {
-			w.Log.Warn("Cannot watch netfilter's rules for changes: they are read every 30 s only", "error", err)
+			w.Log.Warn("Cannot watch netfilter's rules for changes: they are read at the scan interval only", "interval", ScanInterval, "error", err)
 		}
 	}
 	for {
