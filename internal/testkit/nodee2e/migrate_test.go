@@ -268,16 +268,18 @@ func (c *cluster) queryReport(pod string) (queries, error) {
 		return queries{}, fmt.Errorf("pod %s: no report yet", pod)
 	}
 	q := queries{from: map[string]int{}}
+	counts := map[string]*int{"asked": &q.asked, "answered": &q.answered, "failed": &q.failed}
 	for _, kv := range strings.Fields(last) {
 		k, v, _ := strings.Cut(kv, "=")
-		switch k {
-		case "asked", "answered", "failed":
+		if count, ok := counts[k]; ok {
 			n, err := strconv.Atoi(v)
 			if err != nil {
 				return queries{}, fmt.Errorf("pod %s: report %q", pod, last)
 			}
-			*map[string]*int{"asked": &q.asked, "answered": &q.answered, "failed": &q.failed}[k] = n
-		case "from":
+			*count = n
+			continue
+		}
+		if k == "from" {
 			for src := range strings.SplitSeq(v, ",") {
 				if a, n, ok := strings.Cut(src, ":"); ok {
 					q.from[a], _ = strconv.Atoi(n)
