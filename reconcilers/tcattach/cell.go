@@ -1,6 +1,7 @@
 package tcattach
 
 import (
+	"log/slog"
 	"path/filepath"
 
 	"github.com/cilium/hive/cell"
@@ -29,18 +30,18 @@ var Cell = cell.Group(
 type opsParams struct {
 	cell.In
 
-	DB        *statedb.DB
-	Agent     settings.Config
-	Config    datapath.Config
-	Handle    *datapath.Handle
-	Sources   statedb.Table[*tables.MasqueradeSource]
-	NodeAddrs statedb.Table[*tables.NodeAddress]
+	DB     *statedb.DB
+	Agent  settings.Config
+	Config datapath.Config
+	Handle *datapath.Handle
+	Log    *slog.Logger
+	Tables mapsWrittenTables
 }
 
 // newOps are the operations of the tc-attach reconciler.
 func newOps(p opsParams) reconciler.Operations[*tables.DatapathDevice] {
 	return &attachOps{linkDir: filepath.Join(p.Agent.PinDir(), "links"), dp: p.Handle, mode: p.Config.TCAttachMode,
-		waitMaps: waitMapsWritten(p.DB, p.Sources, p.NodeAddrs)}
+		waitMaps: waitMapsWritten(p.DB, p.Log, p.Tables)}
 }
 
 func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.DatapathDevice],
