@@ -174,6 +174,24 @@ func BenchmarkConfigToMaps(b *testing.B) {
 				}
 			})
 		}
+		// A whole new config in place of the old one: the new prefixes
+		// are written before the old are deleted (at n=16384 the map is
+		// full, and the early write first makes room).
+		b.Run(fmt.Sprintf("n=%d/agent-json-swap", n), func(b *testing.B) {
+			a := startBenchAgent(b)
+			files := [][]byte{configJSON(cidrs(n, 0)), configJSON(cidrs(n, 1))}
+			a.write(files[0])
+			a.waitConverged()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				a.write(files[(i+1)%2])
+				a.waitConverged()
+			}
+			b.StopTimer()
+			if got := a.v4Entries(); got != n {
+				b.Fatalf("map holds %d entries, want %d", got, n)
+			}
+		})
 		b.Run(fmt.Sprintf("n=%d/baseline-update-per-entry", n), func(b *testing.B) {
 			privtest.Require(b)
 			m, err := ebpf.NewMap(mustSpec(bpf.NonMasqSpec(bpf.MapNonMasqV4, 16384)))

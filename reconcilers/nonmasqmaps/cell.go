@@ -103,13 +103,13 @@ const reconcilerName = "nonmasq-maps"
 
 // register registers statedb's reconciler of nonmasq-cidrs, as every
 // datapath map is reconciled, with batches: a round takes every row a new
-// config changes (each old prefix deleted and each new one written, both
-// families), so that a config of 16 384 prefixes is one batch write per
-// map and one status commit.
+// config changes (each new prefix written, then each old one deleted, both
+// families: newBeforeOld), so that a config of 16 384 prefixes is one batch
+// write per map and one status commit.
 func register(p registerParams) error {
 	r, err := datapath.RegisterBatched(p.ReconcilerParams, reconcilerName, p.CIDRs,
 		(*tables.NonMasqCIDR).Clone, (*tables.NonMasqCIDR).SetStatus, (*tables.NonMasqCIDR).GetStatus,
-		p.Ops, p.BatchOps, 4*int(p.Agent.MaxNonMasqCIDRs))
+		p.Ops, newBeforeOld{p.BatchOps, p.CIDRs}, 4*int(p.Agent.MaxNonMasqCIDRs))
 	if err != nil {
 		return err
 	}

@@ -1,10 +1,12 @@
 package nonmasqmaps
 
 import (
+	"context"
 	"iter"
 	"net/netip"
 
 	"github.com/cilium/statedb"
+	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
@@ -51,4 +53,36 @@ func desiredKeys[K any](tbl statedb.Table[*tables.NonMasqCIDR], fam tables.Famil
 			}
 		}
 	}
+}
+
+// newBeforeOld are batch operations whose rounds write the table's new
+// rows before they delete the old ones. statedb's reconciler hands a round's
+// deletes over first, to make room; for a trie that would leave the
+// destinations of a reshaped range (10.0.0.0/8 replaced by its two /9s)
+// with neither their old nor their new prefix between the two writes, and
+// their packets masqueraded. Written first, every destination keeps its old
+// or gets its new decision throughout (its longest match is one of the
+// two). The update after the delete costs nothing: the map's cache already
+// holds the entries. When the map is full, the early write makes room by
+// deleting what the table no longer wants (bpfmap.WithDesired), which is
+// the old order.
+type newBeforeOld struct {
+	reconciler.BatchOperations[*tables.NonMasqCIDR]
+	tbl statedb.Table[*tables.NonMasqCIDR]
+}
+
+// DeleteBatch writes the rows still to be written, then deletes batch.
+func (o newBeforeOld) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*tables.NonMasqCIDR]) {
+	var pending []reconciler.BatchEntry[*tables.NonMasqCIDR]
+	for row, rev := range o.tbl.All(txn) {
+		if row.Status.IsPendingOrRefreshing() {
+			pending = append(pending, reconciler.BatchEntry[*tables.NonMasqCIDR]{Object: row, Revision: rev})
+		}
+	}
+	if len(pending) > 0 {
+		// The results are the round's update's to report: it writes
+		// these rows again (a failure here is retried there).
+		o.BatchOperations.UpdateBatch(ctx, txn, pending)
+	}
+	o.BatchOperations.DeleteBatch(ctx, txn, batch)
 }
