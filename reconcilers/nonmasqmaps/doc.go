@@ -23,5 +23,7 @@
 // them (internal/testkit/faults). Its rounds take up to 4 × max-nonmasq-
 // cidrs rows, so that a new config of 16 384 prefixes, every old one
 // deleted and every new one written, is one batch write per map and one
-// status commit.
+// status commit. Within a round the new prefixes are written before the
+// old ones are deleted (newBeforeOld), so that while a config changes
+// every destination keeps its old decision or has its new one.
 package nonmasqmaps
