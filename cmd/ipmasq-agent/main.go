@@ -39,7 +39,11 @@ import (
 func main() {
 	root := newRootCommand()
 	root.SetArgs(goStyleArgs(root.Flags(), os.Args[1:]))
-	if err := root.Execute(); err != nil {
+	err := boolValueAsArgument(root.Flags(), os.Args[1:])
+	if err == nil {
+		err = root.Execute()
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "ipmasq-agent: %s\n", oneLine(err))
 		os.Exit(1)
 	}

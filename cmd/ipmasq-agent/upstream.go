@@ -212,3 +212,30 @@ func goStyleArgs(flags *pflag.FlagSet, args []string) []string {
 	}
 	return out
 }
+
+// boolValueAsArgument finds a boolean flag given its value as the next
+// argument ("-logtostderr false"). Go's flag package and pflag both take
+// "false" there as the first argument that is not a flag: upstream's agent
+// then stops reading flags and ignores every one after it, and cobra would
+// report an unknown command "false". The error names the flag and the
+// spelling that works, as the user wrote it (one dash or two).
+func boolValueAsArgument(flags *pflag.FlagSet, args []string) error {
+	for i := 1; i < len(args); i++ {
+		prev, a := args[i-1], args[i]
+		if prev == "--" {
+			return nil
+		}
+		if !strings.HasPrefix(prev, "-") || strings.Contains(prev, "=") {
+			continue
+		}
+		f := flags.Lookup(strings.TrimLeft(prev, "-"))
+		if f == nil || f.NoOptDefVal == "" {
+			continue
+		}
+		if _, err := strconv.ParseBool(a); err == nil {
+			return fmt.Errorf("%s %s: a boolean flag takes its value after '=' (%s=%s); %q was read as an argument, and upstream's agent would ignore every flag after it",
+				prev, a, prev, a, a)
+		}
+	}
+	return nil
+}

@@ -156,3 +156,28 @@ func TestKlogValuesAsUpstream(t *testing.T) {
 		}
 	}
 }
+
+// A boolean flag followed by its value as the next argument is refused
+// with the spelling that works; flags with values, and booleans with '=',
+// pass.
+func TestBoolValueAsArgument(t *testing.T) {
+	flags := newRootCommand().Flags()
+	for _, tc := range []struct {
+		args []string
+		want string // "" for no error
+	}{
+		{[]string{"-logtostderr", "false", "--masq-chain=X"}, `-logtostderr false: a boolean flag takes its value after '=' (-logtostderr=false)`},
+		{[]string{"--v=2", "--enable-ipv6", "1"}, `--enable-ipv6 1: a boolean flag takes its value after '=' (--enable-ipv6=1)`},
+		{[]string{"-logtostderr=false", "-v", "2", "--masq-chain", "true"}, ""},
+		{[]string{"--enable-ipv6", "--random-fully"}, ""},
+		{[]string{"--", "--enable-ipv6", "false"}, ""},
+	} {
+		err := boolValueAsArgument(flags, tc.args)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q: %v, want no error", tc.args, err)
+		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
+			t.Errorf("%q: %v, want an error starting %q", tc.args, err, tc.want)
+		}
+	}
+}
