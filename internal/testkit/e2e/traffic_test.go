@@ -164,11 +164,7 @@ func udpSource(pod *topology.Netns, dst netip.Addr) (string, error) {
 // udpAsk sends a datagram from a new pod socket, up to tries times, each
 // waiting wait for the answer, and returns the answer (what the server saw).
 func udpAsk(pod *topology.Netns, dst netip.Addr, tries int, wait time.Duration) (string, error) {
-	var c net.Conn
-	err := pod.Do(func() (err error) {
-		c, err = net.Dial("udp", netip.AddrPortFrom(dst, udpPort).String())
-		return err
-	})
+	c, err := dialNewUDPFlow(pod, netip.AddrPortFrom(dst, udpPort))
 	if err != nil {
 		return "", err
 	}
@@ -185,6 +181,44 @@ func udpAsk(pod *topology.Netns, dst netip.Addr, tries int, wait time.Duration) 
 		}
 	}
 	return "", fmt.Errorf("no UDP answer from %s: %w", dst, err)
+}
+
+// udpFlowsUsed are the local and remote ends of the UDP sockets
+// dialNewUDPFlow handed out, each with when.
+var udpFlowsUsed = struct {
+	sync.Mutex
+	at map[[2]netip.AddrPort]time.Time
+}{at: map[[2]netip.AddrPort]time.Time{}}
+
+// udpFlowReuse is how long a UDP flow's tuple is not handed out again: longer
+// than a replied UDP pair lives (--nat-timeout-udp-replied, 120 s).
+const udpFlowReuse = 5 * time.Minute
+
+// dialNewUDPFlow dials dst from a new socket of the namespace whose 5-tuple
+// no socket of this test process used within udpFlowReuse. The kernel picks a
+// UDP socket's port at random, so a new socket takes the port of one a few
+// seconds old now and then, and its datagrams are that flow's, translated as
+// its pair says (by Linux conntrack as by ipmasq), whatever the config says
+// now. After 20 tries (a namespace with a narrow ip_local_port_range) it
+// takes the port the kernel gives.
+func dialNewUDPFlow(ns *topology.Netns, dst netip.AddrPort) (net.Conn, error) {
+	udpFlowsUsed.Lock()
+	defer udpFlowsUsed.Unlock()
+	for try := 0; ; try++ {
+		var c net.Conn
+		if err := ns.Do(func() (err error) {
+			c, err = net.Dial("udp", dst.String())
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		key := [2]netip.AddrPort{c.LocalAddr().(*net.UDPAddr).AddrPort(), dst}
+		if last, ok := udpFlowsUsed.at[key]; !ok || time.Since(last) > udpFlowReuse || try == 19 {
+			udpFlowsUsed.at[key] = time.Now()
+			return c, nil
+		}
+		c.Close()
+	}
 }
 
 // ping sends one ICMP echo request from the pod and waits for its reply.
