@@ -332,6 +332,20 @@ func TestPutIdenticalMakesNoSyscall(t *testing.T) {
 	}
 }
 
+// Free is the capacity less what the map holds, after writes and deletes.
+func TestFree(t *testing.T) {
+	c := newCache(t, newLPMv4(t, 64))
+	if got := c.Free(); got != 64 {
+		t.Fatalf("empty map: Free %d, want 64", got)
+	}
+	keys := prefixes(50)
+	noErrors(t, c.Put(entries(keys, 1)))
+	noErrors(t, c.Delete(keys[:10]))
+	if got := c.Free(); got != 24 {
+		t.Fatalf("after 50 writes and 10 deletes: Free %d, want 24", got)
+	}
+}
+
 func TestPut1000UsesBatch(t *testing.T) {
 	c := newCache(t, newLPMv4(t, 1000))
 	before := c.Stats()

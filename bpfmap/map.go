@@ -269,6 +269,12 @@ func (m *Map[K, V]) Dump() (map[K]V, error) {
 	return m.read()
 }
 
+// Free is how many more entries the map takes: its capacity less the
+// entries it held after the last operation.
+func (m *Map[K, V]) Free() int {
+	return int(m.m.MaxEntries()) - int(m.entries.Load())
+}
+
 // Stats returns the counters. It is safe for concurrent use.
 func (m *Map[K, V]) Stats() Stats {
 	return Stats{

@@ -64,6 +64,22 @@ func (h *Handle) WaitReconciled(ctx context.Context) error {
 // datapath is loaded and the reconciler's first write.
 func (h *Handle) Maps() *Maps { return h.maps.Load() }
 
+// free is how many more entries the family's map takes, once the maps
+// are built.
+func (h *Handle) free(fam tables.Family) (int, bool) {
+	maps := h.Maps()
+	if maps == nil {
+		return 0, false
+	}
+	switch {
+	case fam == tables.IPv4 && maps.V4 != nil:
+		return maps.V4.Free(), true
+	case fam == tables.IPv6 && maps.V6 != nil:
+		return maps.V6.Free(), true
+	}
+	return 0, false
+}
+
 func newHandle(agent settings.Config) *Handle { return &Handle{pinDir: agent.PinDir()} }
 
 func newJobGroup(r job.Registry, h cell.Health, log *slog.Logger) job.Group {
@@ -109,7 +125,7 @@ const reconcilerName = "nonmasq-maps"
 func register(p registerParams) error {
 	r, err := datapath.RegisterBatched(p.ReconcilerParams, reconcilerName, p.CIDRs,
 		(*tables.NonMasqCIDR).Clone, (*tables.NonMasqCIDR).SetStatus, (*tables.NonMasqCIDR).GetStatus,
-		p.Ops, newBeforeOld{p.BatchOps, p.CIDRs}, 4*int(p.Agent.MaxNonMasqCIDRs))
+		p.Ops, newBeforeOld{p.BatchOps, p.CIDRs, p.Handle.free}, 4*int(p.Agent.MaxNonMasqCIDRs))
 	if err != nil {
 		return err
 	}

@@ -416,3 +416,47 @@ func BenchmarkReconcileRound(b *testing.B) {
 		})
 	}
 }
+
+// The early write takes a family's rows only when they all fit beside the
+// old ones: a full map keeps the old order (deletes first) for that family
+// instead of failing the early write and making room by evicting; the
+// other family, with room, is written early; before the maps are built
+// the room is not known, and every row is written early.
+func TestNewBeforeOldOnlyWhatFits(t *testing.T) {
+	db := statedb.New()
+	tbl, err := tables.NewNonMasqCIDRTable(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wtxn := db.WriteTxn(tbl)
+	for _, p := range []string{"10.0.0.0/9", "10.128.0.0/9", "10.0.0.0/8", "fd00::/9", "fd80::/9"} {
+		st := reconciler.StatusPending()
+		if p == "10.0.0.0/8" {
+			st = reconciler.StatusDone()
+		}
+		tbl.Insert(wtxn, &tables.NonMasqCIDR{Prefix: netip.MustParsePrefix(p), Status: st})
+	}
+	wtxn.Commit()
+	for _, tc := range []struct {
+		name   string
+		free   map[tables.Family]int // absent: not known
+		expect string
+	}{
+		{"room for both", map[tables.Family]int{tables.IPv4: 2, tables.IPv6: 2}, "10.0.0.0/9 10.128.0.0/9 fd00::/9 fd80::/9"},
+		{"ipv4 full", map[tables.Family]int{tables.IPv4: 1, tables.IPv6: 5}, "fd00::/9 fd80::/9"},
+		{"ipv6 full", map[tables.Family]int{tables.IPv4: 2, tables.IPv6: 0}, "10.0.0.0/9 10.128.0.0/9"},
+		{"not built yet", nil, "10.0.0.0/9 10.128.0.0/9 fd00::/9 fd80::/9"},
+	} {
+		o := newBeforeOld{tbl: tbl, free: func(f tables.Family) (int, bool) {
+			n, ok := tc.free[f]
+			return n, ok
+		}}
+		var got []string
+		for _, e := range o.pendingThatFit(db.ReadTxn()) {
+			got = append(got, e.Object.Prefix.String())
+		}
+		if s := strings.Join(got, " "); s != tc.expect {
+			t.Errorf("%s: written early %q, want %q", tc.name, s, tc.expect)
+		}
+	}
+}

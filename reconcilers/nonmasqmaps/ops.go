@@ -63,26 +63,43 @@ func desiredKeys[K any](tbl statedb.Table[*tables.NonMasqCIDR], fam tables.Famil
 // their packets masqueraded. Written first, every destination keeps its old
 // or gets its new decision throughout (its longest match is one of the
 // two). The update after the delete costs nothing: the map's cache already
-// holds the entries. When the map is full, the early write makes room by
-// deleting what the table no longer wants (bpfmap.WithDesired), which is
-// the old order.
+// holds the entries. When the old and the new rows do not fit in a map
+// together, that family keeps the old order (deletes first): the early
+// write would fail for want of room, and making room deletes the old rows.
 type newBeforeOld struct {
 	reconciler.BatchOperations[*tables.NonMasqCIDR]
 	tbl statedb.Table[*tables.NonMasqCIDR]
+	// free is how many more entries a family's map takes; known is false
+	// before the maps are built (Handle.free).
+	free func(tables.Family) (n int, known bool)
 }
 
-// DeleteBatch writes the rows still to be written, then deletes batch.
+// DeleteBatch writes the rows still to be written that fit beside the old
+// ones, then deletes batch.
 func (o newBeforeOld) DeleteBatch(ctx context.Context, txn statedb.ReadTxn, batch []reconciler.BatchEntry[*tables.NonMasqCIDR]) {
-	var pending []reconciler.BatchEntry[*tables.NonMasqCIDR]
-	for row, rev := range o.tbl.All(txn) {
-		if row.Status.IsPendingOrRefreshing() {
-			pending = append(pending, reconciler.BatchEntry[*tables.NonMasqCIDR]{Object: row, Revision: rev})
-		}
-	}
-	if len(pending) > 0 {
+	if pending := o.pendingThatFit(txn); len(pending) > 0 {
 		// The results are the round's update's to report: it writes
 		// these rows again (a failure here is retried there).
 		o.BatchOperations.UpdateBatch(ctx, txn, pending)
 	}
 	o.BatchOperations.DeleteBatch(ctx, txn, batch)
+}
+
+// pendingThatFit are the rows still to be written of each family whose map
+// has room for all of them (or whose room is not known yet).
+func (o newBeforeOld) pendingThatFit(txn statedb.ReadTxn) []reconciler.BatchEntry[*tables.NonMasqCIDR] {
+	byFamily := map[tables.Family][]reconciler.BatchEntry[*tables.NonMasqCIDR]{}
+	for row, rev := range o.tbl.All(txn) {
+		if row.Status.IsPendingOrRefreshing() {
+			fam := tables.FamilyOf(row.Prefix.Addr())
+			byFamily[fam] = append(byFamily[fam], reconciler.BatchEntry[*tables.NonMasqCIDR]{Object: row, Revision: rev})
+		}
+	}
+	var out []reconciler.BatchEntry[*tables.NonMasqCIDR]
+	for _, fam := range []tables.Family{tables.IPv4, tables.IPv6} {
+		if free, known := o.free(fam); !known || len(byFamily[fam]) <= free {
+			out = append(out, byFamily[fam]...)
+		}
+	}
+	return out
 }
