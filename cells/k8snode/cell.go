@@ -144,9 +144,29 @@ func (w *watcher) run(ctx context.Context, client *kubeclient.Client, health cel
 			w.notFoundLocked(health)
 		}
 	}()
-	inf.RunWithContext(ctx)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		inf.RunWithContext(ctx)
+	}()
+	<-ctx.Done()
+	// client-go's watch-list waits out its backoff (up to 30 s) without
+	// looking at the context: an agent stopping while the API server is
+	// unreachable would wait with it, and a pod past its grace period is
+	// killed. The informer ends by itself after that wait; nothing it
+	// does then reaches the tables (no call of the stopped context
+	// succeeds).
+	select {
+	case <-stopped:
+	case <-time.After(informerStopWait):
+		w.log.Debug("Not waiting for the Node informer's backoff to end", "node", w.node)
+	}
 	return nil
 }
+
+// informerStopWait is how long a stopping agent waits for the Node
+// informer to end.
+const informerStopWait = 100 * time.Millisecond
 
 // observeCalls makes every list and watch call of lw report its failure.
 // The reflector's error handler is not enough: with client-go's
