@@ -225,8 +225,9 @@ func prefixes(n int, first byte) []string {
 }
 
 // A whole new config, 16 384 prefixes replacing 16 384, is one delete
-// batch and one update batch (written twice, see below) (the generic reconciler's default round of
-// 1 000 rows would make 33, each with its own status commit).
+// batch and one update batch, written twice (see below); the generic
+// reconciler's default round of 1 000 rows would make 33, each with its
+// own status commit.
 func TestWholeConfigIsOneBatch(t *testing.T) {
 	f := start(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
