@@ -179,14 +179,7 @@ func BenchmarkConfigToMaps(b *testing.B) {
 		// full, and the early write first makes room).
 		b.Run(fmt.Sprintf("n=%d/agent-json-swap", n), func(b *testing.B) {
 			a := startBenchAgent(b)
-			files := [][]byte{configJSON(cidrs(n, 0)), configJSON(cidrs(n, 1))}
-			a.write(files[0])
-			a.waitConverged()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				a.write(files[(i+1)%2])
-				a.waitConverged()
-			}
+			a.alternate(b, configJSON(cidrs(n, 0)), configJSON(cidrs(n, 1)))
 			b.StopTimer()
 			if got := a.v4Entries(); got != n {
 				b.Fatalf("map holds %d entries, want %d", got, n)
@@ -226,8 +219,15 @@ func BenchmarkConfigToMaps(b *testing.B) {
 func BenchmarkConfigChangeOne(b *testing.B) {
 	a := startBenchAgent(b)
 	base := cidrs(1000, 0)
-	files := [][]byte{configJSON(base), configJSON(append(base[:1000:1000], "198.18.0.0/15"))}
-	a.write(files[0])
+	a.alternate(b, configJSON(base), configJSON(append(base[:1000:1000], "198.18.0.0/15")))
+}
+
+// alternate writes first and waits until the maps hold it, then times b.N
+// writes alternating between second and first, each until the maps
+// converge.
+func (a *benchAgent) alternate(b *testing.B, first, second []byte) {
+	files := [][]byte{first, second}
+	a.write(first)
 	a.waitConverged()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
