@@ -2,6 +2,7 @@ package k8snode_test
 
 import (
 	"context"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,27 +44,13 @@ func TestNodeReadability(t *testing.T) {
 		nodes statedb.Table[*tables.KubernetesNode]
 		ready *readiness.Checker
 	)
-	opts := hive.DefaultOptions()
-	opts.ModuleDecorators = cell.ModuleDecorators{
-		func(h cell.Health, id cell.ModuleID) cell.Health { return h.NewScope(string(id)) },
-	}
-	h := hive.NewWithOptions(opts,
-		statedb.Cell, job.Cell, cell.SimpleHealthCell,
-		settings.Cell,
-		// The agent's client, its connections made in the API server's
-		// namespace (kubetest.Server.RESTConfig).
-		cell.Provide(func() *kubeclient.Client { return &kubeclient.Client{CoreV1: agentREST, NodeName: node} }),
-		podcidrs.Cell, k8snode.Cell, readiness.Cell,
+	// The agent's client, its connections made in the API server's
+	// namespace (kubetest.Server.RESTConfig).
+	startNodeWatch(t, &kubeclient.Client{CoreV1: agentREST, NodeName: node},
+		readiness.Cell,
 		cell.Invoke(func(d *statedb.DB, n statedb.Table[*tables.KubernetesNode], r *readiness.Checker) {
 			db, nodes, ready = d, n, r
-		}),
-	)
-	hive.AddConfigOverride(h, func(c *settings.Config) { c.StateDir = filepath.Join(t.TempDir(), "state") })
-	log := hivetest.Logger(t)
-	if err := h.Start(log, context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { h.Stop(log, context.Background()) })
+		}))
 
 	// expect waits until the row has state and its error contains errText,
 	// and readiness says the same (or ready, for NodeRead).
@@ -116,4 +103,28 @@ func TestNodeReadability(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect(tables.NodeNotFound, "not found")
+}
+
+// startNodeWatch starts the Node's writer (k8snode.Cell and what it needs,
+// a health scope per module as in the agent) with client, and extra cells;
+// the hive stops when the test ends (Stop again is harmless).
+func startNodeWatch(t *testing.T, client *kubeclient.Client, extra ...cell.Cell) (*hive.Hive, *slog.Logger) {
+	t.Helper()
+	opts := hive.DefaultOptions()
+	opts.ModuleDecorators = cell.ModuleDecorators{
+		func(h cell.Health, id cell.ModuleID) cell.Health { return h.NewScope(string(id)) },
+	}
+	h := hive.NewWithOptions(opts, append([]cell.Cell{
+		statedb.Cell, job.Cell, cell.SimpleHealthCell,
+		settings.Cell,
+		cell.Provide(func() *kubeclient.Client { return client }),
+		podcidrs.Cell, k8snode.Cell,
+	}, extra...)...)
+	hive.AddConfigOverride(h, func(c *settings.Config) { c.StateDir = filepath.Join(t.TempDir(), "state") })
+	log := hivetest.Logger(t)
+	if err := h.Start(log, context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Stop(log, context.Background()) })
+	return h, log
 }

@@ -4,23 +4,14 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/cilium/hive"
-	"github.com/cilium/hive/cell"
-	"github.com/cilium/hive/hivetest"
-	"github.com/cilium/hive/job"
-	"github.com/cilium/statedb"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/ipmasq/ipmasq/cells/k8snode"
-	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
-	"github.com/ipmasq/ipmasq/settings"
 )
 
 // countingTransport counts the requests that reach it.
@@ -36,10 +27,10 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // An agent stops promptly while the API server is unreachable: client-go's
 // watch-list waits out its backoff (0.8 s doubling to 30 s) without looking
-// at the context, and the Node watch used to wait with it (about 10 s seen
-// on a node; a pod past its grace period is killed). The stop comes right
-// after a failed call, when the backoff has just begun and is at least
-// 3.2 s long (the fourth failure): the watch must not wait for it.
+// at the context, and the Node watch used to wait with it (a pod past its
+// grace period is killed). The stop comes right after a failed call, when
+// the backoff has just begun and is at least 3.2 s long (the fourth
+// failure): the watch must not wait for it.
 func TestStopWhileAPIServerUnreachable(t *testing.T) {
 	// A port that refuses: a listener closed again.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -57,24 +48,11 @@ func TestStopWhileAPIServerUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := hive.New(
-		statedb.Cell, job.Cell, cell.SimpleHealthCell,
-		settings.Cell,
-		cell.Provide(func() *kubeclient.Client {
-			return &kubeclient.Client{CoreV1: cs.CoreV1().RESTClient(), NodeName: "node-s1"}
-		}),
-		podcidrs.Cell, k8snode.Cell,
-	)
-	hive.AddConfigOverride(h, func(c *settings.Config) { c.StateDir = filepath.Join(t.TempDir(), "state") })
-	log := hivetest.Logger(t)
-	if err := h.Start(log, context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h, log := startNodeWatch(t, &kubeclient.Client{CoreV1: cs.CoreV1().RESTClient(), NodeName: "node-s1"})
 	// The fourth call fails: its backoff is 3.2 s (jittered upwards).
 	deadline := time.Now().Add(30 * time.Second)
 	for transport == nil || transport.calls.Load() < 4 {
 		if time.Now().After(deadline) {
-			h.Stop(log, context.Background())
 			t.Fatalf("the Node watch called the API server %d times in 30 s, want 4", transport.calls.Load())
 		}
 		time.Sleep(5 * time.Millisecond)

@@ -58,8 +58,7 @@ func (f *waitFixture) write(fn func(statedb.WriteTxn)) {
 // sources and non-masquerade prefixes are in their maps: waitMapsWritten
 // returns when the last table is initialized and its last row Done, not
 // before. Without the non-masquerade prefixes, a device attached at start
-// masquerades traffic bound for 10.0.0.0/8 until they are written (seen
-// once in the real-node test of a foreign CNI).
+// masquerades traffic bound for 10.0.0.0/8 until they are written.
 func TestWaitMapsWritten(t *testing.T) {
 	f := newWaitFixture(t)
 	var inits []func(statedb.WriteTxn)
