@@ -67,6 +67,9 @@ func (m mapsWrittenTables) list() []writtenTable {
 		tableWritten(m.RuleSources), tableWritten(m.NonMasq)}
 }
 
+// notWrittenMessage is logged when an attachment stops waiting for the maps.
+const notWrittenMessage = "Attaching before every map is written: their reconcilers report why"
+
 // waitMapsWritten returns once every table of tbls is initialized and
 // every row is in its map, or after mapsWrittenWait (logging which are
 // not), so that the first packets through a new attachment are decided
@@ -92,7 +95,7 @@ func waitMapsWritten(db *statedb.DB, log *slog.Logger, tbls mapsWrittenTables) f
 			}
 			if _, err := ws.Wait(waitCtx, 0); err != nil {
 				if ctx.Err() == nil {
-					log.Warn("Attaching before every map is written: their reconcilers report why",
+					log.Warn(notWrittenMessage,
 						"notWritten", strings.Join(pending, ", "), "waited", mapsWrittenWait)
 				}
 				return

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"net/netip"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,5 +131,33 @@ func TestWaitMapsWrittenBounded(t *testing.T) {
 	case <-returned:
 	case <-time.After(3 * mapsWrittenWait):
 		t.Fatal("an unwritten row held the attachment back for good")
+	}
+}
+
+// docs/datapath.md names every table the attachment waits for, its bound
+// and its warning, as the code has them.
+func TestDocsNameWhatTheAttachmentWaitsFor(t *testing.T) {
+	data, err := os.ReadFile("../../docs/datapath.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(data)
+	start := strings.Index(doc, "A device is attached only once")
+	if start < 0 {
+		t.Fatal("docs/datapath.md: no paragraph starting \"A device is attached only once\"")
+	}
+	para := doc[start:]
+	para = para[:strings.Index(para+"\n\n", "\n\n")]
+	para = strings.Join(strings.Fields(para), " ")
+	f := newWaitFixture(t)
+	tbls := mapsWrittenTables{Sources: f.sources, NodeAddrs: f.addrs, RuleSources: f.ruleSources, NonMasq: f.nonMasq}
+	want := []string{mapsWrittenWait.String() + " at most", "`" + notWrittenMessage[:strings.Index(notWrittenMessage, ":")] + "`"}
+	for _, w := range tbls.list() {
+		want = append(want, "`"+w.name+"`")
+	}
+	for _, w := range want {
+		if !strings.Contains(para, w) {
+			t.Errorf("docs/datapath.md's paragraph on the attachment's wait does not say %s:\n%s", w, para)
+		}
 	}
 }
