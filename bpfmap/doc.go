@@ -5,16 +5,16 @@
 //	table (desired rows) → reconciler → bpfmap.Ops → bpfmap.Map → kernel map
 //
 // The StateDB reconciler hands changed rows to [Ops], which turns each row
-// into one map entry and writes it through [Map]. Map keeps an in-memory copy
-// of what the kernel map holds, so a row that did not change the entry costs
+// into one entry of its family's map ([Entries]: a map per address family,
+// one table) and writes it through [Map]. Map keeps an in-memory copy of
+// what the kernel map holds, so a row that did not change the entry costs
 // no syscall, and many changes go to the kernel as one batch. Pruning diffs
 // the table against the map as read back from the kernel and writes only the
 // difference: a map is never flushed, so an agent restart leaves the datapath
 // untouched when the configuration did not change.
 //
 // [OpenPinned] opens (or creates) the map under the bpffs directory and
-// replaces it only when its layout no longer matches the program's.
-// [ByFamily] sends the rows of a table holding both address families to the
-// map of each row's family. The package knows no map layout: key and value
-// types and map specs come from the bpf2go output (package bpf).
+// replaces it only when its layout no longer matches the program's. The
+// package knows no map layout: key and value types and map specs come from
+// the bpf2go output (package bpf), and the maps from a [Loader].
 package bpfmap

@@ -27,31 +27,17 @@ var Cell = cell.Group(
 	cell.Invoke(register),
 )
 
-func newOps(h *datapath.Handle) reconciler.Operations[*tables.MasqueradeSource] {
-	return datapath.MapOps(h, buildOps)
-}
-
-// buildOps writes each prefix into the trie of its family.
-func buildOps(dp *bpf.Datapath) (reconciler.Operations[*tables.MasqueradeSource], error) {
-	m4, err := bpfmap.NewMap[bpf.LPMKeyV4, uint8](dp.Maps.MasqSrcV4)
-	if err != nil {
-		return nil, err
-	}
-	m6, err := bpfmap.NewMap[bpf.LPMKeyV6, uint8](dp.Maps.MasqSrcV6)
-	if err != nil {
-		return nil, err
-	}
-	return &bpfmap.ByFamily[*tables.MasqueradeSource]{
-		V4: bpfmap.NewOps(m4, func(s *tables.MasqueradeSource) (bpf.LPMKeyV4, uint8) {
-			return bpf.LPMKeyV4From(s.Prefix), flags(s)
-		}),
-		V6: bpfmap.NewOps(m6, func(s *tables.MasqueradeSource) (bpf.LPMKeyV6, uint8) {
-			return bpf.LPMKeyV6From(s.Prefix), flags(s)
-		}),
-		Is4:   func(s *tables.MasqueradeSource) bool { return s.Prefix.Addr().Is4() },
-		Name:  func(s *tables.MasqueradeSource) string { return s.Prefix.String() },
-		MapV4: bpf.MapMasqSrcV4, MapV6: bpf.MapMasqSrcV6,
-	}, nil
+// entries writes each prefix into the trie of its family.
+var entries = bpfmap.Entries[*tables.MasqueradeSource, bpf.LPMKeyV4, bpf.LPMKeyV6, uint8]{
+	MapV4: bpf.MapMasqSrcV4, MapV6: bpf.MapMasqSrcV6,
+	Is4: func(s *tables.MasqueradeSource) bool { return s.Prefix.Addr().Is4() },
+	V4: func(s *tables.MasqueradeSource) (bpf.LPMKeyV4, uint8) {
+		return bpf.LPMKeyV4From(s.Prefix), flags(s)
+	},
+	V6: func(s *tables.MasqueradeSource) (bpf.LPMKeyV6, uint8) {
+		return bpf.LPMKeyV6From(s.Prefix), flags(s)
+	},
+	Name: func(s *tables.MasqueradeSource) string { return s.Prefix.String() },
 }
 
 // flags is the entry's masq_src value.
@@ -64,6 +50,10 @@ func flags(s *tables.MasqueradeSource) uint8 {
 		f |= bpf.MasqSrcRules
 	}
 	return f
+}
+
+func newOps(h *datapath.Handle) reconciler.Operations[*tables.MasqueradeSource] {
+	return bpfmap.NewOps(h, entries)
 }
 
 func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.MasqueradeSource],

@@ -3,9 +3,11 @@
 // never masqueraded.
 //
 // It is the pattern of a reconciler of one map (or one map per family) of
-// the loaded datapath: copy this package for a new map. Its Operations are
-// datapath.MapOps over the loaded datapath's maps, provided in the hive (so
-// tests decorate them, e.g. faults.Decorate), and registered with
+// the loaded datapath: copy this package for a new map. Its entries say how
+// a row becomes an entry of each family's map (bpfmap.Entries), its
+// Operations are bpfmap.Ops over the loaded datapath's maps
+// (datapath.Handle is their bpfmap.Loader), provided in the hive (so tests
+// decorate them, e.g. faults.Decorate), and registered with
 // datapath.Register (datapath.ReconcilerParams) under the reconciler's
 // name; the agent adds the Cell to agent.Datapath after datapath.Cell.
 package nodeaddrs
@@ -34,26 +36,17 @@ var Cell = cell.Group(
 	cell.Invoke(register),
 )
 
-func newOps(h *datapath.Handle) reconciler.Operations[*tables.NodeAddress] {
-	return datapath.MapOps(h, buildOps)
+// entries writes each address into the map of its family.
+var entries = bpfmap.Entries[*tables.NodeAddress, uint32, [16]byte, uint8]{
+	MapV4: bpf.MapNodeAddrsV4, MapV6: bpf.MapNodeAddrsV6,
+	Is4:  func(a *tables.NodeAddress) bool { return a.Addr.Is4() },
+	V4:   func(a *tables.NodeAddress) (uint32, uint8) { return bpf.Addr4(a.Addr), 1 },
+	V6:   func(a *tables.NodeAddress) ([16]byte, uint8) { return a.Addr.As16(), 1 },
+	Name: func(a *tables.NodeAddress) string { return a.Addr.String() },
 }
 
-// buildOps writes each row into the map of its family.
-func buildOps(dp *bpf.Datapath) (reconciler.Operations[*tables.NodeAddress], error) {
-	m4, err := bpfmap.NewMap[uint32, uint8](dp.Maps.NodeAddrsV4)
-	if err != nil {
-		return nil, err
-	}
-	m6, err := bpfmap.NewMap[[16]byte, uint8](dp.Maps.NodeAddrsV6)
-	if err != nil {
-		return nil, err
-	}
-	return &bpfmap.ByFamily[*tables.NodeAddress]{
-		V4:   bpfmap.NewOps(m4, func(a *tables.NodeAddress) (uint32, uint8) { return bpf.Addr4(a.Addr), 1 }),
-		V6:   bpfmap.NewOps(m6, func(a *tables.NodeAddress) ([16]byte, uint8) { return a.Addr.As16(), 1 }),
-		Is4:  func(a *tables.NodeAddress) bool { return a.Addr.Is4() },
-		Name: func(a *tables.NodeAddress) string { return a.Addr.String() },
-	}, nil
+func newOps(h *datapath.Handle) reconciler.Operations[*tables.NodeAddress] {
+	return bpfmap.NewOps(h, entries)
 }
 
 func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.NodeAddress],

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/cilium/hive/cell"
@@ -12,8 +11,6 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
-	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/bpfmap"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
@@ -29,12 +26,12 @@ var Cell = cell.Module(
 	"nonmasq-maps",
 	"Writes the non-masquerade prefixes into the pinned BPF LPM maps",
 
-	cell.ProvidePrivate(newJobGroup, newLazyOps),
+	cell.ProvidePrivate(newJobGroup, newOps),
 	// The Operations the reconciler runs, in the hive so that tests
 	// decorate them (fault injection) the way statedb's example does.
 	cell.Provide(
-		func(o *bpfmap.Lazy[*tables.NonMasqCIDR]) reconciler.Operations[*tables.NonMasqCIDR] { return o },
-		func(o *bpfmap.Lazy[*tables.NonMasqCIDR]) reconciler.BatchOperations[*tables.NonMasqCIDR] { return o },
+		func(o *mapOps) reconciler.Operations[*tables.NonMasqCIDR] { return o },
+		func(o *mapOps) reconciler.BatchOperations[*tables.NonMasqCIDR] { return o },
 	),
 	cell.Provide(newHandle, scriptCommands),
 	cell.Invoke(register),
@@ -43,7 +40,7 @@ var Cell = cell.Module(
 // Handle gives other cells and script commands access to the maps once the
 // cell has started.
 type Handle struct {
-	maps   atomic.Pointer[Maps]
+	ops    *mapOps // nil in tests that provide Operations of their own
 	pinDir string
 	r      reconciler.Reconciler[*tables.NonMasqCIDR]
 	db     *statedb.DB
@@ -62,7 +59,16 @@ func (h *Handle) WaitReconciled(ctx context.Context) error {
 
 // Maps returns the maps the reconciler writes through, or nil until the
 // datapath is loaded and the reconciler's first write.
-func (h *Handle) Maps() *Maps { return h.maps.Load() }
+func (h *Handle) Maps() *Maps {
+	if h.ops == nil {
+		return nil
+	}
+	v4, v6 := h.ops.Maps()
+	if v4 == nil && v6 == nil {
+		return nil
+	}
+	return &Maps{V4: v4, V6: v6}
+}
 
 // free is how many more entries the family's map takes, once the maps
 // are built.
@@ -80,7 +86,9 @@ func (h *Handle) free(fam tables.Family) (int, bool) {
 	return 0, false
 }
 
-func newHandle(agent settings.Config) *Handle { return &Handle{pinDir: agent.PinDir()} }
+func newHandle(agent settings.Config, ops *mapOps) *Handle {
+	return &Handle{ops: ops, pinDir: agent.PinDir()}
+}
 
 func newJobGroup(r job.Registry, h cell.Health, log *slog.Logger) job.Group {
 	return r.NewGroup(h, job.WithLogger(log))
@@ -97,20 +105,6 @@ type registerParams struct {
 	Handle   *Handle
 	Ops      reconciler.Operations[*tables.NonMasqCIDR]
 	BatchOps reconciler.BatchOperations[*tables.NonMasqCIDR]
-}
-
-// newLazyOps are the map operations, built from the loaded datapath's
-// tries at first use (datapath.MapOps: until the loader's start hook has
-// run, every operation fails with datapath.ErrNotLoaded and is retried).
-func newLazyOps(h *Handle, dp *datapath.Handle, agent settings.Config, cidrs statedb.Table[*tables.NonMasqCIDR]) *bpfmap.Lazy[*tables.NonMasqCIDR] {
-	return datapath.MapOps(dp, func(d *bpf.Datapath) (reconciler.Operations[*tables.NonMasqCIDR], error) {
-		maps, err := newMaps(d, agent)
-		if err != nil {
-			return nil, err
-		}
-		h.maps.Store(maps)
-		return newOps(maps, cidrs), nil
-	})
 }
 
 // reconcilerName is the reconciler's name: its health scope

@@ -5,9 +5,9 @@
 //
 // The tries are loaded and pinned with the rest of the datapath by its
 // loader (reconcilers/datapath), their one owner; this package writes them
-// through the loaded Datapath (datapath.MapOps), as reconcilers/masqsources
-// writes masq_src_v4/v6, and prints them from the pins (Format, through
-// bpf.Pinned). They are never flushed: on start the agent reopens them,
+// through bpfmap.Ops over the loaded datapath (datapath.Handle), as
+// reconcilers/masqsources writes masq_src_v4/v6, and prints them from the
+// pins (Format, through bpf.Pinned). They are never flushed: on start the agent reopens them,
 // writes only the entries that differ from the table and prunes the rest
 // once the table is initialized, so a restart leaves a correct map
 // untouched and the datapath never sees an empty one. The full comparison

@@ -10,36 +10,17 @@ import (
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
-	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
 // Maps are the nonmasq tries of the loaded datapath, with the in-memory
-// copy the reconciler writes through; a map is nil when its family is
-// disabled (no row of that family can exist: the config refuses it).
+// copy the reconciler writes through (bpfmap.Ops reads their contents when
+// it opens them, so that a restart writes only what differs); a map is nil
+// when its family is disabled (no row of that family can exist: the config
+// refuses it).
 type Maps struct {
 	V4 *bpfmap.Map[bpf.LPMKeyV4, uint8]
 	V6 *bpfmap.Map[bpf.LPMKeyV6, uint8]
-}
-
-// newMaps wraps the loaded datapath's tries (the loader, reconcilers/
-// datapath, creates or reopens them with every other map: it is their one
-// owner) and reads their contents into the cache, so that a restart writes
-// only what differs.
-func newMaps(dp *bpf.Datapath, agent settings.Config) (*Maps, error) {
-	m := &Maps{}
-	var err error
-	if agent.EnableIPv4 {
-		if m.V4, err = bpfmap.NewMap[bpf.LPMKeyV4, uint8](dp.Maps.NonmasqV4); err != nil {
-			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV4, err)
-		}
-	}
-	if agent.EnableIPv6 {
-		if m.V6, err = bpfmap.NewMap[bpf.LPMKeyV6, uint8](dp.Maps.NonmasqV6); err != nil {
-			return nil, fmt.Errorf("read %s: %w", bpf.MapNonMasqV6, err)
-		}
-	}
-	return m, nil
 }
 
 // Format prints the kernel's contents of the pinned tries (all, or those

@@ -2,57 +2,47 @@ package nonmasqmaps
 
 import (
 	"context"
-	"iter"
-	"net/netip"
 
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/bpfmap"
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
+	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// newOps sends each row to the map of its family. One table holds both
-// families so that readers get one longest-match view. A row's key is made
-// from its prefix, the table's primary key, so rows have distinct keys.
-func newOps(maps *Maps, tbl statedb.Table[*tables.NonMasqCIDR]) *bpfmap.ByFamily[*tables.NonMasqCIDR] {
-	o := &bpfmap.ByFamily[*tables.NonMasqCIDR]{
-		Is4:   func(c *tables.NonMasqCIDR) bool { return tables.FamilyOf(c.Prefix.Addr()) == tables.IPv4 },
-		Name:  func(c *tables.NonMasqCIDR) string { return c.Prefix.String() },
-		MapV4: bpf.MapNonMasqV4, MapV6: bpf.MapNonMasqV6,
-	}
-	if maps.V4 != nil {
-		o.V4 = bpfmap.NewOps(maps.V4,
-			func(c *tables.NonMasqCIDR) (bpf.LPMKeyV4, uint8) {
-				return bpf.LPMKeyV4From(c.Prefix), uint8(c.Action)
-			},
-			bpfmap.WithDesired(desiredKeys(tbl, tables.IPv4, bpf.LPMKeyV4From)),
-			bpfmap.WithDistinctKeys[bpf.LPMKeyV4]())
-	}
-	if maps.V6 != nil {
-		o.V6 = bpfmap.NewOps(maps.V6,
-			func(c *tables.NonMasqCIDR) (bpf.LPMKeyV6, uint8) {
-				return bpf.LPMKeyV6From(c.Prefix), uint8(c.Action)
-			},
-			bpfmap.WithDesired(desiredKeys(tbl, tables.IPv6, bpf.LPMKeyV6From)),
-			bpfmap.WithDistinctKeys[bpf.LPMKeyV6]())
-	}
-	return o
-}
+// mapOps are the Operations of the tries.
+type mapOps = bpfmap.Ops[*tables.NonMasqCIDR, bpf.LPMKeyV4, bpf.LPMKeyV6, uint8]
 
-// desiredKeys lists the keys the table wants in one family's map; the map
-// helper uses it to make room when stale entries fill the map.
-func desiredKeys[K any](tbl statedb.Table[*tables.NonMasqCIDR], fam tables.Family, key func(netip.Prefix) K) func(statedb.ReadTxn) iter.Seq[K] {
-	return func(txn statedb.ReadTxn) iter.Seq[K] {
-		return func(yield func(K) bool) {
-			for row := range tbl.All(txn) {
-				if tables.FamilyOf(row.Prefix.Addr()) == fam && !yield(key(row.Prefix)) {
-					return
-				}
-			}
-		}
+// newOps sends each row to the trie of its family, as loaded by the
+// datapath's loader (datapath.Handle, their bpfmap.Loader). One table
+// holds both families so that readers get one longest-match view. When a
+// trie is full, the entries no row of the table wants make room (the
+// stale prefixes of a previous config, before the first prune). A row's
+// key is made from its prefix, the table's primary key, so rows have
+// distinct keys.
+func newOps(dp *datapath.Handle, agent settings.Config, cidrs statedb.Table[*tables.NonMasqCIDR]) *mapOps {
+	e := bpfmap.Entries[*tables.NonMasqCIDR, bpf.LPMKeyV4, bpf.LPMKeyV6, uint8]{
+		Is4: func(c *tables.NonMasqCIDR) bool { return tables.FamilyOf(c.Prefix.Addr()) == tables.IPv4 },
+		V4: func(c *tables.NonMasqCIDR) (bpf.LPMKeyV4, uint8) {
+			return bpf.LPMKeyV4From(c.Prefix), uint8(c.Action)
+		},
+		V6: func(c *tables.NonMasqCIDR) (bpf.LPMKeyV6, uint8) {
+			return bpf.LPMKeyV6From(c.Prefix), uint8(c.Action)
+		},
+		Name:         func(c *tables.NonMasqCIDR) string { return c.Prefix.String() },
+		Table:        cidrs,
+		DistinctKeys: true,
 	}
+	if agent.EnableIPv4 {
+		e.MapV4 = bpf.MapNonMasqV4
+	}
+	if agent.EnableIPv6 {
+		e.MapV6 = bpf.MapNonMasqV6
+	}
+	return bpfmap.NewOps(dp, e)
 }
 
 // newBeforeOld are batch operations whose rounds write the table's new

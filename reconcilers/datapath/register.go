@@ -10,31 +10,7 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/cilium/statedb/reconciler"
 	"golang.org/x/time/rate"
-
-	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/bpfmap"
 )
-
-// MapOps are the Operations of a reconciler that writes a table into maps
-// of the loaded datapath: build makes them from the maps at first use,
-// since the maps exist only once the start hook has loaded the collection;
-// before that every operation fails with ErrNotLoaded (and is retried).
-// A map reconciler provides MapOps(h, build) in the hive and registers
-// them with Register (see reconcilers/nodeaddrs), or with RegisterBatched
-// when the table is large (reconcilers/nonmasqmaps).
-//
-// The result is also the reconciler's BatchOperations when the built
-// Operations are (bpfmap.Ops, ByFamily): a map reconciler that writes
-// large tables (reconcilers/nonmasqmaps) passes it as both.
-func MapOps[Obj any](h *Handle, build func(*bpf.Datapath) (reconciler.Operations[Obj], error)) *bpfmap.Lazy[Obj] {
-	return bpfmap.NewLazy(func() (reconciler.Operations[Obj], error) {
-		dp := h.Get()
-		if dp == nil {
-			return nil, ErrNotLoaded
-		}
-		return build(dp)
-	})
-}
 
 // ReconcilerParams are what Register needs of the hive besides the table
 // and its Operations; a reconciler's registration takes them as a
