@@ -23,6 +23,7 @@ import (
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/ipam"
+	"github.com/ipmasq/ipmasq/internal/testkit/bpftest"
 	"github.com/ipmasq/ipmasq/internal/testkit/iprulestest"
 	"github.com/ipmasq/ipmasq/internal/testkit/netnstest"
 	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
@@ -187,11 +188,7 @@ func BenchmarkConfigToMaps(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("n=%d/baseline-update-per-entry", n), func(b *testing.B) {
 			privtest.Require(b)
-			m, err := ebpf.NewMap(mustSpec(bpf.NonMasqSpec(bpf.MapNonMasqV4, 16384)))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer m.Close()
+			m := bpftest.NonMasqV4(b, 16384)
 			keys := make([]bpf.LPMKeyV4, n)
 			for i, c := range cidrs(n, 0) {
 				keys[i] = bpf.LPMKeyV4From(netip.MustParsePrefix(c))
@@ -323,11 +320,4 @@ func BenchmarkIdleCPU(b *testing.B) {
 	b.StopTimer()
 	used := time.Duration(after.Utime.Nano()-before.Utime.Nano()) + time.Duration(after.Stime.Nano()-before.Stime.Nano())
 	b.ReportMetric(float64(used.Milliseconds())/window.Seconds(), "cpu-ms/s")
-}
-
-func mustSpec(spec *ebpf.MapSpec, err error) *ebpf.MapSpec {
-	if err != nil {
-		panic(err)
-	}
-	return spec
 }

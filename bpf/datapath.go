@@ -75,22 +75,6 @@ const (
 	MapDevCounters = masqMapDevCounters
 )
 
-// NonMasqSpec is the layout of the trie nonmasq_v4 or nonmasq_v6 as lib/maps.h
-// declares it, sized to maxEntries (--max-nonmasq-cidrs): the one
-// description of the tries, for whoever creates or checks them.
-func NonMasqSpec(name string, maxEntries uint32) (*ebpf.MapSpec, error) {
-	if name != MapNonMasqV4 && name != MapNonMasqV6 {
-		return nil, fmt.Errorf("%s is not a non-masquerade map (want %s or %s)", name, MapNonMasqV4, MapNonMasqV6)
-	}
-	spec, err := loadMasq()
-	if err != nil {
-		return nil, fmt.Errorf("load ipmasq datapath spec: %w", err)
-	}
-	ms := spec.Maps[name].Copy()
-	ms.MaxEntries = maxEntries
-	return ms, nil
-}
-
 // Maps are the datapath's maps, named like their pins.
 type Maps = masqMaps
 

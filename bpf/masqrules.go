@@ -1,9 +1,6 @@
 package bpf
 
 import (
-	"errors"
-	"fmt"
-	"math"
 	"net/netip"
 	"strconv"
 )
@@ -81,7 +78,8 @@ func (k MasqRuleKeyV6) String() string {
 // MasqRuleTo returns the value of a rule that masquerades to to, or to the
 // egress device's own address of the rule's family when to is the zero
 // Addr. to must be of the family of the map the value goes in (an
-// IPv4-mapped address counts as IPv4); [Datapath.SetMasqRule] checks that.
+// IPv4-mapped address counts as IPv4); the config's checks see to that
+// (a rule's toAddress is of its sources' family).
 func MasqRuleTo(to netip.Addr) MasqRule {
 	var r MasqRule
 	switch {
@@ -92,69 +90,4 @@ func MasqRuleTo(to netip.Addr) MasqRule {
 		r.ToV6, r.HasTo = to.As16(), 1
 	}
 	return r
-}
-
-// SetMasqRule masquerades the sources in src when they leave through
-// ifindex: to to, or, when to is the zero Addr, to the device's SNAT address
-// of src's family (no address: not masqueraded). The device must be an
-// egress device ([Datapath.SetEgressDevice], with or without addresses).
-// New flows follow the rule; established flows keep their SNAT address.
-func (d *Datapath) SetMasqRule(ifindex int, src netip.Prefix, to netip.Addr) error {
-	is4, err := ruleFamily(ifindex, src)
-	if err == nil && to.IsValid() && to.Unmap().Is4() != is4 {
-		err = fmt.Errorf("toAddress %v is not of the source's family", to)
-	}
-	if err != nil {
-		return fmt.Errorf("masquerade rule ifindex %d %v: %w", ifindex, src, err)
-	}
-	if is4 {
-		k := MasqRuleKeyV4From(ifindex, src)
-		if err := d.Maps.MasqRulesV4.Put(k, MasqRuleTo(to)); err != nil {
-			return fmt.Errorf("set masquerade rule %v: %w", k, err)
-		}
-		return nil
-	}
-	k := MasqRuleKeyV6From(ifindex, src)
-	if err := d.Maps.MasqRulesV6.Put(k, MasqRuleTo(to)); err != nil {
-		return fmt.Errorf("set masquerade rule %v: %w", k, err)
-	}
-	return nil
-}
-
-// DeleteMasqRule removes the rule for src on ifindex; the error wraps
-// ebpf.ErrKeyNotExist if there is none. The flows it started are no longer
-// translated (their NAT pairs stay until the collector expires them).
-func (d *Datapath) DeleteMasqRule(ifindex int, src netip.Prefix) error {
-	is4, err := ruleFamily(ifindex, src)
-	if err != nil {
-		return fmt.Errorf("masquerade rule ifindex %d %v: %w", ifindex, src, err)
-	}
-	if is4 {
-		k := MasqRuleKeyV4From(ifindex, src)
-		if err := d.Maps.MasqRulesV4.Delete(k); err != nil {
-			return fmt.Errorf("delete masquerade rule %v: %w", k, err)
-		}
-		return nil
-	}
-	k := MasqRuleKeyV6From(ifindex, src)
-	if err := d.Maps.MasqRulesV6.Delete(k); err != nil {
-		return fmt.Errorf("delete masquerade rule %v: %w", k, err)
-	}
-	return nil
-}
-
-// ruleFamily checks a rule's device and source and reports whether it goes
-// in masq_rules_v4 (an IPv4 or IPv4-mapped source prefix).
-func ruleFamily(ifindex int, src netip.Prefix) (is4 bool, err error) {
-	if ifindex <= 0 || int64(ifindex) > math.MaxUint32 {
-		return false, errors.New("bad ifindex: want a device index (1 or more)")
-	}
-	if !src.IsValid() {
-		return false, errors.New("bad source: want a CIDR such as 192.168.6.0/24")
-	}
-	a := src.Addr()
-	if a.Is4In6() && src.Bits() < 96 {
-		return false, errors.New("bad source: an IPv4-mapped prefix needs /96 or longer")
-	}
-	return a.Is4() || a.Is4In6(), nil
 }

@@ -30,12 +30,31 @@ var (
 	podSources6 = netip.MustParsePrefix("fd00:10::/64")
 )
 
+// putMasqRule writes the rule for the sources in src leaving through
+// ifindex into the map of src's family, with the key and value the agent
+// writes (reconcilers/masqrules, from the config's checked rules).
+func putMasqRule(dp *Datapath, ifindex int, src netip.Prefix, to netip.Addr) error {
+	if src.Addr().Is4() {
+		return dp.Maps.MasqRulesV4.Put(MasqRuleKeyV4From(ifindex, src), MasqRuleTo(to))
+	}
+	return dp.Maps.MasqRulesV6.Put(MasqRuleKeyV6From(ifindex, src), MasqRuleTo(to))
+}
+
+// deleteMasqRule removes the rule for src on ifindex; the error wraps
+// ebpf.ErrKeyNotExist if there is none.
+func deleteMasqRule(dp *Datapath, ifindex int, src netip.Prefix) error {
+	if src.Addr().Is4() {
+		return dp.Maps.MasqRulesV4.Delete(MasqRuleKeyV4From(ifindex, src))
+	}
+	return dp.Maps.MasqRulesV6.Delete(MasqRuleKeyV6From(ifindex, src))
+}
+
 // setRule sets a rule and, as the agent does, flags its source and every
 // masq_src entry it covers with MasqSrcRules (an entry the source lies in
 // lends it MasqSrcMasquerade).
 func (e *testEnv) setRule(ifindex int, src netip.Prefix, to netip.Addr) {
 	e.tb.Helper()
-	if err := e.dp.SetMasqRule(ifindex, src, to); err != nil {
+	if err := putMasqRule(e.dp, ifindex, src, to); err != nil {
 		e.tb.Fatal(err)
 	}
 	var err error
@@ -247,7 +266,7 @@ func TestMasqRuleChanges(t *testing.T) {
 	// A removed rule's running flows keep their translation until they
 	// end (Linux keeps a conntrack entry's NAT); new flows of the source
 	// are no longer masqueraded.
-	if err := e.dp.DeleteMasqRule(loIfindex, clients4); err != nil {
+	if err := deleteMasqRule(e.dp, loIfindex, clients4); err != nil {
 		t.Fatal(err)
 	}
 	for _, flags := range []uint8{tcpACK, tcpSYN} { // mid-stream, and the tuple's SYN again
@@ -284,7 +303,7 @@ func TestMasqRuleChanges(t *testing.T) {
 	if err := e.dp.Maps.NatV4.Lookup(k, &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Fatalf("the closed pair outlived the new flow of its tuple: %v", err)
 	}
-	if err := e.dp.DeleteMasqRule(loIfindex, clients4); !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := deleteMasqRule(e.dp, loIfindex, clients4); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Fatalf("deleting a missing rule: %v, want ErrKeyNotExist", err)
 	}
 }
@@ -349,27 +368,6 @@ func TestMasqRuleKeys(t *testing.T) {
 	}
 }
 
-func TestSetMasqRuleRejects(t *testing.T) {
-	e := newEnv(t, envOptions{})
-	for _, c := range []struct {
-		ifindex int
-		src     netip.Prefix
-		to      netip.Addr
-	}{
-		{loIfindex, clients4, ruleTo6},
-		{loIfindex, clients6, ruleTo4},
-		{0, clients4, netip.Addr{}},
-		{loIfindex, netip.Prefix{}, netip.Addr{}},
-		{loIfindex, netip.MustParsePrefix("::ffff:0:0/80"), netip.Addr{}},
-	} {
-		if err := e.dp.SetMasqRule(c.ifindex, c.src, c.to); err == nil {
-			t.Errorf("SetMasqRule(%d, %v, %v) accepted", c.ifindex, c.src, c.to)
-		} else {
-			t.Log(err)
-		}
-	}
-}
-
 // frag6 wraps part of an L4 datagram in IPv6 with a fragment header: off
 // in bytes, more for every fragment but the last.
 func frag6(src, dst netip.Addr, id uint32, off int, more bool, part []byte) []byte {
@@ -398,7 +396,7 @@ func TestFormerSourceFragments(t *testing.T) {
 	ruleFlow(t, e, f4, ruleTo4)
 	f6 := flow{src: pod6, dst: remote6, proto: protoUDP, sport: 6000, dport: 7000, payload: []byte("first")}
 	masqueraded(t, e.egress(f6.packet()), f6, snat6)
-	if err := e.dp.DeleteMasqRule(loIfindex, clients4); err != nil {
+	if err := deleteMasqRule(e.dp, loIfindex, clients4); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.dp.Maps.MasqSrcV6.Delete(LPMKeyV6From(netip.MustParsePrefix("fd00:10::/64"))); err != nil {

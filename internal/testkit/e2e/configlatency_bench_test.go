@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/internal/testkit/bpftest"
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
 
@@ -56,15 +57,7 @@ func pollUntil(b *testing.B, m *ebpf.Map, key bpf.LPMKeyV4, present bool) time.T
 // naiveWrite writes ps into a fresh LPM trie with one update syscall each:
 // what a naive agent does once it has parsed the file.
 func naiveWrite(b *testing.B, ps []netip.Prefix) time.Duration {
-	spec, err := bpf.NonMasqSpec(bpf.MapNonMasqV4, 16384)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m, err := ebpf.NewMap(spec) // the agent's own map layout
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
+	m := bpftest.NonMasqV4(b, 16384) // the agent's own map layout
 	var zero uint8
 	start := time.Now()
 	for _, p := range ps {
