@@ -348,26 +348,19 @@ func TestDocsDescribeTheCCode(t *testing.T) {
 	}
 }
 
-// TestDocsListEveryCounter: docs/datapath.md's "Counters" names every
-// counter the datapath keeps (bpf.Counter), by the name datapath/counters
-// prints.
+// TestDocsListEveryCounter: docs/datapath.md's table of counters has one
+// row per counter the datapath keeps (bpf.Counter), by the name
+// datapath/counters prints, in its order, and no other.
 func TestDocsListEveryCounter(t *testing.T) {
-	data, err := os.ReadFile("docs/datapath.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(data), "\n## Counters\n")
-	if !ok {
-		t.Fatal("docs/datapath.md: no section \"Counters\"")
-	}
-	if next := strings.Index(section, "\n## "); next >= 0 {
-		section = section[:next]
-	}
-	spans := codeSpans(section)
+	var code, docs []string
 	for c := bpf.Counter(0); c < bpf.NumCounters; c++ {
-		if !slices.Contains(spans, c.String()) {
-			t.Errorf("docs/datapath.md, Counters: counter %s is not named", c)
-		}
+		code = append(code, c.String())
+	}
+	for _, row := range markdownTable(t, "docs/datapath.md", "Counters") {
+		docs = append(docs, codeSpans(row[0])...)
+	}
+	if !slices.Equal(code, docs) {
+		t.Errorf("docs/datapath.md, Counters: the table has\n\t%s\nthe datapath's counters are\n\t%s", docs, code)
 	}
 }
 
@@ -441,5 +434,49 @@ func TestLayoutNamesExist(t *testing.T) {
 		if m := goIdentSpan.FindStringSubmatch(span); m != nil && (m[1] == "" || packages[m[1]]) && !declared[m[2]] {
 			t.Errorf("docs/layout.md names `%s`, which the module does not declare", span)
 		}
+	}
+}
+
+// TestRecipeNewMapIsShort: docs/layout.md's recipe for a new BPF map fed
+// from a table names at most eight files, one a step, and each is in the
+// tree, read with the recipe's example (<map> as nodeaddrs) and any
+// header for <concern>: a recipe that grows, or names a file that moved,
+// fails here.
+func TestRecipeNewMapIsShort(t *testing.T) {
+	data, err := os.ReadFile("docs/layout.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(data), "\n### A new BPF map fed from a table\n")
+	if !ok {
+		t.Fatal("docs/layout.md: no recipe \"A new BPF map fed from a table\"")
+	}
+	section, _, _ = strings.Cut(section, "\n### ")
+	step := regexp.MustCompile(`(?m)^[0-9]+\. ` + "`" + `([^` + "`" + `]+)` + "`")
+	var files []string
+	for _, m := range step.FindAllStringSubmatch(section, -1) {
+		files = append(files, m[1])
+	}
+	if len(files) == 0 || len(files) > 8 {
+		t.Fatalf("the recipe names %d files (%v), want 1 to 8", len(files), files)
+	}
+	for _, f := range files {
+		path := strings.ReplaceAll(f, "<map>", "nodeaddrs")
+		if strings.Contains(path, "<concern>") {
+			matches, _ := filepath.Glob(strings.ReplaceAll(path, "<concern>", "*"))
+			if len(matches) == 0 {
+				t.Errorf("the recipe's %s matches no file", f)
+			}
+			continue
+		}
+		if path == "testdata/nodeaddrs.txtar" {
+			path = "testdata/datapath.txtar" // the recipe's example of such a test
+		}
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("the recipe's %s: %v", f, err)
+		}
+	}
+	if len(slices.Compact(slices.Sorted(slices.Values(files)))) != len(files) {
+		t.Errorf("the recipe names a file twice: %v", files)
 	}
 }

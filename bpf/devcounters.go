@@ -72,33 +72,6 @@ func (r DropReason) String() string {
 	return fmt.Sprintf("reason-%d", uint32(r))
 }
 
-// Description says when a packet is dropped for this reason.
-func (r DropReason) Description() string {
-	switch r {
-	case DropUntranslatable:
-		return CounterDropUntranslatable.Description()
-	case DropNATFull:
-		return CounterNATFull.Description()
-	case DropNoPort:
-		return CounterNoPort.Description()
-	case DropFragmentUnknown:
-		return CounterFragUnknown.Description()
-	case DropNoSNATAddress:
-		return CounterDropNoSNATAddr.Description()
-	case DropICMPErrorUnmatched:
-		return CounterICMPErrorUnknown.Description()
-	case DropPairTaken:
-		return CounterPairTaken.Description()
-	case DropNoPair:
-		return CounterDropNoPair.Description()
-	case DropPairClaimed:
-		return CounterDropPairClaimed.Description()
-	case DropError:
-		return "dropped: a malformed packet (truncated header) from a masquerade source, or a helper failure while rewriting it"
-	}
-	return "dropped for a reason the programs did not note (none: every drop site notes its reason; a count here is a defect)"
-}
-
 // DevCounters are one device's counters for one family and direction,
 // summed over CPUs.
 type DevCounters struct {

@@ -43,15 +43,18 @@ var Cell = cell.Module(
 	"Prometheus metrics and health over HTTP",
 
 	cell.Config(DefaultConfig),
+	registration,
+	cell.Provide(newServer),
+	cell.Invoke((*Server).register),
+)
+
+// registration is every metric the cell registers, in its own registry:
+// the module's private *prometheus.Registry that the server exposes (and
+// the test of the metric lists reads).
+var registration = cell.Group(
 	cell.ProvidePrivate(newRegistry),
-	cell.Provide(
-		newReconcilerMetrics,
-		newServer,
-	),
-	cell.Invoke(
-		registerCollectors,
-		(*Server).register,
-	),
+	cell.Provide(newReconcilerMetrics),
+	cell.Invoke(registerCollectors),
 )
 
 // newRegistry is the cell's own registry: a host hive's registry (if any)

@@ -20,8 +20,10 @@
 //
 // The metrics, a contract with dashboards and alerts (deploy/grafana,
 // deploy/prometheus): add; rename only with a release of overlap and a
-// line in docs/observability.md's rename table.
+// line in docs/observability.md's rename table. TestMetricListsMatchTheRegistry
+// holds this list and docs/observability.md against what the cell registers.
 //
+//	ipmasq_build_info{version,revision,goversion}     gauge    1: the agent's build (--version)
 //	ipmasq_config_loads_total                        counter  loads that changed the applied config
 //	ipmasq_config_load_failures_total                counter  rejected files
 //	ipmasq_config_valid                              gauge    1 applied, 0 newest file rejected
@@ -46,6 +48,7 @@
 //	ipmasq_ip_rules                                  gauge
 //	ipmasq_datapath_devices                          gauge
 //	ipmasq_masquerade_rule_sources                   gauge
+//	ipmasq_netfilter_nat_rules                       gauge    netfilter NAT rules that decide before ipmasq
 //	ipmasq_reconciler_operation_duration_seconds{module,reconciler,operation}  histogram  update, delete, prune
 //	ipmasq_reconciler_rounds_total{module,reconciler}            counter
 //	ipmasq_reconciler_errors_total{module,reconciler}            counter
