@@ -1,11 +1,14 @@
 package bpfmap
 
 import (
+	"context"
 	"fmt"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"net/netip"
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 )
 
 // BenchmarkLPMWrite compares filling an empty IPv4 LPM trie through Map.Put
@@ -82,5 +85,32 @@ func forEachEmptyMap[T any](b *testing.B, n int, prepare func(*ebpf.Map) T, fill
 		}
 		done += len(maps)
 		b.StartTimer()
+	}
+}
+
+// BenchmarkOpsRound is a round of the nonmasq reconciler at 16 384
+// prefixes through Ops, as the agent builds them (DistinctKeys): every row
+// written in one batch, then every row deleted in one. Beside
+// BenchmarkLPMWrite it shows what Ops adds to Map (a same-run ratio
+// against an older tree's Ops says whether a change of Ops costs).
+func BenchmarkOpsRound(b *testing.B) {
+	privtest.Require(b)
+	objs := make([]cidr, 16384)
+	for i := range objs {
+		objs[i] = cidr{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)}
+	}
+	ops := newOps(newLPMv4(b, uint32(len(objs))), func(e *Entries[cidr, LPMKeyV4, LPMKeyV6, uint8]) { e.DistinctKeys = true })
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		batch := batchOf(objs)
+		ops.UpdateBatch(ctx, nil, batch)
+		ops.DeleteBatch(ctx, nil, batch)
+		for _, e := range batch {
+			if e.Result != nil {
+				b.Fatal(e.Result)
+			}
+		}
 	}
 }
