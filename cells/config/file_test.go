@@ -621,7 +621,7 @@ func TestUpstreamAcceptsOddFiles(t *testing.T) {
 		{"empty first document", "---\n---\nnonMasqueradeCIDRs: [10.0.0.0/8]\n", limBoth,
 			&File{}, "line 2: a second YAML document starts here and is ignored"},
 		{"resyncInterval zero", "resyncInterval: 0s\nnonMasqueradeCIDRs: []\n", limBoth,
-			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx()}, `resyncInterval: "0s" is not above 0; the Kubernetes agent then re-reads the file without pause, ipmasq re-reads it every 1m0s`},
+			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx()}, `resyncInterval: "0s" is not above 0; the Kubernetes agent then re-reads the file without pause, ipmasq re-reads it every --resync-interval (1m0s unless set`},
 		{"resyncInterval negative", "resyncInterval: -5s\n", limBoth, &File{}, `resyncInterval: "-5s" is not above 0`},
 		{"resyncInterval below a second", `{"resyncInterval": "1ns"}`, limBoth, &File{ResyncInterval: time.Second}, `resyncInterval: "1ns" is below 1s; ipmasq re-reads the file every 1s`},
 		{"cidrLimit zero, empty list", "cidrLimit: 0\nnonMasqueradeCIDRs: []\n", limBoth,

@@ -49,6 +49,8 @@ type loader struct {
 	// events of one ConfigMap update cost one parse.
 	lastInput string
 	resync    time.Duration
+	// defaultResync is resync when the file sets no resyncInterval.
+	defaultResync time.Duration
 	// files is the state of each file read (path and the drop-ins beside
 	// it), by path.
 	files map[string]*fileState
@@ -71,7 +73,7 @@ func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.N
 	path string, limits Limits, health cell.Health) *loader {
 	l := &loader{
 		log: log, db: db, cidrs: cidrs, status: status, rules: rules, path: path, limits: limits, health: health,
-		resync: DefaultResyncInterval,
+		resync: DefaultResyncInterval, defaultResync: DefaultResyncInterval,
 	}
 	wtxn := db.WriteTxn(cidrs, status, rules)
 	markCIDRs := cidrs.RegisterInitializer(wtxn, "config-file")
@@ -213,7 +215,7 @@ func (l *loader) applyMerged(file *File, entries []Entry, start time.Time, warni
 	st.LastGoodLoad = time.Now()
 	st.Origin = tables.ConfigOriginDefaults
 	st.MasqueradeRules = 0
-	l.resync = DefaultResyncInterval
+	l.resync = l.defaultResync
 	if file != nil {
 		st.Origin = tables.ConfigOriginFile
 		st.MasqueradeRules = len(file.MasqueradeRules)

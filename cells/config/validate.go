@@ -149,7 +149,7 @@ func validate(path string, raw *rawFile, nonMasqSet bool, nonMasqRaw []string, l
 			return nil, nil, nil, fmt.Errorf("%s: resyncInterval: %s is not a duration (want e.g. 60s or 1m30s)", path, quote(s))
 		case d <= 0:
 			// The Kubernetes agent takes it and re-syncs without pause.
-			warnings = append(warnings, oddWarning("%s: resyncInterval: %s is not above 0; the Kubernetes agent then re-reads the file without pause, ipmasq re-reads it every %s (and at once on every change)",
+			warnings = append(warnings, oddWarning("%s: resyncInterval: %s is not above 0; the Kubernetes agent then re-reads the file without pause, ipmasq re-reads it every --resync-interval (%s unless set; and at once on every change)",
 				path, quote(s), DefaultResyncInterval))
 		case d < MinResyncInterval:
 			warnings = append(warnings, oddWarning("%s: resyncInterval: %s is below %s; ipmasq re-reads the file every %s (and at once on every change)",
