@@ -71,7 +71,8 @@ const (
 	// that most likely does not say what its author meant: a repeated key
 	// (the last value wins), a second YAML document (ignored), a value
 	// taken differently from how it is written (resyncInterval not above
-	// 0, cidrLimit 0, a prefix length with a leading zero).
+	// 0, cidrLimit 0), or a YAML flow mapping in a file that starts
+	// like JSON.
 	ConfigWarningOdd ConfigWarningKind = "odd"
 )
 

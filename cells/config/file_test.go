@@ -628,8 +628,6 @@ func TestUpstreamAcceptsOddFiles(t *testing.T) {
 			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx()}, "cidrLimit: 0 allows no CIDR in nonMasqueradeCIDRs"},
 		{"cidrLimit ignored in v2", "cidrLimit: 0\nnonMasqueradeCIDRs: [10.0.0.0/8]\n", Limits{EnableIPv4: true, V2: true},
 			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx("10.0.0.0/8")}, "cidrLimit: ignored, as ip-masq-agent-v2 ignores it"},
-		{"prefix length with a leading zero", "nonMasqueradeCIDRs: [10.0.0.0/08, fd00::/008]\n", limBoth,
-			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx("10.0.0.0/8", "fd00::/8")}, `nonMasqueradeCIDRs[0]: "10.0.0.0/08" is read as 10.0.0.0/8, as the Kubernetes agent reads it`},
 		{"YAML flow mapping", "{nonMasqueradeCIDRs: [10.0.0.0/8]}", limBoth,
 			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx("10.0.0.0/8")}, "not JSON but a YAML flow mapping"},
 	} {

@@ -439,6 +439,9 @@ func (l *loader) loadFiles(paths []string) {
 		reads = append(reads, read{path: p, data: data, input: in})
 		fmt.Fprintf(&all, "%s %s\n", p, in)
 	}
+	// Never empty, as lastInput is before the first load: no file at all
+	// is an input too (the defaults).
+	fmt.Fprintf(&all, "%d files", len(reads))
 	if all.String() == l.lastInput {
 		return
 	}

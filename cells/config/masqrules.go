@@ -59,7 +59,7 @@ func parseRule(r rawRule, lim Limits) (tables.MasqueradeRule, error) {
 	}
 	srcs := make([]netip.Prefix, len(r.Sources))
 	for i, s := range r.Sources {
-		p, _, err := parseCIDR(s, lim)
+		p, err := parseCIDR(s, lim)
 		if err != nil {
 			return rule, fmt.Errorf("sources[%d]: %w", i, err)
 		}

@@ -3,10 +3,8 @@ package config
 import (
 	"cmp"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/ipmasq/ipmasq/tables"
@@ -33,54 +31,24 @@ func disabledFamily(s string, a netip.Addr) error {
 	return fmt.Errorf("%s is IPv6 but IPv6 is disabled (--enable-ipv6=false)", s)
 }
 
-// parseCIDR parses and checks one prefix as written in the file. A prefix
-// length with leading zeros (10.0.0.0/08), which the Kubernetes agent's
-// net.ParseCIDR takes and netip does not, is read as that agent reads it:
-// odd is then what the file says and what is read.
-func parseCIDR(s string, lim Limits) (p netip.Prefix, odd string, err error) {
-	p, err = netip.ParsePrefix(s)
+// parseCIDR parses and checks one prefix as written in the file.
+func parseCIDR(s string, lim Limits) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
 	if err != nil {
-		var ok bool
-		if p, ok = netParseCIDR(s); !ok {
-			return p, "", notCIDR(s, err)
-		}
-		odd = fmt.Sprintf("%s is read as %s, as the Kubernetes agent reads it; write %s", quote(s), p, p)
+		return p, notCIDR(s, err)
 	}
 	if m := p.Masked(); m != p {
-		return p, "", fmt.Errorf("%s has host bits set; did you mean %s?", s, m)
+		return p, fmt.Errorf("%s has host bits set; did you mean %s?", s, m)
 	}
 	if a := p.Addr(); a.Is4In6() {
 		// Masked, so Bits() >= 96 (the top 96 bits are ::ffff).
 		v4 := netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-		return p, "", fmt.Errorf("%s is an IPv4-mapped IPv6 prefix; write it in IPv4 form: %s", s, v4)
+		return p, fmt.Errorf("%s is an IPv4-mapped IPv6 prefix; write it in IPv4 form: %s", s, v4)
 	}
 	if !familyEnabled(p.Addr(), lim) {
-		return p, "", disabledFamily(s, p.Addr())
+		return p, disabledFamily(s, p.Addr())
 	}
-	return p, odd, nil
-}
-
-// netParseCIDR reads s as net.ParseCIDR does where netip is stricter: a
-// prefix length with leading zeros. Anything else netip refuses stays
-// refused.
-func netParseCIDR(s string) (netip.Prefix, bool) {
-	addr, bits, ok := strings.Cut(s, "/")
-	if !ok || len(bits) < 2 || bits[0] != '0' {
-		return netip.Prefix{}, false
-	}
-	ip, ipnet, err := net.ParseCIDR(s)
-	if err != nil {
-		return netip.Prefix{}, false
-	}
-	a, err := netip.ParseAddr(addr)
-	if err != nil {
-		return netip.Prefix{}, false
-	}
-	ones, _ := ipnet.Mask.Size()
-	if a.Is4() != (ip.To4() != nil) {
-		return netip.Prefix{}, false
-	}
-	return netip.PrefixFrom(a, ones), true
+	return p, nil
 }
 
 // compareMasked orders masked prefixes as netip.Prefix.Compare does
@@ -94,25 +62,20 @@ func compareMasked(a, b netip.Prefix) int {
 }
 
 // parseCIDRList validates one list key and returns its prefixes
-// deduplicated and sorted, and a warning for each prefix read otherwise
-// than written.
-func parseCIDRList(path, key string, list []string, lim Limits) ([]netip.Prefix, []tables.ConfigWarning, error) {
+// deduplicated and sorted.
+func parseCIDRList(path, key string, list []string, lim Limits) ([]netip.Prefix, error) {
 	if list == nil {
-		return nil, nil, nil
+		return nil, nil
 	}
-	var warnings []tables.ConfigWarning
 	out := make([]netip.Prefix, len(list))
 	for i, s := range list {
-		p, odd, err := parseCIDR(s, lim)
+		p, err := parseCIDR(s, lim)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %s[%d]: %w", path, key, i, err)
-		}
-		if odd != "" {
-			warnings = append(warnings, oddWarning("%s: %s[%d]: %s", path, key, i, odd))
+			return nil, fmt.Errorf("%s: %s[%d]: %w", path, key, i, err)
 		}
 		out[i] = p
 	}
-	return sortCompact(out), warnings, nil
+	return sortCompact(out), nil
 }
 
 func sortCompact(ps []netip.Prefix) []netip.Prefix {
@@ -180,27 +143,27 @@ func validate(path string, raw *rawFile, nonMasqSet bool, nonMasqRaw []string, l
 	}
 
 	var err error
-	var odd []tables.ConfigWarning
 	if nonMasqSet {
-		if f.NonMasqueradeCIDRs, odd, err = parseCIDRList(path, keyNonMasq, nonMasqRaw, lim); err != nil {
+		if f.NonMasqueradeCIDRs, err = parseCIDRList(path, keyNonMasq, nonMasqRaw, lim); err != nil {
 			return nil, nil, nil, err
 		}
-		warnings = append(warnings, odd...)
 		if f.NonMasqueradeCIDRs == nil {
 			f.NonMasqueradeCIDRs = []netip.Prefix{}
 		}
 	}
-	if f.MasqueradeCIDRs, odd, err = parseCIDRList(path, keyMasq, raw.MasqueradeCIDRs, lim); err != nil {
+	if f.MasqueradeCIDRs, err = parseCIDRList(path, keyMasq, raw.MasqueradeCIDRs, lim); err != nil {
 		return nil, nil, nil, err
 	}
-	warnings = append(warnings, odd...)
 	if len(f.NonMasqueradeCIDRs) > 0 {
 		for j, s := range raw.MasqueradeCIDRs {
-			p, _, _ := parseCIDR(s, lim) // validated above
+			p := netip.MustParsePrefix(s) // validated above
 			if !contains(f.NonMasqueradeCIDRs, p) {
 				continue
 			}
-			i := slices.IndexFunc(nonMasqRaw, func(s string) bool { return samePrefix(s, p) })
+			i := slices.IndexFunc(nonMasqRaw, func(s string) bool {
+				q, err := netip.ParsePrefix(s)
+				return err == nil && q == p
+			})
 			return nil, nil, nil, fmt.Errorf("%s: %s is listed in both %s[%d] and %s[%d]; a destination is either masqueraded or not, remove one",
 				path, p, keyNonMasq, i, keyMasq, j)
 		}
@@ -215,10 +178,4 @@ func validate(path string, raw *rawFile, nonMasqSet bool, nonMasqRaw []string, l
 		return nil, nil, nil, err
 	}
 	return f, entries, warnings, nil
-}
-
-// samePrefix reports whether s, as parseCIDR reads it, is p.
-func samePrefix(s string, p netip.Prefix) bool {
-	q, _, err := parseCIDR(s, Limits{EnableIPv4: true, EnableIPv6: true})
-	return err == nil && q == p
 }
