@@ -1,0 +1,40 @@
+package config
+
+import (
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestDocsListEveryConfigKey: the key tables of docs/config.md and the
+// README (the table whose header starts with "| key |") name every
+// top-level key the decoder accepts (rawFile's json tags), and no other.
+func TestDocsListEveryConfigKey(t *testing.T) {
+	want := slices.Sorted(slices.Values(jsonKeys[rawFile]()))
+	for _, doc := range []string{"../../docs/config.md", "../../README.md"} {
+		data, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, table, ok := strings.Cut(string(data), "\n| key |")
+		if !ok {
+			t.Fatalf("%s: no table with a header starting | key |", doc)
+		}
+		var got []string
+		for _, line := range strings.Split(table, "\n")[2:] {
+			if !strings.HasPrefix(line, "|") {
+				break
+			}
+			first := strings.SplitN(line, "|", 3)[1]
+			for _, m := range regexp.MustCompile("`([A-Za-z0-9]+)`").FindAllStringSubmatch(first, -1) {
+				got = append(got, m[1])
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: the key table names %q; the decoder accepts %q", doc, got, want)
+		}
+	}
+}
