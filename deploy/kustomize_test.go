@@ -129,3 +129,64 @@ func TestKustomizationsNeedNothingElse(t *testing.T) {
 		}
 	}
 }
+
+// TestAzureV2Component: the install with the component deploy/azure-v2,
+// as its comment says to use it, has ip-masq-agent-v2's ConfigMaps
+// projected into the config folder (each optional, each file named
+// ip-masq*) and v2's flags.
+func TestAzureV2Component(t *testing.T) {
+	root := t.TempDir()
+	deploy, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(root, deploy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fmt.Sprintf("resources:\n  - %s\ncomponents:\n  - %s/azure-v2\n", rel, rel)
+	if err := os.WriteFile(filepath.Join(root, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := rendered(t, "with azure-v2", kubetest.Kustomize(t, root, ""))
+	base := rendered(t, ".", kubetest.Kustomize(t, ".", ""))
+	if got, want := ids(out), ids(base); !slices.Equal(got, want) {
+		t.Fatalf("the overlay renders %q, want the install's %q", got, want)
+	}
+	var ds object
+	for _, m := range out {
+		if str(m.obj, "kind") == "DaemonSet" {
+			ds = m.obj
+		}
+	}
+	spec := ds["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+	args := fmt.Sprint(spec["containers"].([]any)[0].(map[string]any)["args"])
+	for _, want := range []string{"--ip-masq-agent-config-path=/etc/config/ip-masq-agent", "--ip-masq-agent-v2", "--resync-interval=60"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %s lack %s", args, want)
+		}
+	}
+	var sources []any
+	for _, v := range spec["volumes"].([]any) {
+		if v := v.(map[string]any); v["name"] == "config" {
+			if _, ok := v["configMap"]; ok {
+				t.Errorf("the config volume is still a plain configMap volume: %v", v)
+			}
+			sources = v["projected"].(map[string]any)["sources"].([]any)
+		}
+	}
+	want := map[string]string{"ip-masq-agent": "ip-masq-agent", "azure-ip-masq-agent-config": "ip-masq-agent-user",
+		"azure-ip-masq-agent-config-reconciled": "ip-masq-agent-reconciled"}
+	for _, s := range sources {
+		cm := s.(map[string]any)["configMap"].(map[string]any)
+		name := cm["name"].(string)
+		path := cm["items"].([]any)[0].(map[string]any)["path"].(string)
+		if want[name] != path || cm["optional"] != true || !strings.HasPrefix(path, "ip-masq") {
+			t.Errorf("projected ConfigMap %s at %s (optional %v); want it optional at %q, a name the agent merges", name, path, cm["optional"], want[name])
+		}
+		delete(want, name)
+	}
+	if len(want) > 0 {
+		t.Errorf("ConfigMaps not projected: %v", want)
+	}
+}

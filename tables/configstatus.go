@@ -67,6 +67,13 @@ const (
 	ConfigWarningUnknownKey ConfigWarningKind = "unknown-key"
 	// ConfigWarningConflict is two merged files that disagree, resolved.
 	ConfigWarningConflict ConfigWarningKind = "conflict"
+	// ConfigWarningOdd is content read as the Kubernetes agent reads it
+	// that most likely does not say what its author meant: a repeated key
+	// (the last value wins), a second YAML document (ignored), a value
+	// taken differently from how it is written (resyncInterval not above
+	// 0, cidrLimit 0), or a YAML flow mapping in a file that starts
+	// like JSON.
+	ConfigWarningOdd ConfigWarningKind = "odd"
 )
 
 // ConfigWarning is one thing an operator should fix in an applied config.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"time"
 
 	"github.com/cilium/hive/cell"
 	"github.com/cilium/hive/job"
@@ -26,6 +27,13 @@ type Config struct {
 	// name: a file without nonMasqueradeCIDRs (or no file) gets every
 	// RFC-reserved IPv4 range as defaults instead of RFC 1918's three.
 	NoMasqAllReservedRanges bool `mapstructure:"nomasq-all-reserved-ranges"`
+	// IPMasqAgentV2 reads the files as Azure's ip-masq-agent-v2 does (AKS):
+	// a file without nonMasqueradeCIDRs, or with no content, lists none;
+	// the defaults apply only when no file is there; cidrLimit is ignored.
+	IPMasqAgentV2 bool `mapstructure:"ip-masq-agent-v2"`
+	// ResyncInterval is ip-masq-agent-v2's flag: the refresh interval in
+	// seconds when the file sets no resyncInterval.
+	ResyncInterval int `mapstructure:"resync-interval"`
 }
 
 // Flags implements cell.Flagger.
@@ -34,6 +42,21 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 		"ip-masq-agent config file (YAML or JSON); its directory is watched for changes")
 	flags.Bool("nomasq-all-reserved-ranges", def.NoMasqAllReservedRanges,
 		"Without nonMasqueradeCIDRs in the file, leave every RFC-reserved IPv4 range unmasqueraded (100.64.0.0/10, 192.0.0.0/24, ..., 240.0.0.0/4), not only RFC 1918's, as the Kubernetes ip-masq-agent's flag does")
+	flags.Bool("ip-masq-agent-v2", def.IPMasqAgentV2,
+		"Read the config files as Azure's ip-masq-agent-v2 (AKS) does: a file without nonMasqueradeCIDRs, or empty, lists none (no defaults unless no file is there), cidrLimit is ignored")
+	flags.Int("resync-interval", def.ResyncInterval,
+		"Seconds between re-reads of the config files and repairs of the maps when the file sets no resyncInterval (ip-masq-agent-v2's flag; 0 or less: 60)")
+}
+
+// resync returns the refresh interval --resync-interval asks for, and a
+// warning when it is not above 0 (ip-masq-agent-v2 then re-reads without
+// pause).
+func (c Config) resync() (time.Duration, string) {
+	if c.ResyncInterval <= 0 {
+		return DefaultResyncInterval, fmt.Sprintf("--resync-interval=%d is not above 0; ip-masq-agent-v2 then re-reads its files without pause, ipmasq every %s (and at once on every change)",
+			c.ResyncInterval, DefaultResyncInterval)
+	}
+	return time.Duration(c.ResyncInterval) * time.Second, ""
 }
 
 // Cell provides the nonmasq-cidrs, masquerade-rules and ipmasq-config
@@ -48,7 +71,7 @@ var Cell = cell.Module(
 	"config",
 	"ip-masq-agent config file",
 
-	cell.Config(Config{IPMasqAgentConfigPath: DefaultPath}),
+	cell.Config(Config{IPMasqAgentConfigPath: DefaultPath, ResyncInterval: int(DefaultResyncInterval / time.Second)}),
 	cell.ProvidePrivate(newLoaderFromParams),
 	cell.Provide(
 		func(l *loader) statedb.RWTable[*tables.NonMasqCIDR] { return l.cidrs },
@@ -95,7 +118,13 @@ func newLoaderFromParams(p loaderParams) (*loader, error) {
 		EnableIPv6:        p.Agent.EnableIPv6,
 		MaxCIDRsPerFamily: int(p.Agent.MaxNonMasqCIDRs),
 		AllReservedRanges: p.Config.NoMasqAllReservedRanges,
+		V2:                p.Config.IPMasqAgentV2,
 	}, p.Health.NewScope("config-file"))
+	var warning string
+	if l.defaultResync, warning = p.Config.resync(); warning != "" {
+		p.Log.Warn("Flag adjusted: " + warning)
+	}
+	l.resync = l.defaultResync
 	l.load()
 	return l, nil
 }

@@ -64,7 +64,7 @@ func checkFastJSON(t *testing.T, data []byte) {
 		return
 	}
 	slow, slowAbsent := newRaw()
-	if _, err := decodeWithEncodingJSON("test.json", data, slow, slowAbsent); err != nil {
+	if _, err := decodeWithEncodingJSON("test.json", data, slow, slowAbsent, true); err != nil {
 		t.Fatalf("fast path accepted %q, encoding/json rejects it: %v", data, err)
 	}
 	// The sentinel pointer: replaced by nil for null, kept otherwise.

@@ -24,6 +24,11 @@ type Limits struct {
 	// a file without nonMasqueradeCIDRs ReservedNonMasqueradeCIDRs instead
 	// of DefaultNonMasqueradeCIDRs, as the Kubernetes agent's flag does.
 	AllReservedRanges bool
+	// V2 selects Azure ip-masq-agent-v2's reading of a file: a file
+	// without nonMasqueradeCIDRs (or with no content) lists none, so the
+	// defaults apply only when there is no file at all, and cidrLimit is
+	// not a key (v2 ignores it).
+	V2 bool
 }
 
 // File is the parsed, validated content of an ip-masq-agent config file.
@@ -166,6 +171,9 @@ type parsed struct {
 	// entries are file.Entries(lim), which validation computes anyway:
 	// computing them twice cost a sort of 16 384 rows per load.
 	entries []Entry
+	// warnings are what the file says oddly, or keys it has that the
+	// format does not know, each naming the file.
+	warnings []tables.ConfigWarning
 	// linkLocalSet and linkLocalV6Set say whether the file sets
 	// masqLinkLocal and masqLinkLocalIPv6 (to either value), which merging
 	// several files needs to tell a disagreement from silence.
@@ -181,6 +189,9 @@ func parse(path string, data []byte, lim Limits) (*parsed, error) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 {
 		f := &File{}
+		if lim.V2 {
+			f.NonMasqueradeCIDRsSet, f.NonMasqueradeCIDRs = true, []netip.Prefix{}
+		}
 		entries := f.Entries(lim)
 		if err := checkCapacity(path, f, lim, entries); err != nil {
 			return nil, err
@@ -193,7 +204,7 @@ func parse(path string, data []byte, lim Limits) (*parsed, error) {
 	// null (decoder sets the pointer to nil) and from a list (slice non-nil).
 	absent := new([]string)
 	raw.NonMasqueradeCIDRs = absent
-	unknown, err := decode(path, trimmed, &raw, absent)
+	unknown, odd, err := decode(path, trimmed, &raw, absent)
 	if err != nil {
 		return nil, err
 	}
@@ -202,15 +213,16 @@ func parse(path string, data []byte, lim Limits) (*parsed, error) {
 	switch {
 	case raw.NonMasqueradeCIDRs == nil: // null: empty list
 	case raw.NonMasqueradeCIDRs == absent && *absent == nil:
-		nonMasqSet = false
+		nonMasqSet = lim.V2
 	default:
 		nonMasqRaw = *raw.NonMasqueradeCIDRs
 	}
-	f, entries, err := validate(path, &raw, nonMasqSet, nonMasqRaw, lim)
+	f, entries, vodd, err := validate(path, &raw, nonMasqSet, nonMasqRaw, lim)
 	if err != nil {
 		return nil, err
 	}
 	f.UnknownKeys = unknown
-	return &parsed{file: f, entries: entries,
+	warnings := append(unknownKeyWarnings(path, f), odd...)
+	return &parsed{file: f, entries: entries, warnings: append(warnings, vodd...),
 		linkLocalSet: raw.MasqLinkLocal != nil, linkLocalV6Set: raw.MasqLinkLocalIPv6 != nil}, nil
 }

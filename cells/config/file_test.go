@@ -171,9 +171,7 @@ func TestParseErrors(t *testing.T) {
 		{"unknown key after a wrong type YAML", "masqLinkLocal: \"yes\"\nfoo: 1\n", limBoth,
 			"masqLinkLocal: got a string, want true or false", false},
 		{"unknown key beside resyncInterval without unit", "resyncIntervall: 1\nresyncInterval: 60\n", limBoth,
-			`resyncInterval: "60" is not a duration (want e.g. 60s or 1m30s)`, false},
-		{"unknown key beside a duplicate key JSON", `{"foo": 1, "masqLinkLocal": true, "masqLinkLocal": false}`, limBoth,
-			`key "masqLinkLocal" is set more than once in the same object; keep one`, false},
+			`resyncInterval: got a number, want a duration string such as 60s`, false},
 		{"unknown key in a rule", rule("  sources: [10.0.0.0/8]\n  outInterface: [eth0]\n"), limBoth,
 			`unknown field "outInterface" (did you mean outInterfaces?`, true},
 		{"unknown key in a rule beside an unknown top-level key", "foo: 1\n" + rule("  sources: [10.0.0.0/8]\n  outInterface: [eth0]\n"), limBoth,
@@ -181,12 +179,6 @@ func TestParseErrors(t *testing.T) {
 		{"unknown key in a JSON rule beside an unknown top-level key",
 			`{"foo": 1, "masqueradeRules": [{"name": "a", "sources": ["10.0.0.0/8"], "outInterfaces": ["eth0"], "toAdress": "10.0.0.1"}]}`, limBoth,
 			`unknown field "toAdress" (did you mean toAddress?`, true},
-		{"duplicate key YAML", "masqLinkLocal: true\nmasqLinkLocal: false\n", limBoth,
-			`invalid YAML: line 2: key "masqLinkLocal" already set in map`, false},
-		{"duplicate key JSON", `{"masqLinkLocal": true, "masqLinkLocal": false}`, limBoth,
-			`key "masqLinkLocal" is set more than once in the same object; keep one`, false},
-		{"duplicate key in JSON rule", `{"masqueradeRules": [{"name": "a", "name": "b"}]}`, limBoth,
-			`key "name" is set more than once in the same object; keep one`, false},
 		{"invalid YAML", "nonMasqueradeCIDRs: [10.0.0.0/8\n", limBoth, `invalid YAML: line 1: did not find expected ',' or ']'`, false},
 		{"invalid JSON", "{\n  \"masqLinkLocal\": true\n  \"masqLinkLocalIPv6\": true\n}", limBoth,
 			"invalid JSON at line 3, column 3: invalid character '\"' after object key:value pair", false},
@@ -194,8 +186,6 @@ func TestParseErrors(t *testing.T) {
 			"invalid JSON: the file ends before the top-level object is closed (truncated?)", false},
 		{"trailing JSON", `{"nonMasqueradeCIDRs": []} {}`, limBoth,
 			"invalid JSON at line 1, column 28: unexpected data after the top-level object", false},
-		{"second YAML document", "masqLinkLocal: true\n---\nmasqLinkLocalIPv6: true\n", limBoth,
-			"line 2: a second YAML document starts here; put all keys in one document", false},
 		{"top level list", "- 10.0.0.0/8\n", limBoth, "the file must be a mapping with keys such as", true},
 		{"wrong type bool YAML", "masqLinkLocal: \"yes\"\n", limBoth, "masqLinkLocal: got a string, want true or false", false},
 		{"wrong type bool JSON", `{"masqLinkLocal": "yes"}`, limBoth, "masqLinkLocal: got a string, want true or false (near line 1, column 23)", false},
@@ -236,13 +226,14 @@ func TestParseErrors(t *testing.T) {
 
 		// other keys
 		{"resyncInterval without unit", "resyncInterval: 60\n", limBoth,
+			`resyncInterval: got a number, want a duration string such as 60s`, false},
+		{"resyncInterval without unit JSON", `{"resyncInterval": "60"}`, limBoth,
 			`resyncInterval: "60" is not a duration (want e.g. 60s or 1m30s)`, false},
 		{"resyncInterval empty", `{"resyncInterval": ""}`, limBoth,
 			`resyncInterval: "" is not a duration (want e.g. 60s or 1m30s)`, false},
-		{"resyncInterval zero", "resyncInterval: 0s\n", limBoth, `resyncInterval: "0s" must be greater than 0 (want e.g. 60s)`, false},
-		{"resyncInterval negative", "resyncInterval: -5s\n", limBoth, `resyncInterval: "-5s" must be greater than 0 (want e.g. 60s)`, false},
-		{"cidrLimit zero", "cidrLimit: 0\n", limBoth, "cidrLimit: 0 must be greater than 0 (or leave cidrLimit out for no limit)", false},
-		{"cidrLimit negative", "cidrLimit: -3\n", limBoth, "cidrLimit: -3 must be greater than 0 (or leave cidrLimit out for no limit)", false},
+		{"cidrLimit negative", "cidrLimit: -3\n", limBoth, "cidrLimit: -3 is below 0, so not even an empty list fits (the Kubernetes agent refuses it too); leave cidrLimit out for no limit", false},
+		{"cidrLimit zero with a CIDR", "cidrLimit: 0\nnonMasqueradeCIDRs: [10.0.0.0/8]\n", limBoth,
+			"nonMasqueradeCIDRs and masqueradeCIDRs list 1 CIDRs, which exceeds cidrLimit 0 (raise cidrLimit or remove entries)", false},
 		{"cidrLimit exceeded", "cidrLimit: 2\nnonMasqueradeCIDRs: [10.0.0.0/8, 10.1.0.0/16]\nmasqueradeCIDRs: [10.2.0.0/16]\n", limBoth,
 			"nonMasqueradeCIDRs and masqueradeCIDRs list 3 CIDRs, which exceeds cidrLimit 2 (raise cidrLimit or remove entries)", false},
 
@@ -603,5 +594,64 @@ func TestKeysComeFromRawFile(t *testing.T) {
 	}
 	if got := closestKey("outInterface"); got != "outInterfaces" {
 		t.Errorf("closestKey(outInterface) = %q", got)
+	}
+}
+
+// TestUpstreamAcceptsOddFiles: files the Kubernetes agent accepts are
+// applied as it reads them, each with one warning (kind odd) that names
+// the file and what was read; the rest of the file applies.
+func TestUpstreamAcceptsOddFiles(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		lim      Limits
+		want     *File
+		warning  string // a substring of the one warning
+	}{
+		{"duplicate key YAML, the last wins", "nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqLinkLocal: true\nnonMasqueradeCIDRs: [192.168.0.0/16]\n", limBoth,
+			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx("192.168.0.0/16"), MasqLinkLocal: true},
+			`line 3: key "nonMasqueradeCIDRs" already set in map; the last value is used`},
+		{"duplicate key JSON, the last wins", `{"masqLinkLocal": true, "masqLinkLocal": false, "nonMasqueradeCIDRs": []}`, limBoth,
+			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx()},
+			`key "masqLinkLocal" is set more than once in one object; the last value is used`},
+		{"duplicate key in a JSON rule, the last wins", `{"masqueradeRules": [{"name": "a", "name": "b", "sources": ["10.8.0.0/24"], "outInterfaces": ["eth0"]}]}`, limBoth,
+			&File{MasqueradeRules: []tables.MasqueradeRule{{Name: "b", Sources: pfx("10.8.0.0/24"), OutInterfaces: []string{"eth0"}}}},
+			`key "name" is set more than once in one object`},
+		{"second YAML document ignored", "masqLinkLocal: true\n---\nmasqLinkLocalIPv6: true\n", limBoth,
+			&File{MasqLinkLocal: true}, "line 2: a second YAML document starts here and is ignored"},
+		{"empty first document", "---\n---\nnonMasqueradeCIDRs: [10.0.0.0/8]\n", limBoth,
+			&File{}, "line 2: a second YAML document starts here and is ignored"},
+		{"resyncInterval zero", "resyncInterval: 0s\nnonMasqueradeCIDRs: []\n", limBoth,
+			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx()}, `resyncInterval: "0s" is not above 0; the Kubernetes agent then re-reads the file without pause, ipmasq re-reads it every --resync-interval (1m0s unless set`},
+		{"resyncInterval negative", "resyncInterval: -5s\n", limBoth, &File{}, `resyncInterval: "-5s" is not above 0`},
+		{"resyncInterval below a second", `{"resyncInterval": "1ns"}`, limBoth, &File{ResyncInterval: time.Second}, `resyncInterval: "1ns" is below 1s; ipmasq re-reads the file every 1s`},
+		{"cidrLimit zero, empty list", "cidrLimit: 0\nnonMasqueradeCIDRs: []\n", limBoth,
+			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx()}, "cidrLimit: 0 allows no CIDR in nonMasqueradeCIDRs"},
+		{"cidrLimit ignored in v2", "cidrLimit: 0\nnonMasqueradeCIDRs: [10.0.0.0/8]\n", Limits{EnableIPv4: true, V2: true},
+			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx("10.0.0.0/8")}, "cidrLimit: ignored, as ip-masq-agent-v2 ignores it"},
+		{"YAML flow mapping", "{nonMasqueradeCIDRs: [10.0.0.0/8]}", limBoth,
+			&File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: pfx("10.0.0.0/8")}, "not JSON but a YAML flow mapping"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := parse(testPath, []byte(tc.in), tc.lim)
+			if err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			got := *p.file
+			if got.MasqueradeCIDRs == nil {
+				got.MasqueradeCIDRs = nil
+			}
+			if !reflect.DeepEqual(&got, tc.want) {
+				t.Errorf("got  %+v\nwant %+v", &got, tc.want)
+			}
+			var odd []string
+			for _, w := range p.warnings {
+				if w.Kind == tables.ConfigWarningOdd {
+					odd = append(odd, w.Message)
+				}
+			}
+			if len(odd) == 0 || !strings.HasPrefix(odd[0], testPath+": ") || !strings.Contains(odd[0], tc.warning) || len(odd) > 2 {
+				t.Errorf("warnings %q, want one naming the file and containing %q", odd, tc.warning)
+			}
+		})
 	}
 }

@@ -49,11 +49,11 @@ type loader struct {
 	// events of one ConfigMap update cost one parse.
 	lastInput string
 	resync    time.Duration
-	// applied is the origin of the config in the tables.
-	applied tables.ConfigOrigin
-	// dropIns is the state of each file merged with path (merge.go), by
-	// path; nil while there is none.
-	dropIns map[string]*fileState
+	// defaultResync is resync when the file sets no resyncInterval.
+	defaultResync time.Duration
+	// files is the state of each file read (path and the drop-ins beside
+	// it), by path.
+	files map[string]*fileState
 }
 
 // fileState is one merged file's last content and last good parse.
@@ -73,7 +73,7 @@ func newLoader(log *slog.Logger, db *statedb.DB, cidrs statedb.RWTable[*tables.N
 	path string, limits Limits, health cell.Health) *loader {
 	l := &loader{
 		log: log, db: db, cidrs: cidrs, status: status, rules: rules, path: path, limits: limits, health: health,
-		resync: DefaultResyncInterval,
+		resync: DefaultResyncInterval, defaultResync: DefaultResyncInterval,
 	}
 	wtxn := db.WriteTxn(cidrs, status, rules)
 	markCIDRs := cidrs.RegisterInitializer(wtxn, "config-file")
@@ -121,76 +121,10 @@ func (l *loader) run(ctx context.Context) error {
 }
 
 // load reads, validates and applies the config once: the file at path
-// alone as it always was, or merged with the ip-masq* files beside it
-// (loadMerged) while there are some.
+// and the ip-masq* files beside it (isDropIn), merged (merge.go); a file
+// alone is the merge of one.
 func (l *loader) load() {
-	if names := l.listDropIns(); len(names) > 0 {
-		l.loadMerged(names)
-		return
-	}
-	if l.dropIns != nil {
-		// The last drop-in went: the file alone is read afresh.
-		l.dropIns = nil
-		l.lastInput = ""
-	}
-	l.loadOne()
-}
-
-// loadOne reads, validates and applies the config file alone.
-func (l *loader) loadOne() {
-	start := time.Now()
-	data, err := readConfigFile(l.path)
-	var input string
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		input, data = "absent", nil
-	case err != nil:
-		// Whatever comes next must be applied, even the content that
-		// was in force before this error.
-		l.lastInput = ""
-		l.reject(err)
-		return
-	case len(bytes.TrimSpace(data)) == 0 && l.applied == tables.ConfigOriginFile:
-		// An in-place write truncates before it writes: give the writer a
-		// moment so a half-done save does not apply the defaults.
-		for range 2 {
-			time.Sleep(emptyFileSettle)
-			if data, err = readConfigFile(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				l.reject(err)
-				return
-			}
-			if len(bytes.TrimSpace(data)) > 0 {
-				break
-			}
-		}
-		input = fmt.Sprintf("%x", sha256.Sum256(data))
-	default:
-		input = fmt.Sprintf("%x", sha256.Sum256(data))
-	}
-	if input == l.lastInput {
-		return
-	}
-	l.lastInput = input
-
-	var (
-		file    *File
-		entries []Entry
-	)
-	if len(bytes.TrimSpace(data)) > 0 {
-		p, err := parse(l.path, data, l.limits)
-		if err != nil {
-			l.reject(err)
-			return
-		}
-		file, entries = p.file, p.entries
-	} else {
-		entries = file.Entries(l.limits)
-	}
-	var warnings []tables.ConfigWarning
-	if file != nil {
-		warnings = unknownKeyWarnings(l.path, file)
-	}
-	l.apply(file, entries, start, warnings, nil)
+	l.loadFiles(append([]string{l.path}, l.listDropIns()...))
 }
 
 // readConfigFile reads at most MaxFileSize bytes, refusing larger files
@@ -254,17 +188,12 @@ func (l *loader) currentStatus(txn statedb.ReadTxn) *tables.ConfigStatus {
 	return &c
 }
 
-// apply makes nonmasq-cidrs hold exactly entries, the rows of file (nil:
-// no file), in one transaction, touching only rows that change. warnings
-// are logged when they change, and kept in the status row; files are the
-// merged files, if several.
-func (l *loader) apply(file *File, entries []Entry, start time.Time, warnings []tables.ConfigWarning, files []string) {
-	l.applyMerged(file, entries, start, warnings, files, nil)
-}
-
-// applyMerged is apply that also records refused, the error of merged
-// files that were refused while the others are applied (nil: none), in
-// the same transaction.
+// applyMerged makes nonmasq-cidrs hold exactly entries, the rows of file
+// (nil: no file), in one transaction, touching only rows that change.
+// warnings are logged when they change, and kept in the status row; files
+// are the merged files, if several; refused is the error of files that
+// were refused while the others are applied (nil: none), recorded in the
+// same transaction.
 func (l *loader) applyMerged(file *File, entries []Entry, start time.Time, warnings []tables.ConfigWarning, files []string, refused error) {
 	wtxn := l.db.WriteTxn(l.cidrs, l.status, l.rules)
 	changed := l.applyRules(wtxn, file) + l.applyCIDRs(wtxn, entries)
@@ -286,7 +215,7 @@ func (l *loader) applyMerged(file *File, entries []Entry, start time.Time, warni
 	st.LastGoodLoad = time.Now()
 	st.Origin = tables.ConfigOriginDefaults
 	st.MasqueradeRules = 0
-	l.resync = DefaultResyncInterval
+	l.resync = l.defaultResync
 	if file != nil {
 		st.Origin = tables.ConfigOriginFile
 		st.MasqueradeRules = len(file.MasqueradeRules)
@@ -310,7 +239,6 @@ func (l *loader) applyMerged(file *File, entries []Entry, start time.Time, warni
 		st.Generation++
 	}
 	l.status.Insert(wtxn, st)
-	l.applied = st.Origin
 	if l.markInitialized != nil {
 		l.markInitialized(wtxn)
 		l.markInitialized = nil
@@ -459,19 +387,15 @@ func (l *loader) listDropIns() []string {
 	return out
 }
 
-// loadMerged reads the config file and the drop-ins beside it, and applies
-// their merge (merge.go). A file that is refused keeps its last good
-// content in the merge, or adds nothing when it never had one, and is
-// named in the status row, health, the log and the metrics until it is
-// fixed: the other files stay applied. Only when no file has good content
-// are the tables left as they are, as for the one file.
-func (l *loader) loadMerged(dropIns []string) {
+// loadFiles reads paths (the config file first, then the drop-ins) and
+// applies their merge. A file that is refused keeps its last good content
+// in the merge, or adds nothing when it never had one, and is named in the
+// status row, health, the log and the metrics until it is fixed: the other
+// files stay applied. When no file read now is good, the tables are left
+// as they are (reject). Absent files are skipped; with none, the defaults
+// apply.
+func (l *loader) loadFiles(paths []string) {
 	start := time.Now()
-	paths := append([]string{l.path}, dropIns...)
-	if l.dropIns == nil {
-		l.dropIns = map[string]*fileState{}
-		l.lastInput = ""
-	}
 	type read struct {
 		path  string
 		data  []byte
@@ -492,13 +416,18 @@ func (l *loader) loadMerged(dropIns []string) {
 			fmt.Fprintf(&all, "%s error %v\n", p, err)
 			continue
 		}
-		if st := l.dropIns[p]; len(bytes.TrimSpace(data)) == 0 && st != nil && st.good != nil && !isEmptyFile(st.good.file) {
-			// As for the one file: an in-place write truncates first.
+		if st := l.files[p]; len(bytes.TrimSpace(data)) == 0 && st != nil && st.good != nil && !isEmptyFile(st.good.file) {
+			// An in-place write truncates before it writes: give the
+			// writer a moment so a half-done save does not apply the
+			// defaults.
 			for range 2 {
 				time.Sleep(emptyFileSettle)
 				if data, err = readConfigFile(p); err != nil || len(bytes.TrimSpace(data)) > 0 {
 					break
 				}
+			}
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
 			}
 			if err != nil {
 				reads = append(reads, read{path: p, err: err})
@@ -510,6 +439,9 @@ func (l *loader) loadMerged(dropIns []string) {
 		reads = append(reads, read{path: p, data: data, input: in})
 		fmt.Fprintf(&all, "%s %s\n", p, in)
 	}
+	// Never empty, as lastInput is before the first load: no file at all
+	// is an input too (the defaults).
+	fmt.Fprintf(&all, "%d files", len(reads))
 	if all.String() == l.lastInput {
 		return
 	}
@@ -517,11 +449,12 @@ func (l *loader) loadMerged(dropIns []string) {
 
 	states := make(map[string]*fileState, len(reads))
 	var (
-		good []namedFile
-		errs []string
+		good    []namedFile
+		errs    []string
+		goodNow bool
 	)
 	for _, r := range reads {
-		st := l.dropIns[r.path]
+		st := l.files[r.path]
 		if st == nil {
 			st = &fileState{}
 		}
@@ -539,19 +472,20 @@ func (l *loader) loadMerged(dropIns []string) {
 		}
 		if st.err != nil {
 			errs = append(errs, st.err.Error())
+		} else {
+			goodNow = true
 		}
 		if st.good != nil {
 			good = append(good, namedFile{path: r.path, p: st.good})
 		}
 	}
-	l.dropIns = states
+	l.files = states
 
-	if len(good) == 0 {
-		if len(errs) == 0 { // every file went between the listing and the reads
-			l.lastInput = ""
-			l.apply(nil, (*File)(nil).Entries(l.limits), start, nil, nil)
-			return
-		}
+	switch {
+	case len(reads) == 0: // no file: the defaults
+		l.applyMerged(nil, (*File)(nil).Entries(l.limits), start, nil, nil, nil)
+		return
+	case !goodNow:
 		l.reject(errors.New(strings.Join(errs, "; ")))
 		return
 	}
@@ -560,15 +494,17 @@ func (l *loader) loadMerged(dropIns []string) {
 		l.reject(err)
 		return
 	}
-	names := make([]string, len(good))
-	for i, nf := range good {
-		names[i] = nf.path
+	var names []string
+	if len(good) > 1 {
+		for _, nf := range good {
+			names = append(names, filepath.Base(nf.path))
+		}
 	}
 	var refused error
 	if len(errs) > 0 {
 		refused = errors.New(strings.Join(errs, "; "))
 	}
-	l.applyMerged(file, entries, start, warnings, baseNames(names), refused)
+	l.applyMerged(file, entries, start, warnings, names, refused)
 }
 
 // isEmptyFile reports whether f sets nothing (the content was empty).

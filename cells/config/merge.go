@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -46,9 +45,10 @@ type namedFile struct {
 	p    *parsed
 }
 
-// merge combines the contents of several files, in name order, as
+// merge combines the contents of files, in name order, as
 // ip-masq-agent-v2 merges them, and returns the File, its entries and what
-// an operator should hear about:
+// an operator should hear about. One file is its own content, as parse
+// read it (with Limits.V2, v2's reading: no key, no defaults). Several:
 //
 //   - nonMasqueradeCIDRs: the union of every file's list. As in v2 the
 //     defaults apply only when there is no file at all: a file without the
@@ -63,6 +63,10 @@ type namedFile struct {
 // Each resolved disagreement, and each unknown key, is a warning naming the
 // files. The error is the merged map capacity being exceeded.
 func merge(files []namedFile, lim Limits) (*File, []Entry, []tables.ConfigWarning, error) {
+	if len(files) == 1 {
+		p := files[0].p
+		return p.file, p.entries, p.warnings, nil
+	}
 	f := &File{NonMasqueradeCIDRsSet: true, NonMasqueradeCIDRs: []netip.Prefix{}}
 	var warnings []tables.ConfigWarning
 	conflict := func(format string, args ...any) {
@@ -71,7 +75,7 @@ func merge(files []namedFile, lim Limits) (*File, []Entry, []tables.ConfigWarnin
 	names := make([]string, len(files))
 	for i, nf := range files {
 		names[i] = nf.path
-		warnings = append(warnings, unknownKeyWarnings(nf.path, nf.p.file)...)
+		warnings = append(warnings, nf.p.warnings...)
 	}
 
 	// nonMasqueradeCIDRs, and which file listed each first.
@@ -180,15 +184,6 @@ func unknownKeyWarnings(path string, f *File) []tables.ConfigWarning {
 		}
 		out = append(out, tables.ConfigWarning{Kind: tables.ConfigWarningUnknownKey,
 			Message: fmt.Sprintf("%s: unknown key %s ignored (%sknown keys: %s)", path, quote(k), hint, topLevelKeys)})
-	}
-	return out
-}
-
-// baseNames returns the base names of paths.
-func baseNames(paths []string) []string {
-	out := make([]string, len(paths))
-	for i, p := range paths {
-		out[i] = filepath.Base(p)
 	}
 	return out
 }

@@ -163,3 +163,67 @@ masqueradeRules:
 		}
 	}
 }
+
+// TestV2Decisions: with Limits.V2, files are read as ip-masq-agent-v2
+// reads them (cmd/ip-masq-agent-v2/ip-masq-agent.go at 45758a6: syncConfig
+// starts from EmptyMasqConfig and merges every ip-masq* file; the defaults
+// only when no file was added; cidrLimit is no field of its MasqConfig).
+func TestV2Decisions(t *testing.T) {
+	v1 := Limits{EnableIPv4: true, EnableIPv6: true}
+	v2 := v1
+	v2.V2 = true
+	entries := func(lim Limits, contents ...string) []string {
+		t.Helper()
+		var files []namedFile
+		for i, c := range contents {
+			p, err := parse(string(rune('a'+i)), []byte(c), lim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files = append(files, namedFile{path: string(rune('a' + i)), p: p})
+		}
+		_, es, _, err := merge(files, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range es {
+			out = append(out, e.Prefix.String())
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		lim      Limits
+		contents []string
+		want     string
+	}{
+		{"v1: a lone file without the key gets the defaults", v1, []string{"masqLinkLocalIPv6: true\n"}, "10.0.0.0/8 169.254.0.0/16 172.16.0.0/12 192.168.0.0/16"},
+		{"v2: a lone file without the key lists none", v2, []string{"masqLinkLocalIPv6: true\n"}, "169.254.0.0/16"},
+		{"v1: zero bytes is no file", v1, []string{""}, "10.0.0.0/8 169.254.0.0/16 172.16.0.0/12 192.168.0.0/16 fe80::/10"},
+		{"v2: zero bytes lists none", v2, []string{""}, "169.254.0.0/16 fe80::/10"},
+		{"v2: no file, the defaults", v2, nil, "10.0.0.0/8 169.254.0.0/16 172.16.0.0/12 192.168.0.0/16 fe80::/10"},
+		{"v2: union, link-local ORed", v2, []string{"nonMasqueradeCIDRs: [10.0.0.0/8]\n", "nonMasqueradeCIDRs: [1.0.0.0/8]\nmasqLinkLocal: true\n"}, "1.0.0.0/8 10.0.0.0/8 fe80::/10"},
+		{"v2: cidrLimit ignored", v2, []string{"cidrLimit: 0\nnonMasqueradeCIDRs: [10.0.0.0/8]\n"}, "10.0.0.0/8 169.254.0.0/16 fe80::/10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.contents == nil {
+				if got := strings.Join(prefixStrings((*File)(nil).Entries(tc.lim)), " "); got != tc.want {
+					t.Fatalf("got %s, want %s", got, tc.want)
+				}
+				return
+			}
+			if got := strings.Join(entries(tc.lim, tc.contents...), " "); got != tc.want {
+				t.Fatalf("got %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func prefixStrings(es []Entry) []string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Prefix.String())
+	}
+	return out
+}

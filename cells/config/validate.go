@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/ipmasq/ipmasq/tables"
 )
 
 func familyName(p netip.Addr) string {
@@ -88,49 +90,69 @@ func contains(sorted []netip.Prefix, p netip.Prefix) bool {
 	return ok
 }
 
-// validate checks raw and returns the File and its Entries(lim).
-func validate(path string, raw *rawFile, nonMasqSet bool, nonMasqRaw []string, lim Limits) (*File, []Entry, error) {
+// MinResyncInterval is the shortest refresh interval: a file's shorter
+// resyncInterval is raised to it, with a warning.
+const MinResyncInterval = time.Second
+
+// validate checks raw and returns the File, its Entries(lim) and warnings
+// about values taken otherwise than written.
+func validate(path string, raw *rawFile, nonMasqSet bool, nonMasqRaw []string, lim Limits) (*File, []Entry, []tables.ConfigWarning, error) {
 	f := &File{
 		NonMasqueradeCIDRsSet: nonMasqSet,
 		MasqLinkLocal:         raw.MasqLinkLocal != nil && *raw.MasqLinkLocal,
 		MasqLinkLocalIPv6:     raw.MasqLinkLocalIPv6 != nil && *raw.MasqLinkLocalIPv6,
 	}
+	var warnings []tables.ConfigWarning
 
 	if raw.ResyncInterval != nil {
 		s := *raw.ResyncInterval
 		d, err := time.ParseDuration(s)
 		switch {
 		case err != nil:
-			return nil, nil, fmt.Errorf("%s: resyncInterval: %s is not a duration (want e.g. 60s or 1m30s)", path, quote(s))
+			return nil, nil, nil, fmt.Errorf("%s: resyncInterval: %s is not a duration (want e.g. 60s or 1m30s)", path, quote(s))
 		case d <= 0:
-			return nil, nil, fmt.Errorf("%s: resyncInterval: %s must be greater than 0 (want e.g. 60s)", path, quote(s))
+			// The Kubernetes agent takes it and re-syncs without pause.
+			warnings = append(warnings, oddWarning("%s: resyncInterval: %s is not above 0; the Kubernetes agent then re-reads the file without pause, ipmasq re-reads it every --resync-interval (%s unless set; and at once on every change)",
+				path, quote(s), DefaultResyncInterval))
+		case d < MinResyncInterval:
+			warnings = append(warnings, oddWarning("%s: resyncInterval: %s is below %s; ipmasq re-reads the file every %s (and at once on every change)",
+				path, quote(s), MinResyncInterval, MinResyncInterval))
+			f.ResyncInterval = MinResyncInterval
+		default:
+			f.ResyncInterval = d
 		}
-		f.ResyncInterval = d
 	}
 
 	if raw.CIDRLimit != nil {
 		n := *raw.CIDRLimit
-		if n <= 0 {
-			return nil, nil, fmt.Errorf("%s: cidrLimit: %d must be greater than 0 (or leave cidrLimit out for no limit)", path, n)
-		}
-		f.CIDRLimit = n
-		if total := len(nonMasqRaw) + len(raw.MasqueradeCIDRs); total > n {
-			return nil, nil, fmt.Errorf("%s: nonMasqueradeCIDRs and masqueradeCIDRs list %d CIDRs, which exceeds cidrLimit %d (raise cidrLimit or remove entries)",
+		total := len(nonMasqRaw) + len(raw.MasqueradeCIDRs)
+		switch {
+		case lim.V2:
+			warnings = append(warnings, oddWarning("%s: cidrLimit: ignored, as ip-masq-agent-v2 ignores it", path))
+		case n < 0:
+			return nil, nil, nil, fmt.Errorf("%s: cidrLimit: %d is below 0, so not even an empty list fits (the Kubernetes agent refuses it too); leave cidrLimit out for no limit", path, n)
+		case total > n:
+			return nil, nil, nil, fmt.Errorf("%s: nonMasqueradeCIDRs and masqueradeCIDRs list %d CIDRs, which exceeds cidrLimit %d (raise cidrLimit or remove entries)",
 				path, total, n)
+		case n <= 0:
+			warnings = append(warnings, oddWarning("%s: cidrLimit: %d allows no CIDR in nonMasqueradeCIDRs; leave cidrLimit out for no limit", path, n))
+			fallthrough
+		default:
+			f.CIDRLimit = n
 		}
 	}
 
 	var err error
 	if nonMasqSet {
 		if f.NonMasqueradeCIDRs, err = parseCIDRList(path, keyNonMasq, nonMasqRaw, lim); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if f.NonMasqueradeCIDRs == nil {
 			f.NonMasqueradeCIDRs = []netip.Prefix{}
 		}
 	}
 	if f.MasqueradeCIDRs, err = parseCIDRList(path, keyMasq, raw.MasqueradeCIDRs, lim); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if len(f.NonMasqueradeCIDRs) > 0 {
 		for j, s := range raw.MasqueradeCIDRs {
@@ -142,18 +164,18 @@ func validate(path string, raw *rawFile, nonMasqSet bool, nonMasqRaw []string, l
 				q, err := netip.ParsePrefix(s)
 				return err == nil && q == p
 			})
-			return nil, nil, fmt.Errorf("%s: %s is listed in both %s[%d] and %s[%d]; a destination is either masqueraded or not, remove one",
+			return nil, nil, nil, fmt.Errorf("%s: %s is listed in both %s[%d] and %s[%d]; a destination is either masqueraded or not, remove one",
 				path, p, keyNonMasq, i, keyMasq, j)
 		}
 	}
 
 	entries := f.Entries(lim)
 	if err := checkCapacity(path, f, lim, entries); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 
 	if f.MasqueradeRules, err = parseRules(path, raw.MasqueradeRules, lim); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return f, entries, nil
+	return f, entries, warnings, nil
 }

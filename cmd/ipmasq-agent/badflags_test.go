@@ -20,6 +20,7 @@ var badValues = map[string]string{
 	"skip_headers": "maybe", "skip_log_headers": "maybe", "random-fully": "maybe", "version": "maybe",
 	"legacy_stderr_threshold_behavior": "maybe", "conntrack-handover": "maybe",
 	"enable-ipv4": "maybe", "enable-ipv6": "maybe", "masquerade-pod-cidrs-only": "maybe", "nat-keep-source-port": "maybe", "nomasq-all-reserved-ranges": "maybe",
+	"ip-masq-agent-v2": "maybe", "resync-interval": "60s",
 	"v": "x", "log_file_max_size": "-1", "stderrthreshold": "bogus", "alsologtostderrthreshold": "bogus",
 	"vmodule": "main", "log_backtrace_at": "main.go:x",
 	"egress-route-table": "x", "egress-rule-priority": "0", "max-nonmasq-cidrs": "0", "nat-max-entries": "x",

@@ -24,11 +24,11 @@ var (
 	configMasqRulesDesc = prometheus.NewDesc("ipmasq_config_masquerade_rules",
 		"masqueradeRules entries of the applied config.", nil, nil)
 	configWarningsDesc = prometheus.NewDesc("ipmasq_config_warnings",
-		"Warnings of the applied config, by kind: unknown-key (a key the format does not know, ignored) and conflict (merged files that disagree, resolved); the config/status command and the log name each.", []string{"kind"}, nil)
+		"Warnings of the applied config, by kind: unknown-key (a key the format does not know, ignored), conflict (merged files that disagree, resolved) and odd (content read as the Kubernetes agent reads it that most likely says something else: a repeated key, a second YAML document, resyncInterval 0s); the config/status command and the log name each.", []string{"kind"}, nil)
 )
 
 // configWarningKinds are the kinds ipmasq_config_warnings always has, 0 or not.
-var configWarningKinds = []tables.ConfigWarningKind{tables.ConfigWarningUnknownKey, tables.ConfigWarningConflict}
+var configWarningKinds = []tables.ConfigWarningKind{tables.ConfigWarningUnknownKey, tables.ConfigWarningConflict, tables.ConfigWarningOdd}
 
 // configCollector reads the ipmasq-config table at scrape time.
 type configCollector struct {

@@ -32,7 +32,7 @@
 //	ipmasq_config_nonmasq_prefixes{family}           gauge    ipv4, ipv6
 //	ipmasq_config_masquerade_prefixes                gauge    masqueradeCIDRs
 //	ipmasq_config_masquerade_rules                   gauge    masqueradeRules
-//	ipmasq_config_warnings{kind}                     gauge    unknown-key, conflict: warnings of the applied config
+//	ipmasq_config_warnings{kind}                     gauge    unknown-key, conflict, odd: warnings of the applied config
 //	ipmasq_nonmasq_map_entries{family}               gauge
 //	ipmasq_nonmasq_map_capacity{family}              gauge
 //	ipmasq_packets_total{family,device,direction,action}  counter  action: translated, passed, dropped; sums to every packet

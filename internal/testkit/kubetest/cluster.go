@@ -36,3 +36,16 @@ func UpstreamAgentBinary() (string, error) {
 	return toolbuild.BinaryEnv([]string{"CGO_ENABLED=0"}, "ip-masq-agent", "ip-masq-agent", UpstreamAgentVersion,
 		"./cmd/ip-masq-agent", "-trimpath", "-ldflags", "-X k8s.io/ip-masq-agent/pkg/version.Version="+UpstreamAgentVersion)
 }
+
+// UpstreamV2AgentVersion is the commit of Azure's ip-masq-agent-v2 kept in
+// tools/ip-masq-agent-v2 (git describe of Azure/ip-masq-agent-v2).
+const UpstreamV2AgentVersion = "v0.1.15-3-g45758a6"
+
+// UpstreamV2AgentBinary returns Azure's ip-masq-agent-v2
+// UpstreamV2AgentVersion (tools/ip-masq-agent-v2: its unmodified source,
+// its dependencies from the Go module proxy checked against its go.sum),
+// static, built into the user's cache directory the first time.
+func UpstreamV2AgentBinary() (string, error) {
+	return toolbuild.BinaryEnv([]string{"CGO_ENABLED=0"}, "ip-masq-agent-v2", "ip-masq-agent-v2", UpstreamV2AgentVersion,
+		"./cmd/ip-masq-agent-v2", "-trimpath", "-ldflags", "-X github.com/Azure/ip-masq-agent-v2/pkg/version.Version="+UpstreamV2AgentVersion)
+}

@@ -1,7 +1,7 @@
 // Command prebuild builds, once, every program the tests build from the
 // separate modules under tools/ (kube-apiserver, kubelet, kube-scheduler,
 // kube-controller-manager, kube-proxy, CoreDNS, the Kubernetes
-// ip-masq-agent, promtool) into the user's cache directory, as the tests
+// ip-masq-agent, ip-masq-agent-v2, promtool) into the user's cache directory, as the tests
 // themselves would on first use. `.ci/run` runs it before `make test`, so
 // that a cold machine's 20-odd minutes of building count against no test
 // binary's timeout:
@@ -28,6 +28,7 @@ func main() {
 		{"kube-proxy", func() error { _, err := kubetest.ProxyBinary(); return err }},
 		{"coredns", func() error { _, err := kubetest.CoreDNSBinary(); return err }},
 		{"ip-masq-agent", func() error { _, err := kubetest.UpstreamAgentBinary(); return err }},
+		{"ip-masq-agent-v2", func() error { _, err := kubetest.UpstreamV2AgentBinary(); return err }},
 		{"promtool", func() error { _, err := promtooltest.Binary(); return err }},
 	} {
 		begin := time.Now()
