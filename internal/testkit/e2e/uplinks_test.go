@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -80,18 +77,7 @@ func TestSecondUplink(t *testing.T) {
 		// masqueraded.
 		a = newAgent(t, topo.Node, "")
 		a.start()
-		eth1, err := topo.Node.NL.LinkByName("eth1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.waitFor("programs attached to eth1", func() bool {
-			for _, hook := range []string{"egress", "ingress"} {
-				if _, err := os.Stat(filepath.Join(a.bpfRoot, "ipmasq", "links", fmt.Sprintf("%d-%s", eth1.Attrs().Index, hook))); err != nil {
-					return false
-				}
-			}
-			return true
-		})
+		a.waitAttached("eth1")
 	}}
 	runEach(t, []masquerader{reference, ipmasq}, func(t *testing.T, topo *topology.Masquerade) {
 		if a == nil {
