@@ -13,10 +13,14 @@ REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS   := -X github.com/ipmasq/ipmasq/internal/buildinfo.version=$(VERSION) \
              -X github.com/ipmasq/ipmasq/internal/buildinfo.revision=$(REVISION)
 # The image: its reference (registry/repository:tag) and the tarball.
-# Unset, the reference is the one deploy/image/kustomization.yaml names,
-# so that `kubectl apply -k deploy/` runs what `make image` built.
+# Unset, the reference is the repository deploy/image/kustomization.yaml
+# names, tagged with VERSION (a dirty tree's with the image's digest too),
+# and make image sets that file's newTag to it: `kubectl apply -k deploy/`
+# runs what `make image` built, and a new build rolls the DaemonSet.
 IMAGE      ?=
 IMAGE_TAR  ?= $(BIN)/ipmasq-agent-image.tar
+# The kustomize component whose newTag a plain `make image` sets.
+DEPLOY_IMAGE ?= deploy/image/kustomization.yaml
 # The platforms of the image (the eBPF object is little-endian: both load it).
 IMAGE_ARCHS := amd64 arm64
 # Image files get the commit's time, so a commit builds the same image.
@@ -32,9 +36,10 @@ build:
 
 ## image: the agent's OCI image index for linux/amd64 and linux/arm64 (a
 ## static binary and nothing else), built without a container daemon, as
-## an OCI image layout tarball $(IMAGE_TAR) tagged as deploy/ names it
-## (deploy/image/kustomization.yaml): ctr -n k8s.io images import $(IMAGE_TAR)
-## Another reference: IMAGE=registry/repo:tag
+## an OCI image layout tarball $(IMAGE_TAR) tagged <deploy's repository>:$(VERSION)
+## (a dirty tree's tag ends in the image's digest), with newTag in
+## deploy/image/kustomization.yaml set to it: ctr -n k8s.io images import $(IMAGE_TAR)
+## Another reference (deploy/ left as it is): IMAGE=registry/repo:tag
 image:
 	for arch in $(IMAGE_ARCHS); do \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" \
@@ -42,7 +47,7 @@ image:
 	done
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./tools/mkimage \
 		$(foreach arch,$(IMAGE_ARCHS),--binary $(BIN)/image/linux-$(arch)/ipmasq-agent) \
-		$(if $(IMAGE),--image $(IMAGE)) --version $(VERSION) --output $(IMAGE_TAR)
+		$(if $(IMAGE),--image $(IMAGE),--deploy-image $(DEPLOY_IMAGE)) --version $(VERSION) --output $(IMAGE_TAR)
 
 ## push: build the image and push it, both platforms, to IMAGE=registry/repo:tag
 ## without a container daemon (credentials: ~/.docker/config.json)

@@ -26,6 +26,7 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/cilium/hive/cell"
 
@@ -570,7 +571,7 @@ func netnsCommands(h *netlink.Handle) map[string]script.Cmd {
 				return nil, setupEndpointRouting(h, ip, table)
 			}),
 		"netns/uplink": script.Command(
-			script.CmdUsage{Summary: "Give the test netns an uplink: veth <name> (peer <name>-peer) with the address and a default route via gw", Args: "name cidr gw"},
+			script.CmdUsage{Summary: "Give the test netns an uplink: veth <name> (peer <name>-peer) with the address and a default route via gw (- for none: the connected subnet is its only route)", Args: "name cidr gw|-"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
 				if len(args) != 3 {
 					return nil, script.ErrUsage
@@ -579,8 +580,8 @@ func netnsCommands(h *netlink.Handle) map[string]script.Cmd {
 			}),
 		"netns/addr":     addrCommand(h, "Add an address to a device in the test netns", h.AddrAdd),
 		"netns/addr-del": addrCommand(h, "Remove an address from a device in the test netns", h.AddrDel),
-		"netns/del-default-route": script.Command(
-			script.CmdUsage{Summary: "Delete the IPv4 default route of a device in the test netns", Args: "device"},
+		"netns/del-routes": script.Command(
+			script.CmdUsage{Summary: "Delete every main-table route through a device in the test netns (default and connected): nothing is forwarded through it", Args: "device"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {
 				if len(args) != 1 {
 					return nil, script.ErrUsage
@@ -589,15 +590,14 @@ func netnsCommands(h *netlink.Handle) map[string]script.Cmd {
 				if err != nil {
 					return nil, err
 				}
-				routes, err := h.RouteList(l, netlink.FAMILY_V4)
+				routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{LinkIndex: l.Attrs().Index, Table: unix.RT_TABLE_MAIN},
+					netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
 				if err != nil {
 					return nil, err
 				}
 				for _, r := range routes {
-					if r.Dst == nil || r.Dst.IP.IsUnspecified() {
-						if err := h.RouteDel(&r); err != nil {
-							return nil, err
-						}
+					if err := h.RouteDel(&r); err != nil {
+						return nil, fmt.Errorf("delete route %s: %w", r, err)
 					}
 				}
 				return nil, nil
@@ -641,9 +641,11 @@ func setupUplink(h *netlink.Handle, name, cidr, gw string) error {
 	if err != nil {
 		return err
 	}
-	gwAddr, err := netip.ParseAddr(gw)
-	if err != nil {
-		return err
+	var gwAddr netip.Addr
+	if gw != "-" {
+		if gwAddr, err = netip.ParseAddr(gw); err != nil {
+			return err
+		}
 	}
 	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "-peer"}); err != nil {
 		return fmt.Errorf("add veth %s: %w", name, err)
@@ -661,6 +663,9 @@ func setupUplink(h *netlink.Handle, name, cidr, gw string) error {
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: prefix.Addr().AsSlice(), Mask: net.CIDRMask(prefix.Bits(), prefix.Addr().BitLen())}}
 	if err := h.AddrAdd(l, addr); err != nil {
 		return err
+	}
+	if !gwAddr.IsValid() {
+		return nil // its connected subnet is its only route
 	}
 	return h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gwAddr.AsSlice()})
 }

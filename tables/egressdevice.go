@@ -44,9 +44,18 @@ type EgressDevice struct {
 	// leaves through it: it is never Selected and has no SNAT address.
 	Loopback bool `json:"loopback" yaml:"loopback"`
 	// Selected is true when traffic leaving through the device is
-	// masqueraded: it matches --devices or, without that flag, carries a
-	// default route. Never for loopback.
+	// masqueraded: it matches --devices or, without that flag, a forwarded
+	// packet can leave through it (a main-table route to a global
+	// destination: the default route, a route via a gateway, a connected
+	// subnet) and it is not one of the pods' own interfaces. Never for
+	// loopback.
 	Selected bool `json:"selected" yaml:"selected"`
+	// Reason says why the device is selected ("default route",
+	// "route 192.0.2.0/24 via 10.1.0.1", "route 10.1.0.0/24",
+	// "--devices eth+"), or why a device with routes is not ("pod gateway
+	// (10.244.1.1 in pod CIDR 10.244.1.0/24)", "port of br0"). Empty for a
+	// device that nothing leaves through.
+	Reason string `json:"reason,omitempty" yaml:"reason,omitempty"`
 	// Addresses are all the device's addresses, of every scope, sorted.
 	Addresses []netip.Addr `json:"addresses" yaml:"addresses"`
 	// SNATv4 is the address IPv4 traffic is masqueraded to: the device's
@@ -71,13 +80,13 @@ func (d *EgressDevice) SNAT(f Family) netip.Addr {
 func (d *EgressDevice) Equal(o *EgressDevice) bool {
 	return d.Index == o.Index && d.Name == o.Name && d.Up == o.Up && d.Ethernet == o.Ethernet && d.L3 == o.L3 &&
 		d.Loopback == o.Loopback &&
-		d.Selected == o.Selected && d.SNATv4 == o.SNATv4 && d.SNATv6 == o.SNATv6 &&
+		d.Selected == o.Selected && d.Reason == o.Reason && d.SNATv4 == o.SNATv4 && d.SNATv6 == o.SNATv6 &&
 		slices.Equal(d.Addresses, o.Addresses)
 }
 
 // TableHeader implements statedb.TableWritable.
 func (d *EgressDevice) TableHeader() []string {
-	return []string{"Name", "Index", "Up", "Ethernet", "L3", "Loopback", "Selected", "Addresses", "SNATv4", "SNATv6"}
+	return []string{"Name", "Index", "Up", "Ethernet", "L3", "Loopback", "Selected", "Addresses", "SNATv4", "SNATv6", "Reason"}
 }
 
 // TableRow implements statedb.TableWritable. A missing SNAT address is an
@@ -90,6 +99,7 @@ func (d *EgressDevice) TableRow() []string {
 	return []string{
 		d.Name, strconv.Itoa(d.Index), strconv.FormatBool(d.Up), strconv.FormatBool(d.Ethernet), strconv.FormatBool(d.L3),
 		strconv.FormatBool(d.Loopback), strconv.FormatBool(d.Selected), strings.Join(addrs, ","), addrString(d.SNATv4), addrString(d.SNATv6),
+		d.Reason,
 	}
 }
 

@@ -12,10 +12,10 @@ func TestEgressDeviceTableRow(t *testing.T) {
 	d := &EgressDevice{
 		Index: 2, Name: "eth0", Up: true, Ethernet: true, Selected: true,
 		Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("2001:db8::5")},
-		SNATv4:    netip.MustParseAddr("10.0.0.5"),
+		SNATv4:    netip.MustParseAddr("10.0.0.5"), Reason: "default route",
 	}
 	got := d.TableRow()
-	want := []string{"eth0", "2", "true", "true", "false", "false", "true", "10.0.0.5,2001:db8::5", "10.0.0.5", ""}
+	want := []string{"eth0", "2", "true", "true", "false", "false", "true", "10.0.0.5,2001:db8::5", "10.0.0.5", "", "default route"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("TableRow() = %q, want %q", got, want)
 	}

@@ -15,7 +15,8 @@ import (
 // Config is the devices cell's command-line configuration.
 type Config struct {
 	// Devices are the interface names or "prefix+" patterns of the devices
-	// that masquerade; empty selects the devices with a default route.
+	// that masquerade; empty selects every device a forwarded packet can
+	// leave through (a route in the main table), the pods' own excepted.
 	Devices []string `mapstructure:"devices"`
 }
 
@@ -23,7 +24,7 @@ type Config struct {
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.StringSlice("devices", def.Devices,
 		"Devices to masquerade on: interface names or name prefixes ending in + (e.g. eth+); "+
-			"empty selects the devices that carry a default route")
+			"empty selects every device the node forwards through (a default route, a route via a gateway or a connected subnet in the main table), never the pods' own interfaces")
 }
 
 // Netns is the network namespace whose devices the cell lists. Without one
@@ -56,6 +57,9 @@ type watcherParams struct {
 	DB     *statedb.DB
 	Config Config
 	Netns  *Netns `optional:"true"`
+	// PodCIDRs, when the hive has them, tell the pods' gateways apart
+	// from the uplinks.
+	PodCIDRs statedb.Table[*tables.PodCIDR] `optional:"true"`
 }
 
 // newWatcherFromParams checks --devices and creates the table, uninitialized
@@ -69,7 +73,7 @@ func newWatcherFromParams(p watcherParams) (*watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newWatcher(p.Log, p.DB, tbl, sel, p.Netns), nil
+	return newWatcher(p.Log, p.DB, tbl, sel, p.Netns, p.PodCIDRs), nil
 }
 
 func registerWatcher(w *watcher, jobs job.Registry, health cell.Health, log *slog.Logger) {

@@ -218,7 +218,8 @@ func setupEth0(t *testing.T, nl *netlink.Handle) netlink.Link {
 }
 
 // TestDefaultRouteDevices follows a node through device and route changes
-// without --devices: the devices with a default route are selected.
+// without --devices: the devices with a route the node forwards through
+// are selected.
 func TestDefaultRouteDevices(t *testing.T) {
 	ns, nl := newNetns(t)
 	eth0 := setupEth0(t, nl)
@@ -242,7 +243,8 @@ func TestDefaultRouteDevices(t *testing.T) {
 		"eth0": {selected: yes()},
 	})
 
-	// 3. An IPv6 default route selects too.
+	// 3. An IPv6 address (its connected subnet) and default route select
+	// too.
 	addAddr(t, nl, eth1, "2001:db8:1::5/64")
 	if err := nl.RouteAdd(defaultRoute(eth1, "2001:db8:1::1")); err != nil {
 		t.Fatalf("add IPv6 default route: %v", err)
@@ -252,9 +254,26 @@ func TestDefaultRouteDevices(t *testing.T) {
 		"eth0": {selected: yes()},
 	})
 
-	// 4. Without its default route, eth0 is deselected.
+	// 4. Without its default route eth0 is still selected by its
+	// connected subnets; without those too, it is deselected.
 	if err := nl.RouteDel(defaultRoute(eth0, "10.0.0.1")); err != nil {
 		t.Fatalf("delete default route: %v", err)
+	}
+	f.expect("eth0 still selected by its subnets", map[string]*want{
+		"eth0": {selected: yes(), snatv4: addr("10.0.0.5")},
+		"eth1": {selected: yes()},
+	})
+	routes, err := nl.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{LinkIndex: eth0.Attrs().Index, Table: unix.RT_TABLE_MAIN},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.IP.IsGlobalUnicast() {
+			if err := nl.RouteDel(&r); err != nil {
+				t.Fatalf("delete eth0's route %s: %v", r.Dst, err)
+			}
+		}
 	}
 	f.expect("eth0 deselected", map[string]*want{
 		"eth0": {selected: no(), snatv4: addr("10.0.0.5")},

@@ -11,13 +11,18 @@ import (
 	"github.com/ipmasq/ipmasq/tables"
 )
 
-// snapshot is one complete netlink dump.
+// snapshot is one complete netlink dump, with the pod CIDRs known when it
+// was taken.
 type snapshot struct {
 	links []netlink.Link
 	addrs []netlink.Addr
-	// defaultRoutes are the indexes of the links that carry a main-table
-	// default route; nil when --devices is set (routes are not dumped).
-	defaultRoutes map[int]struct{}
+	// routes are the main table's unicast routes; nil when --devices is
+	// set (routes are not dumped).
+	routes []netlink.Route
+	// podPools are the node's own pod CIDRs (--pod-cidr, the Node's
+	// spec.podCIDRs): a device holding an address in one is the pods'
+	// gateway, a pod interface.
+	podPools []netip.Prefix
 }
 
 // portMatch is a device that --devices names but that cannot be selected
@@ -32,6 +37,10 @@ func desired(s snapshot, sel *selector) (map[int]*tables.EgressDevice, []portMat
 	byIndex := make(map[int]netlink.Link, len(s.links))
 	for _, l := range s.links {
 		byIndex[l.Attrs().Index] = l
+	}
+	var reasons map[int]coverage
+	if sel == nil {
+		reasons = routeCoverage(s.routes, byIndex)
 	}
 	rows := make(map[int]*tables.EgressDevice, len(s.links))
 	names := make(map[string]struct{}, len(s.links))
@@ -59,12 +68,17 @@ func desired(s snapshot, sel *selector) (map[int]*tables.EgressDevice, []portMat
 			// picks it): nothing leaves through it, so it is never
 			// selected.
 		case sel == nil:
-			_, d.Selected = s.defaultRoutes[a.Index]
+			if c, ok := reasons[a.Index]; ok {
+				d.Selected, d.Reason = true, c.reason
+			}
 		default:
-			d.Selected = sel.matches(a.Name)
+			if p := sel.match(a.Name); p != "" {
+				d.Selected, d.Reason = true, "--devices "+p
+			}
 		}
 		if master, ok := byIndex[a.MasterIndex]; ok && d.Selected && isL2Master(master) {
 			d.Selected = false
+			d.Reason = "port of " + master.Attrs().Name
 			if sel != nil {
 				ports = append(ports, portMatch{name: a.Name, master: master.Attrs().Name})
 			}
@@ -72,7 +86,120 @@ func desired(s snapshot, sel *selector) (map[int]*tables.EgressDevice, []portMat
 		rows[a.Index] = d
 	}
 	addAddresses(rows, s.addrs)
+	if sel == nil {
+		excludePodGateways(rows, reasons, s.podPools)
+	}
 	return rows, ports
+}
+
+// coverage is why a device carries traffic the node forwards: the best
+// of its routes.
+type coverage struct {
+	reason string
+	// rank orders the reasons: a default route (0) before a route through
+	// a gateway (1) before a connected route (2).
+	rank int
+}
+
+// routeCoverage finds, from the main table's routes, the devices a
+// forwarded packet can leave through, each with its best reason: every
+// device with a route to a global unicast destination, the default route
+// included, but for a route to a single address without a gateway on a
+// veth, which is a routed CNI's route to one of its pods (Calico, the
+// bridge-less ptp plugin, AWS's VPC CNI). Link-local destinations
+// (fe80::/64 is on every device) select nothing.
+func routeCoverage(routes []netlink.Route, links map[int]netlink.Link) map[int]coverage {
+	out := make(map[int]coverage)
+	note := func(index int, c coverage) {
+		if index <= 0 {
+			return
+		}
+		if prev, ok := out[index]; !ok || c.rank < prev.rank {
+			out[index] = c
+		}
+	}
+	for _, r := range routes {
+		if r.Table != unix.RT_TABLE_MAIN || r.Type != unix.RTN_UNICAST {
+			continue
+		}
+		dst, isDefault := routeDst(r)
+		if !isDefault && (!dst.IsValid() || !dst.Addr().IsGlobalUnicast()) {
+			continue
+		}
+		hops := []*netlink.NexthopInfo{{LinkIndex: r.LinkIndex, Gw: r.Gw}}
+		if len(r.MultiPath) > 0 {
+			hops = r.MultiPath
+		}
+		for _, h := range hops {
+			switch {
+			case isDefault:
+				note(h.LinkIndex, coverage{reason: "default route", rank: 0})
+			case h.Gw != nil:
+				note(h.LinkIndex, coverage{reason: "route " + dst.String() + " via " + h.Gw.String(), rank: 1})
+			case dst.IsSingleIP() && isVeth(links[h.LinkIndex]):
+				// a route to one pod through its veth
+			default:
+				note(h.LinkIndex, coverage{reason: "route " + dst.String(), rank: 2})
+			}
+		}
+	}
+	return out
+}
+
+// excludePodGateways deselects the devices that hold an address in one of
+// the node's pod CIDRs: the pods' gateway (a bridge CNI's cni0 or cbr0,
+// the ptp plugin's host-side veths, Cilium's cilium_host). Traffic leaving
+// through them goes to the node's own pods. A device with a default route
+// is never one: a pod CIDR given too wide must not stop the uplink's
+// masquerading.
+func excludePodGateways(rows map[int]*tables.EgressDevice, reasons map[int]coverage, pools []netip.Prefix) {
+	if len(pools) == 0 {
+		return
+	}
+	for _, d := range rows {
+		if !d.Selected || reasons[d.Index].rank == 0 {
+			continue
+		}
+		for _, a := range d.Addresses {
+			if i := slices.IndexFunc(pools, func(p netip.Prefix) bool { return p.Contains(a) }); i >= 0 {
+				d.Selected = false
+				d.Reason = "pod gateway (" + a.String() + " in pod CIDR " + pools[i].String() + ")"
+				break
+			}
+		}
+	}
+}
+
+// routeDst returns a route's destination and whether it is a default
+// route. netlink reports a default route's destination as nil or as the
+// zero prefix, depending on the version.
+func routeDst(r netlink.Route) (netip.Prefix, bool) {
+	if r.Dst == nil {
+		return netip.Prefix{}, true
+	}
+	ip, ok := netip.AddrFromSlice(r.Dst.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := r.Dst.Mask.Size()
+	p := netip.PrefixFrom(ip.Unmap(), ones)
+	return p, ones == 0
+}
+
+// routeMatters reports whether a route can change which devices are
+// covered: a main-table unicast route to a global unicast destination
+// (IsGlobalUnicast: not link-local, multicast, loopback or unspecified;
+// private ranges included).
+func routeMatters(r netlink.Route) bool {
+	if r.Table != unix.RT_TABLE_MAIN || r.Type != unix.RTN_UNICAST {
+		return false
+	}
+	dst, isDefault := routeDst(r)
+	return isDefault || (dst.IsValid() && dst.Addr().IsGlobalUnicast())
+}
+
+func isVeth(l netlink.Link) bool {
+	return l != nil && l.Type() == "veth"
 }
 
 // isL3 reports whether packets on link start at the network header, where
@@ -147,31 +274,4 @@ func isPrimaryV4(a netlink.Addr) bool {
 func isStableV6(a netlink.Addr) bool {
 	const unusable = unix.IFA_F_TENTATIVE | unix.IFA_F_DADFAILED | unix.IFA_F_DEPRECATED | unix.IFA_F_TEMPORARY
 	return a.Scope == unix.RT_SCOPE_UNIVERSE && a.Flags&unusable == 0
-}
-
-// isDefaultRoute reports whether r is a unicast default route in the main
-// table. netlink reports a default route's destination as nil or as the
-// zero prefix, depending on the version.
-func isDefaultRoute(r netlink.Route) bool {
-	if r.Table != unix.RT_TABLE_MAIN || r.Type != unix.RTN_UNICAST {
-		return false
-	}
-	if r.Dst == nil {
-		return true
-	}
-	ones, _ := r.Dst.Mask.Size()
-	return ones == 0
-}
-
-// addRouteLinks records the devices a default route leaves through: its
-// own device, or each hop's of a multipath route.
-func addRouteLinks(links map[int]struct{}, r netlink.Route) {
-	if r.LinkIndex > 0 {
-		links[r.LinkIndex] = struct{}{}
-	}
-	for _, hop := range r.MultiPath {
-		if hop.LinkIndex > 0 {
-			links[hop.LinkIndex] = struct{}{}
-		}
-	}
 }

@@ -2,6 +2,7 @@ package devices
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -66,7 +67,7 @@ func TestSNATAddresses(t *testing.T) {
 		},
 	}
 	// lo carries the default route here: it is still never selected.
-	snap.defaultRoutes = map[int]struct{}{1: {}}
+	snap.routes = []netlink.Route{defaultVia(1)}
 	rows, _ := desired(snap, nil)
 	check := func(index int, v4, v6 string, addrs ...string) {
 		t.Helper()
@@ -141,18 +142,18 @@ func TestSelection(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		patterns []string
-		defaults map[int]struct{}
+		routes   []netlink.Route
 		want     []string
 		ports    []portMatch
 	}{
-		{name: "default routes", defaults: map[int]struct{}{3: {}, 8: {}}, want: []string{"eth1", "eth3"}},
-		{name: "no default route", defaults: map[int]struct{}{}, want: nil},
-		{name: "default route on a bridge port", defaults: map[int]struct{}{5: {}, 6: {}}, want: []string{"br0"}},
+		{name: "default routes", routes: []netlink.Route{defaultVia(3), defaultVia(8)}, want: []string{"eth1", "eth3"}},
+		{name: "no route", routes: []netlink.Route{}, want: nil},
+		{name: "default route on a bridge port", routes: []netlink.Route{defaultVia(5), defaultVia(6)}, want: []string{"br0"}},
 		{name: "names", patterns: []string{"eth0", "ens5"}, want: []string{"ens5", "eth0"}},
 		{name: "prefix", patterns: []string{"eth+"}, want: []string{"eth0", "eth1", "eth3"},
 			ports: []portMatch{{name: "eth2", master: "br0"}}},
 		{name: "name and prefix", patterns: []string{"br0", "en+"}, want: []string{"br0", "ens5"}},
-		{name: "pattern ignores default routes", patterns: []string{"ens5"}, defaults: map[int]struct{}{2: {}},
+		{name: "pattern ignores routes", patterns: []string{"ens5"}, routes: []netlink.Route{defaultVia(2)},
 			want: []string{"ens5"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -160,7 +161,7 @@ func TestSelection(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rows, ports := desired(snapshot{links: links, defaultRoutes: tc.defaults}, sel)
+			rows, ports := desired(snapshot{links: links, routes: tc.routes}, sel)
 			if got := selectedNames(rows); !slices.Equal(got, tc.want) {
 				t.Errorf("selected %v, want %v", got, tc.want)
 			}
@@ -174,42 +175,138 @@ func TestSelection(t *testing.T) {
 	}
 }
 
-func TestDefaultRoutes(t *testing.T) {
-	prefix := func(s string) *net.IPNet {
-		_, n, err := net.ParseCIDR(s)
-		if err != nil {
-			panic(err)
-		}
-		return n
+func prefix(s string) *net.IPNet {
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		panic(err)
 	}
+	return n
+}
+
+func defaultVia(index int) netlink.Route {
+	return netlink.Route{Table: unix.RT_TABLE_MAIN, Type: unix.RTN_UNICAST, LinkIndex: index, Gw: net.ParseIP("10.0.0.1")}
+}
+
+// TestRouteCoverage: which routes make their devices egress devices, and
+// the reason each device is given.
+func TestRouteCoverage(t *testing.T) {
 	main, uni := unix.RT_TABLE_MAIN, unix.RT_TABLE_UNSPEC
+	links := map[int]netlink.Link{
+		2: link(2, "eth0", 0),
+		3: &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: 3, Name: "eth1"}},
+		4: link(4, "cali1", 0),
+	}
 	for _, tc := range []struct {
 		name  string
 		route netlink.Route
-		want  []int
+		want  map[int]string
 	}{
-		{"nil destination", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2}, []int{2}},
-		{"0.0.0.0/0", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("0.0.0.0/0")}, []int{2}},
-		{"::/0", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 3, Dst: prefix("::/0")}, []int{3}},
+		{"nil destination", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2}, map[int]string{2: "default route"}},
+		{"0.0.0.0/0", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("0.0.0.0/0")}, map[int]string{2: "default route"}},
+		{"::/0", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 3, Dst: prefix("::/0")}, map[int]string{3: "default route"}},
 		{"multipath", netlink.Route{Table: main, Type: unix.RTN_UNICAST, MultiPath: []*netlink.NexthopInfo{
-			{LinkIndex: 2}, {LinkIndex: 4}}}, []int{2, 4}},
-		{"not default", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("10.0.0.0/8")}, nil},
-		{"other table", netlink.Route{Table: 100, Type: unix.RTN_UNICAST, LinkIndex: 2}, nil},
-		{"unspecified table", netlink.Route{Table: uni, Type: unix.RTN_UNICAST, LinkIndex: 2}, nil},
-		{"unreachable", netlink.Route{Table: main, Type: unix.RTN_UNREACHABLE, LinkIndex: 1, Dst: prefix("::/0")}, nil},
+			{LinkIndex: 2}, {LinkIndex: 4}}}, map[int]string{2: "default route", 4: "default route"}},
+		{"via a gateway", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 3, Dst: prefix("192.0.2.0/24"), Gw: net.ParseIP("10.1.0.1")},
+			map[int]string{3: "route 192.0.2.0/24 via 10.1.0.1"}},
+		{"multipath via gateways", netlink.Route{Table: main, Type: unix.RTN_UNICAST, Dst: prefix("2001:db8:7::/48"), MultiPath: []*netlink.NexthopInfo{
+			{LinkIndex: 2, Gw: net.ParseIP("2001:db8::1")}, {LinkIndex: 3, Gw: net.ParseIP("2001:db8:1::1")}}},
+			map[int]string{2: "route 2001:db8:7::/48 via 2001:db8::1", 3: "route 2001:db8:7::/48 via 2001:db8:1::1"}},
+		{"connected", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 3, Dst: prefix("10.1.0.0/24")}, map[int]string{3: "route 10.1.0.0/24"}},
+		{"private", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 3, Dst: prefix("fd00:6::/64")}, map[int]string{3: "route fd00:6::/64"}},
+		// A routed CNI's route to one pod, through its veth.
+		{"host route on a veth", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 4, Dst: prefix("10.244.1.5/32")}, map[int]string{}},
+		{"host route on a veth, IPv6", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 4, Dst: prefix("fd00:244::5/128")}, map[int]string{}},
+		// A point-to-point peer (not a veth) is an uplink.
+		{"host route elsewhere", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 3, Dst: prefix("10.9.0.1/32")}, map[int]string{3: "route 10.9.0.1/32"}},
+		{"host route via a gateway on a veth", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 4, Dst: prefix("192.0.2.9/32"), Gw: net.ParseIP("10.0.0.1")},
+			map[int]string{4: "route 192.0.2.9/32 via 10.0.0.1"}},
+		{"link-local", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 4, Dst: prefix("fe80::/64")}, map[int]string{}},
+		{"link-local v4", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("169.254.0.0/16")}, map[int]string{}},
+		{"multicast", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("ff00::/8")}, map[int]string{}},
+		{"other table", netlink.Route{Table: 100, Type: unix.RTN_UNICAST, LinkIndex: 2}, map[int]string{}},
+		{"unspecified table", netlink.Route{Table: uni, Type: unix.RTN_UNICAST, LinkIndex: 2}, map[int]string{}},
+		{"unreachable", netlink.Route{Table: main, Type: unix.RTN_UNREACHABLE, LinkIndex: 1, Dst: prefix("::/0")}, map[int]string{}},
 	} {
-		links := map[int]struct{}{}
-		if isDefaultRoute(tc.route) {
-			addRouteLinks(links, tc.route)
+		got := map[int]string{}
+		for i, c := range routeCoverage([]netlink.Route{tc.route}, links) {
+			got[i] = c.reason
 		}
-		var got []int
-		for i := range links {
-			got = append(got, i)
+		if !maps.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
-		slices.Sort(got)
-		if !slices.Equal(got, tc.want) {
-			t.Errorf("%s: links %v, want %v", tc.name, got, tc.want)
+		if routeMatters(tc.route) != (len(tc.want) > 0 || tc.name == "host route on a veth" || tc.name == "host route on a veth, IPv6") {
+			t.Errorf("%s: routeMatters %v", tc.name, routeMatters(tc.route))
 		}
+	}
+
+	// The best reason wins, whatever the order of the routes.
+	routes := []netlink.Route{
+		{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("10.0.0.0/24")},
+		{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("192.0.2.0/24"), Gw: net.ParseIP("10.0.0.9")},
+		{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 3, Dst: prefix("10.1.0.0/24")},
+		{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 3, Dst: prefix("198.51.100.0/24"), Gw: net.ParseIP("10.1.0.1")},
+		defaultVia(2),
+	}
+	got := map[int]string{}
+	for i, c := range routeCoverage(routes, links) {
+		got[i] = c.reason
+	}
+	if want := map[int]string{2: "default route", 3: "route 198.51.100.0/24 via 10.1.0.1"}; !maps.Equal(got, want) {
+		t.Errorf("best reasons %v, want %v", got, want)
+	}
+}
+
+// TestPodGateways: a device holding an address in one of the node's pod
+// CIDRs (a bridge CNI's cni0, the ptp plugin's host-side veth) is a pod
+// interface, never selected; a device with a default route always is.
+func TestPodGateways(t *testing.T) {
+	snap := snapshot{
+		links: []netlink.Link{
+			link(2, "eth0", 0),
+			&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Index: 3, Name: "cni0", EncapType: "ether"}},
+			link(4, "veth1", 3),
+			link(5, "eth1", 0),
+		},
+		addrs: []netlink.Addr{
+			addr(2, "10.0.0.5/24", global, 0),
+			addr(3, "10.244.1.1/24", global, 0),
+			addr(5, "10.1.0.5/24", global, 0),
+		},
+		routes: []netlink.Route{
+			defaultVia(2),
+			{Table: unix.RT_TABLE_MAIN, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("10.0.0.0/24")},
+			{Table: unix.RT_TABLE_MAIN, Type: unix.RTN_UNICAST, LinkIndex: 3, Dst: prefix("10.244.1.0/24")},
+			{Table: unix.RT_TABLE_MAIN, Type: unix.RTN_UNICAST, LinkIndex: 5, Dst: prefix("10.1.0.0/24")},
+		},
+	}
+	reasons := func(rows map[int]*tables.EgressDevice) map[string]string {
+		out := map[string]string{}
+		for _, d := range rows {
+			out[fmt.Sprintf("%s %v", d.Name, d.Selected)] = d.Reason
+		}
+		return out
+	}
+	// Without a known pod CIDR the bridge is an uplink like any other.
+	rows, _ := desired(snap, nil)
+	want := map[string]string{"eth0 true": "default route", "cni0 true": "route 10.244.1.0/24", "veth1 false": "", "eth1 true": "route 10.1.0.0/24"}
+	if got := reasons(rows); !maps.Equal(got, want) {
+		t.Errorf("no pod CIDR: %v, want %v", got, want)
+	}
+	// A pod CIDR that covers the uplink's address too (given too wide)
+	// does not deselect the device with the default route.
+	snap.podPools = []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("10.0.0.0/16")}
+	rows, _ = desired(snap, nil)
+	want = map[string]string{"eth0 true": "default route", "cni0 false": "pod gateway (10.244.1.1 in pod CIDR 10.244.1.0/24)",
+		"veth1 false": "", "eth1 true": "route 10.1.0.0/24"}
+	if got := reasons(rows); !maps.Equal(got, want) {
+		t.Errorf("pod CIDRs: %v, want %v", got, want)
+	}
+	// --devices decides alone.
+	sel, _ := parseSelector([]string{"cni0", "eth+"})
+	rows, _ = desired(snap, sel)
+	want = map[string]string{"eth0 true": "--devices eth+", "cni0 true": "--devices cni0", "veth1 false": "", "eth1 true": "--devices eth+"}
+	if got := reasons(rows); !maps.Equal(got, want) {
+		t.Errorf("--devices: %v, want %v", got, want)
 	}
 }
 
@@ -230,9 +327,9 @@ func TestParseSelector(t *testing.T) {
 		}
 	}
 	sel, _ := parseSelector([]string{"eth0", "ens+"})
-	for name, want := range map[string]bool{"eth0": true, "eth01": false, "ens": true, "ens5": true, "eth1": false} {
-		if sel.matches(name) != want {
-			t.Errorf("matches(%q) = %v, want %v", name, !want, want)
+	for name, want := range map[string]string{"eth0": "eth0", "eth01": "", "ens": "ens+", "ens5": "ens+", "eth1": ""} {
+		if got := sel.match(name); got != want {
+			t.Errorf("match(%q) = %q, want %q", name, got, want)
 		}
 	}
 }

@@ -4,14 +4,14 @@
 //
 // The flow is one way:
 //
-//	netlink (links, addresses, default routes)
+//	netlink (links, addresses, main-table routes) + table pod-cidrs
 //	  ──▶ devices cell ──▶ table egress-devices ──▶ datapath-tables ──▶ tc-attach ──▶ tc programs, device maps
 //
 // The cell subscribes to link, address and route notifications, but uses
 // them only as a trigger: after a short quiet period (a burst of events,
 // e.g. a device coming up with several addresses, costs one pass) it dumps
-// links, addresses and main-table default routes afresh and rewrites the
-// rows that differ. A lost notification therefore cannot leave the table
+// links, addresses and main-table routes afresh and rewrites the rows that
+// differ; a change of the pod CIDRs triggers a pass too. A lost notification therefore cannot leave the table
 // wrong for longer than the next event, and a subscription that fails (a
 // socket buffer overflow ends it) is re-opened and followed by a full dump.
 // The table is marked initialized after the first complete dump, so a
@@ -25,8 +25,20 @@
 //
 //   - with --devices, the devices whose name is listed or starts with a
 //     listed prefix ("eth+" selects eth0, eth1, ...);
-//   - without it, the devices that carry a default route (IPv4 or IPv6) in
-//     the main table, including each hop of a multipath default route.
+//   - without it, every device a forwarded packet can leave through, as
+//     the upstream agent's POSTROUTING rule (no -o) covers every device:
+//     the devices with a main-table unicast route to a global destination
+//     (a default route, IPv4 or IPv6, each hop of a multipath route; a
+//     route via a gateway; a connected subnet). Never the pods' own
+//     interfaces: a route to a single address without a gateway on a veth
+//     (a routed CNI's route to one pod) does not count, and a device
+//     holding an address in one of the node's pod CIDRs (the pods'
+//     gateway: a bridge CNI's cni0, the ptp plugin's veths) is not
+//     selected, unless it has a default route.
+//
+// Reason says why a device is selected ("default route", "route
+// 192.0.2.0/24 via 10.1.0.1", "route 10.1.0.0/24", "--devices eth+") or
+// why a device with routes is not ("pod gateway (...)", "port of br0").
 //
 // A port of a bridge, bond or team is never selected, even when --devices
 // names it: its packets are routed, and masqueraded, on the master device,

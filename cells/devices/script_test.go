@@ -20,6 +20,7 @@ import (
 
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/internal/testkit/netnstest"
+	"github.com/ipmasq/ipmasq/tables"
 )
 
 // TestScript runs testdata/*.txtar: each script gets a devices cell
@@ -31,7 +32,10 @@ func TestScript(t *testing.T) {
 
 func newEngine(t testing.TB, args []string) *script.Engine {
 	ns, nl := newNetns(t.(*testing.T))
-	h := hive.New(statedb.Cell, job.Cell, cell.SimpleHealthCell, devices.Cell, netnstest.Devices(ns))
+	h := hive.New(statedb.Cell, job.Cell, cell.SimpleHealthCell, devices.Cell, netnstest.Devices(ns),
+		// The pod CIDRs the agent knows (db/insert pod-cidrs): they tell
+		// the pods' gateways from the uplinks.
+		cell.Provide(tables.NewPodCIDRTable, statedb.RWTable[*tables.PodCIDR].ToTable))
 	flags := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	h.RegisterFlags(flags)
 	if err := flags.Parse(args); err != nil {
@@ -103,7 +107,44 @@ func netnsCommands(nl *netlink.Handle) map[string]script.Cmd {
 				return nil, op(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw})
 			})
 	}
+	// routeArgs parses "device destination [gateway]" ("default" for the
+	// default route) into a main-table route.
+	routeArgs := func(args []string) (*netlink.Route, error) {
+		if len(args) != 2 && len(args) != 3 {
+			return nil, script.ErrUsage
+		}
+		l, err := link(args[0])
+		if err != nil {
+			return nil, err
+		}
+		r := &netlink.Route{LinkIndex: l.Attrs().Index}
+		if args[1] != "default" {
+			if _, r.Dst, err = net.ParseCIDR(args[1]); err != nil {
+				return nil, err
+			}
+		}
+		if len(args) == 3 {
+			if r.Gw = net.ParseIP(args[2]); r.Gw == nil {
+				return nil, fmt.Errorf("bad gateway %q", args[2])
+			}
+		} else {
+			r.Scope = netlink.SCOPE_LINK
+		}
+		return r, nil
+	}
+	routeCmd2 := func(summary string, op func(*netlink.Route) error) script.Cmd {
+		return script.Command(script.CmdUsage{Summary: summary, Args: "device destination|default [gateway]"},
+			func(s *script.State, args ...string) (script.WaitFunc, error) {
+				r, err := routeArgs(args)
+				if err != nil {
+					return nil, err
+				}
+				return nil, op(r)
+			})
+	}
 	return map[string]script.Cmd{
+		"route/add": routeCmd2("Add a main-table route through a device (without gateway: scope link)", nl.RouteAdd),
+		"route/del": routeCmd2("Delete a main-table route", nl.RouteDel),
 		"link/add-veth": script.Command(
 			script.CmdUsage{Summary: "Add an up veth pair, without IPv6 link-local addresses (so tables are stable)", Args: "name peer"},
 			func(s *script.State, args ...string) (script.WaitFunc, error) {

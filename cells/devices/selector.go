@@ -10,7 +10,7 @@ import (
 const maxNameLen = 15
 
 // selector decides which devices masquerade. A nil selector means "the
-// devices that carry a default route".
+// devices a forwarded packet can leave through" (see routeCoverage).
 type selector struct {
 	patterns []string
 	names    map[string]struct{}
@@ -18,7 +18,7 @@ type selector struct {
 }
 
 // parseSelector checks the --devices patterns; none gives the nil
-// (default-route) selector.
+// (every uplink) selector.
 func parseSelector(patterns []string) (*selector, error) {
 	if len(patterns) == 0 {
 		return nil, nil
@@ -64,23 +64,23 @@ func checkName(name string, isPrefix bool) error {
 	return nil
 }
 
-// matches reports whether the device name is listed or starts with a listed
-// prefix.
-func (s *selector) matches(name string) bool {
+// match returns the pattern that selects the device name (the name
+// itself, or a "prefix+" pattern), "" for none.
+func (s *selector) match(name string) string {
 	if _, ok := s.names[name]; ok {
-		return true
+		return name
 	}
 	for _, p := range s.prefixes {
 		if strings.HasPrefix(name, p) {
-			return true
+			return p + "+"
 		}
 	}
-	return false
+	return ""
 }
 
 func (s *selector) String() string {
 	if s == nil {
-		return "devices with a default route"
+		return "devices with a route the node forwards through"
 	}
 	return "--devices=" + strings.Join(s.patterns, ",")
 }

@@ -47,6 +47,11 @@ type watcher struct {
 	table statedb.RWTable[*tables.EgressDevice]
 	sel   *selector
 	ns    *Netns
+	// podCIDRs is the pod-cidrs table, nil when the hive has none; its
+	// pools mark the pods' gateways (see excludePodGateways).
+	podCIDRs statedb.Table[*tables.PodCIDR]
+	// podCIDRsChanged closes when pod-cidrs changes after the last dump.
+	podCIDRsChanged <-chan struct{}
 
 	// markInitialized marks the table initialized; nil once done.
 	markInitialized func(statedb.WriteTxn)
@@ -56,8 +61,9 @@ type watcher struct {
 	lastSelected string
 }
 
-func newWatcher(log *slog.Logger, db *statedb.DB, table statedb.RWTable[*tables.EgressDevice], sel *selector, ns *Netns) *watcher {
-	w := &watcher{log: log, db: db, table: table, sel: sel, ns: ns, lastSelected: "-"}
+func newWatcher(log *slog.Logger, db *statedb.DB, table statedb.RWTable[*tables.EgressDevice], sel *selector, ns *Netns,
+	podCIDRs statedb.Table[*tables.PodCIDR]) *watcher {
+	w := &watcher{log: log, db: db, table: table, sel: sel, ns: ns, podCIDRs: podCIDRs, lastSelected: "-"}
 	wtxn := db.WriteTxn(table)
 	w.markInitialized = table.RegisterInitializer(wtxn, initializerName)
 	wtxn.Commit()
@@ -139,10 +145,14 @@ func (w *watcher) watch(ctx context.Context, health cell.Health) (synced bool, e
 				return synced, subs.ended("route")
 			}
 			// A node with a full routing table sends many route events;
-			// only default routes select devices.
-			if isDefaultRoute(u.Route) {
+			// only main-table routes to global destinations select
+			// devices.
+			if routeMatters(u.Route) {
 				trigger()
 			}
+		case <-w.podCIDRsChanged:
+			w.podCIDRsChanged = nil
+			trigger()
 		case <-timer.C:
 			pending = false
 			if err := w.sync(h, health); err != nil {
@@ -264,10 +274,30 @@ func (w *watcher) sync(h *netlink.Handle, health cell.Health) error {
 	if err != nil {
 		return err
 	}
+	snap.podPools = w.podPools()
 	want, ports := desired(snap, w.sel)
 	changed := w.write(want)
 	w.report(ports, health, changed)
 	return nil
+}
+
+// podPools returns the node's own pod CIDRs (not --cluster-cidr, which
+// spans every node) and arms podCIDRsChanged. It does not wait for the
+// table's initialization: the devices are listed at once, and listed again
+// when the pools arrive.
+func (w *watcher) podPools() []netip.Prefix {
+	if w.podCIDRs == nil || w.sel != nil {
+		return nil
+	}
+	rows, changed := w.podCIDRs.AllWatch(w.db.ReadTxn())
+	w.podCIDRsChanged = changed
+	var pools []netip.Prefix
+	for c := range rows {
+		if c.IsPool() {
+			pools = append(pools, c.Prefix)
+		}
+	}
+	return pools
 }
 
 // dump takes a snapshot, retrying when the kernel interrupted a dump.
@@ -294,11 +324,11 @@ func dumpOnce(h *netlink.Handle, withRoutes bool) (snapshot, error) {
 	}
 	s := snapshot{links: links, addrs: addrs}
 	if withRoutes {
-		s.defaultRoutes = make(map[int]struct{})
+		s.routes = []netlink.Route{}
 		err := h.RouteListFilteredIter(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE,
 			func(r netlink.Route) bool {
-				if isDefaultRoute(r) {
-					addRouteLinks(s.defaultRoutes, r)
+				if routeMatters(r) {
+					s.routes = append(s.routes, r)
 				}
 				return true
 			})

@@ -17,7 +17,7 @@ func TestWriteSwappedNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newWatcher(slog.New(slog.DiscardHandler), db, tbl, nil, nil)
+	w := newWatcher(slog.New(slog.DiscardHandler), db, tbl, nil, nil, nil)
 	if init, _ := tbl.Initialized(db.ReadTxn()); init {
 		t.Fatal("table initialized before the first dump")
 	}

@@ -149,6 +149,6 @@ func (w *watcher) write(rows []*tables.NetfilterNATRule) {
 		w.Log.Info("No netfilter NAT rule decides before ipmasq any more")
 		return
 	}
-	w.Log.Warn("Netfilter NAT rules decide before ipmasq: traffic they translate never reaches its decision; remove them (docs/migrate.md). ipmasq does not edit netfilter",
+	w.Log.Warn("Netfilter NAT rules decide before ipmasq: traffic they translate never reaches its decision; remove them once every node is ready (docs/migrate.md). ipmasq does not edit netfilter",
 		"rules", summary)
 }

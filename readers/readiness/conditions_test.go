@@ -2,6 +2,7 @@ package readiness
 
 import (
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -28,19 +29,45 @@ func TestConditions(t *testing.T) {
 		{"rejected edit, last good kept", func() (Condition, bool) {
 			return configCondition([]*tables.ConfigStatus{{Path: "/etc/x", Origin: tables.ConfigOriginFile, LastError: "bad"}})
 		}, ""},
-		{"no device", func() (Condition, bool) { return datapathCondition(nil) }, "datapath: no egress device is selected"},
+		{"no device", func() (Condition, bool) { return datapathCondition(nil, nil) }, "datapath: no egress device is selected"},
 		{"none attached", func() (Condition, bool) {
 			return datapathCondition([]*tables.DatapathDevice{
-				{Name: "eth1", Status: reconciler.StatusError(errors.New("refused"))},
-				{Name: "eth0", Status: reconciler.StatusPending()},
-			})
-		}, "datapath: the masquerade programs are attached to none of the selected devices: eth0 (pending), eth1 (refused)"},
-		{"one attached", func() (Condition, bool) {
+				{Index: 3, Name: "eth1", Status: reconciler.StatusError(errors.New("refused"))},
+				{Index: 2, Name: "eth0", Status: reconciler.StatusPending()},
+			}, nil)
+		}, "datapath: the masquerade programs are not attached to every selected device, traffic leaving through these is not masqueraded: eth0 (pending), eth1 (refused)"},
+		// One uplink without the programs is one uplink whose pods'
+		// traffic leaves unmasqueraded.
+		{"one of two attached", func() (Condition, bool) {
 			return datapathCondition([]*tables.DatapathDevice{
-				{Name: "eth1", Status: reconciler.StatusError(errors.New("refused"))},
-				{Name: "eth0", Status: reconciler.StatusDone()},
+				{Index: 3, Name: "eth1", Status: reconciler.StatusError(errors.New("refused"))},
+				{Index: 2, Name: "eth0", Status: reconciler.StatusDone()},
+			}, nil)
+		}, "not attached to every selected device, traffic leaving through these is not masqueraded: eth1 (refused)"},
+		{"all attached", func() (Condition, bool) {
+			return datapathCondition([]*tables.DatapathDevice{
+				{Index: 3, Name: "eth1", Status: reconciler.StatusDone()},
+				{Index: 2, Name: "eth0", Status: reconciler.StatusDone()},
+			}, []*tables.EgressDevice{{Index: 2, Name: "eth0"}, {Index: 3, Name: "eth1"}})
+		}, ""},
+		// Selected, but its datapath row not derived yet.
+		{"selected device not in the datapath yet", func() (Condition, bool) {
+			return datapathCondition([]*tables.DatapathDevice{
+				{Index: 2, Name: "eth0", Status: reconciler.StatusDone()},
+			}, []*tables.EgressDevice{{Index: 2, Name: "eth0"}, {Index: 4, Name: "eth2"}})
+		}, ": eth2 (pending)"},
+		{"sources not derived", func() (Condition, bool) { return sourcesCondition(false, nil) }, "sources: the masquerade sources are not known yet"},
+		{"every source", func() (Condition, bool) {
+			return sourcesCondition(true, []*tables.MasqueradeSource{
+				{Prefix: netip.MustParsePrefix("0.0.0.0/0"), Masquerade: true, Origin: tables.OriginEverySource},
+				{Prefix: netip.MustParsePrefix("10.0.0.5/32"), Origin: tables.OriginNodeAddress},
 			})
 		}, ""},
+		{"pod CIDRs only, none known", func() (Condition, bool) {
+			return sourcesCondition(true, []*tables.MasqueradeSource{
+				{Prefix: netip.MustParsePrefix("192.168.6.0/24"), Rules: true, Origin: tables.OriginMasqueradeRule},
+			})
+		}, "sources: no source is masqueraded: --masquerade-pod-cidrs-only and no pod CIDR is known"},
 		{"no Kubernetes", func() (Condition, bool) { return nodeCondition(nil) }, ""},
 		{"Node read", func() (Condition, bool) {
 			return nodeCondition([]*tables.KubernetesNode{{Name: "n1", State: tables.NodeRead}})

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/statedb/reconciler"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/readers/readiness"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
 )
@@ -44,6 +45,7 @@ type sources struct {
 	NATSize   tables.NATSizing                            `optional:"true"`
 	Netfilter statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
 	Handover  statedb.Table[*tables.Handover]             `optional:"true"`
+	Readiness *readiness.Checker                          `optional:"true"`
 }
 
 func commands(s sources) hive.ScriptCmdsOut {
@@ -84,11 +86,22 @@ func (s sources) summary() string {
 	fmt.Fprintf(&b, "Prefixes:   %d IPv4 and %d IPv6 no-masquerade, %d masquerade exceptions (map capacity %d per family); %s\n",
 		v4, v6, masq, s.Agent.MaxNonMasqCIDRs, reconciled(statusesOf(s.CIDRs, txn, (*tables.NonMasqCIDR).GetStatus)))
 
+	var notReady []readiness.Condition
+	if s.Readiness != nil {
+		notReady = s.Readiness.NotReady()
+		if len(notReady) == 0 {
+			fmt.Fprintf(&b, "Readiness:  ready\n")
+		} else {
+			fmt.Fprintf(&b, "Readiness:  NOT READY: %s\n", joinConditions(notReady))
+		}
+	}
 	if s.Devices != nil {
+		// Each selected device with why: an operator checks that every
+		// uplink is there, and that no pod interface is.
 		var sel []string
 		for d := range s.Devices.All(txn) {
 			if d.Selected {
-				sel = append(sel, fmt.Sprintf("%s (%s)", d.Name, joinAddrs(d.SNATv4, d.SNATv6)))
+				sel = append(sel, fmt.Sprintf("%s (%s; %s)", d.Name, joinAddrs(d.SNATv4, d.SNATv6), d.Reason))
 			}
 		}
 		fmt.Fprintf(&b, "Devices:    selected %s\n", orNone(strings.Join(sel, ", ")))
@@ -107,8 +120,13 @@ func (s sources) summary() string {
 	if s.Netfilter != nil {
 		if rows := tables.NetfilterNATRules(s.Netfilter.All(txn)); len(rows) == 0 {
 			fmt.Fprintf(&b, "Netfilter:  no NAT rule decides before ipmasq\n")
+		} else if s.Readiness != nil && len(notReady) > 0 {
+			// The old rules may be all that masquerades this node's pods:
+			// removing them now would send their traffic out unmasqueraded.
+			fmt.Fprintf(&b, "Netfilter:  %d NAT rule(s) decide before ipmasq; keep them, this node is not ready (see Readiness; docs/migrate.md): %s\n",
+				len(rows), tables.DescribeNetfilterNATRules(rows))
 		} else {
-			fmt.Fprintf(&b, "Netfilter:  %d NAT rule(s) decide before ipmasq, remove them (docs/migrate.md): %s\n",
+			fmt.Fprintf(&b, "Netfilter:  %d NAT rule(s) decide before ipmasq, remove them once every node is ready (docs/migrate.md): %s\n",
 				len(rows), tables.DescribeNetfilterNATRules(rows))
 		}
 	}
@@ -180,6 +198,14 @@ func (s sources) writeConfig(b *strings.Builder, txn statedb.ReadTxn) {
 			fmt.Fprintf(b, "Warning:    %s: %s\n", w.Kind, w.Message)
 		}
 	}
+}
+
+func joinConditions(conds []readiness.Condition) string {
+	s := make([]string, len(conds))
+	for i, c := range conds {
+		s[i] = c.String()
+	}
+	return strings.Join(s, "; ")
 }
 
 func statusesOf[T any](tbl statedb.Table[T], txn statedb.ReadTxn, get func(T) reconciler.Status) (done, pending, failed int) {

@@ -13,8 +13,13 @@
 //	    --binary bin/image/linux-arm64/ipmasq-agent --version v0.1.0 \
 //	    --output bin/ipmasq-agent-image.tar
 //
-// Without --image the reference is the one deploy/image/kustomization.yaml
-// names, so that `kubectl apply -k deploy/` runs what `make image` built.
+// Without --image the reference is the repository deploy/image/kustomization.yaml
+// names with the version as its tag, and that file's newTag is rewritten to
+// it, so that `kubectl apply -k deploy/` runs what `make image` built and a
+// new build rolls the DaemonSet (a new tag is a new pod template). A
+// version that does not name one content (a dirty tree, no git) gets the
+// first 12 hex digits of the image index's digest appended: two builds
+// never share a tag.
 //
 // Push: the index of such a tarball to a registry, with the credentials of
 // ~/.docker/config.json (docker login, or a credential helper it names):
@@ -81,8 +86,12 @@ type options struct {
 	// library.
 	binaries []string
 	// ref is the image reference the tarball carries (repository:tag),
-	// the name a runtime gives the image when it imports it.
+	// the name a runtime gives the image when it imports it; empty: the
+	// deploy component's repository with tagFor(version), written back
+	// into deployFile.
 	ref string
+	// deployFile is the kustomize component naming the image for deploy/.
+	deployFile string
 	// version goes into the images' org.opencontainers.image.version label.
 	version string
 	// output is the OCI layout tarball to write.
@@ -116,11 +125,10 @@ func buildMain(args []string) error {
 	fl := flag.NewFlagSet("mkimage", flag.ContinueOnError)
 	var o options
 	var binaries multiFlag
-	var deployFile string
 	fl.Var(&binaries, "binary", "static ipmasq-agent binary (CGO_ENABLED=0) to put in the image; once per architecture (amd64, arm64)")
-	fl.StringVar(&o.ref, "image", "", "image reference (repository:tag) recorded in the tarball (default: the one --deploy-image names)")
-	fl.StringVar(&deployFile, "deploy-image", DeployImageFile, "the kustomize component whose images: entry names the default reference")
-	fl.StringVar(&o.version, "version", "", "version for the images' org.opencontainers.image.version label (default: the reference's tag)")
+	fl.StringVar(&o.ref, "image", "", "image reference (repository:tag) recorded in the tarball (default: --deploy-image's repository, tagged with --version, and that file's newTag set to it)")
+	fl.StringVar(&o.deployFile, "deploy-image", DeployImageFile, "the kustomize component whose images: entry names the default repository; its newTag is rewritten when --image is not given")
+	fl.StringVar(&o.version, "version", "", "version for the images' org.opencontainers.image.version label and, without --image, their tag (default: the reference's tag)")
 	fl.StringVar(&o.output, "output", "bin/ipmasq-agent-image.tar", "OCI image layout tarball to write")
 	if err := fl.Parse(args); err != nil {
 		return err
@@ -129,12 +137,8 @@ func buildMain(args []string) error {
 		return fmt.Errorf("unexpected arguments %q", fl.Args())
 	}
 	o.binaries = binaries
-	if o.ref == "" {
-		ref, err := deployReference(deployFile)
-		if err != nil {
-			return err
-		}
-		o.ref = ref
+	if o.ref == "" && o.version == "" {
+		return errors.New("give --version (the tag deploy/ gets) or --image")
 	}
 	created, err := sourceDateEpoch(os.Getenv("SOURCE_DATE_EPOCH"))
 	if err != nil {
@@ -145,8 +149,41 @@ func buildMain(args []string) error {
 	if err != nil {
 		return err
 	}
+	if o.ref == "" {
+		// write tagged it as the deploy component now says
+		if o.ref, err = deployReference(o.deployFile); err != nil {
+			return err
+		}
+		fmt.Printf("%s: newTag set: kubectl apply -k deploy/ runs this build\n", o.deployFile)
+	}
 	fmt.Printf("wrote %s: image %s (index %s)\n", o.output, o.ref, digest)
 	return nil
+}
+
+// tagFor is the tag a build of version gets: the version itself (git
+// describe's output is a valid tag), or, when it names no one content (a
+// dirty tree: "-dirty"; no git: "unknown" or empty), the version followed
+// by the first 12 hex digits of the index digest, so that re-importing a
+// new build never keeps a tag the node already has.
+func tagFor(version string, digest v1.Hash) string {
+	var b strings.Builder
+	for _, r := range version {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '.', r == '-':
+			b.WriteRune(r)
+		default:
+			b.WriteRune('-')
+		}
+	}
+	tag := strings.TrimLeft(b.String(), ".-")
+	if tag == "" || tag == "unknown" || strings.HasSuffix(tag, "-dirty") {
+		tag = strings.TrimSuffix(tag+"-"+digest.Hex[:12], "-")
+		tag = strings.TrimLeft(tag, "-")
+	}
+	if len(tag) > 128 { // the longest tag a registry takes
+		tag = tag[len(tag)-128:]
+	}
+	return tag
 }
 
 func pushMain(args []string) error {
@@ -185,51 +222,117 @@ func sourceDateEpoch(s string) (time.Time, error) {
 	return time.Unix(sec, 0).UTC(), nil
 }
 
+// deployImage is the one images: entry of the kustomize component file.
+type deployImage struct {
+	Name    string `json:"name"`
+	NewName string `json:"newName"`
+	NewTag  string `json:"newTag"`
+	Digest  string `json:"digest"`
+}
+
+func readDeployImage(file string) (deployImage, []byte, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return deployImage{}, nil, fmt.Errorf("the default image reference: %w (run from the repository's root, or give --image)", err)
+	}
+	var component struct {
+		Images []deployImage `json:"images"`
+	}
+	if err := yaml.Unmarshal(data, &component); err != nil {
+		return deployImage{}, nil, fmt.Errorf("%s: %w", file, err)
+	}
+	if len(component.Images) != 1 {
+		return deployImage{}, nil, fmt.Errorf("%s: %d images: entries, want one", file, len(component.Images))
+	}
+	img := component.Images[0]
+	if img.NewTag == "" || img.Digest != "" {
+		return deployImage{}, nil, fmt.Errorf("%s: images: entry %q: want newTag (a tag make image can write), got newTag %q, digest %q", file, img.Name, img.NewTag, img.Digest)
+	}
+	return img, data, nil
+}
+
 // deployReference is the reference (newName:newTag) of the one images:
 // entry of the kustomize component file.
 func deployReference(file string) (string, error) {
-	data, err := os.ReadFile(file)
+	img, _, err := readDeployImage(file)
 	if err != nil {
-		return "", fmt.Errorf("the default image reference: %w (run from the repository's root, or give --image)", err)
+		return "", err
 	}
-	var component struct {
-		Images []struct {
-			Name    string `json:"name"`
-			NewName string `json:"newName"`
-			NewTag  string `json:"newTag"`
-			Digest  string `json:"digest"`
-		} `json:"images"`
+	return img.repository() + ":" + img.NewTag, nil
+}
+
+func (img deployImage) repository() string {
+	if img.NewName != "" {
+		return img.NewName
 	}
-	if err := yaml.Unmarshal(data, &component); err != nil {
-		return "", fmt.Errorf("%s: %w", file, err)
+	return img.Name
+}
+
+// setDeployTag rewrites the newTag line of the component file to tag,
+// leaving every other line (the comments) as it is; it returns the
+// repository the entry names.
+func setDeployTag(file, tag string) (string, error) {
+	img, data, err := readDeployImage(file)
+	if err != nil {
+		return "", err
 	}
-	if len(component.Images) != 1 {
-		return "", fmt.Errorf("%s: %d images: entries, want one", file, len(component.Images))
+	lines := strings.Split(string(data), "\n")
+	n := 0
+	for i, l := range lines {
+		trimmed := strings.TrimSpace(l)
+		if strings.HasPrefix(trimmed, "newTag:") {
+			lines[i] = l[:len(l)-len(strings.TrimLeft(l, " "))] + "newTag: " + strconv.Quote(tag)
+			n++
+		}
 	}
-	img := component.Images[0]
-	repo := img.NewName
-	if repo == "" {
-		repo = img.Name
+	if n != 1 {
+		return "", fmt.Errorf("%s: %d newTag: lines, want one", file, n)
 	}
-	if img.NewTag == "" || img.Digest != "" {
-		return "", fmt.Errorf("%s: images: entry %q: want newTag (a tag make image can write), got newTag %q, digest %q", file, img.Name, img.NewTag, img.Digest)
+	tmp := file + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strings.Join(lines, "\n")), 0o644); err != nil {
+		return "", err
 	}
-	return repo + ":" + img.NewTag, nil
+	if err := os.Rename(tmp, file); err != nil {
+		return "", err
+	}
+	return img.repository(), nil
 }
 
 // write builds the image index and writes it as an OCI layout tarball
 // naming it o.ref; it returns the index's digest.
 func write(o options) (v1.Hash, error) {
-	tag, err := name.NewTag(o.ref, name.StrictValidation)
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("--image %q: want repository:tag, e.g. ghcr.io/ipmasq/ipmasq-agent:v0.1.0: %w", o.ref, err)
-	}
-	if o.version == "" {
-		o.version = tag.TagStr()
+	var tag name.Tag
+	if o.ref != "" {
+		var err error
+		if tag, err = name.NewTag(o.ref, name.StrictValidation); err != nil {
+			return v1.Hash{}, fmt.Errorf("--image %q: want repository:tag, e.g. ghcr.io/ipmasq/ipmasq-agent:v0.1.0: %w", o.ref, err)
+		}
+		if o.version == "" {
+			o.version = tag.TagStr()
+		}
+	} else if _, _, err := readDeployImage(o.deployFile); err != nil {
+		return v1.Hash{}, err // before the build: a bad file costs nothing
 	}
 	idx, err := buildIndex(o)
 	if err != nil {
 		return v1.Hash{}, err
+	}
+	digest, err := idx.Digest()
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	if o.ref == "" {
+		// The index's digest does not depend on the name: the tag can
+		// carry it.
+		t := tagFor(o.version, digest)
+		repo, err := setDeployTag(o.deployFile, t)
+		if err != nil {
+			return v1.Hash{}, err
+		}
+		if tag, err = name.NewTag(repo+":"+t, name.StrictValidation); err != nil {
+			return v1.Hash{}, fmt.Errorf("%s: %w", o.deployFile, err)
+		}
+		o.ref = tag.String()
 	}
 	if err := os.MkdirAll(filepath.Dir(o.output), 0o755); err != nil {
 		return v1.Hash{}, err

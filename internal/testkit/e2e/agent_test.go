@@ -144,14 +144,22 @@ func (a *agent) startProcess() {
 func (a *agent) start() {
 	a.t.Helper()
 	a.startProcess()
-	eth0, err := a.node.NL.LinkByName("eth0")
+	a.waitAttached("eth0")
+}
+
+// waitAttached waits until the programs are attached to the node's device
+// dev (both hooks): tcx links pinned, or with --tc-attach-mode=clsact,
+// filters on the device.
+func (a *agent) waitAttached(dev string) {
+	a.t.Helper()
+	l, err := a.node.NL.LinkByName(dev)
 	if err != nil {
 		a.t.Fatal(err)
 	}
 	if slices.Contains(a.args, "--tc-attach-mode=clsact") {
-		a.waitFor("clsact filters on eth0", func() bool {
+		a.waitFor("clsact filters on "+dev, func() bool {
 			for _, parent := range []uint32{netlink.HANDLE_MIN_EGRESS, netlink.HANDLE_MIN_INGRESS} {
-				if fs, err := a.node.NL.FilterList(eth0, parent); err != nil || len(fs) == 0 {
+				if fs, err := a.node.NL.FilterList(l, parent); err != nil || len(fs) == 0 {
 					return false
 				}
 			}
@@ -160,9 +168,9 @@ func (a *agent) start() {
 		return
 	}
 	links := filepath.Join(a.bpfRoot, "ipmasq", "links")
-	a.waitFor("programs attached to eth0", func() bool {
+	a.waitFor("programs attached to "+dev, func() bool {
 		for _, hook := range []string{"egress", "ingress"} {
-			if _, err := os.Stat(filepath.Join(links, fmt.Sprintf("%d-%s", eth0.Attrs().Index, hook))); err != nil {
+			if _, err := os.Stat(filepath.Join(links, fmt.Sprintf("%d-%s", l.Attrs().Index, hook))); err != nil {
 				return false
 			}
 		}

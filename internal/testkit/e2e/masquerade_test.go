@@ -263,7 +263,7 @@ func TestStatusAndShell(t *testing.T) {
 	if err != nil {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
-	for _, want := range []string{"Config:", "generation 1", "Devices:    selected eth0 (10.0.0.5, 2001:db8::5)",
+	for _, want := range []string{"Config:", "generation 1", "Devices:    selected eth0 (10.0.0.5, 2001:db8::5; default route)\n", "Readiness:  ready\n",
 		"Datapath:   attached to eth0 [Done]"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("status lacks %q:\n%s", want, out)

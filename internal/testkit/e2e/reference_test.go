@@ -96,6 +96,12 @@ func underBoth(t *testing.T, spec setupSpec, fn func(t *testing.T, s *scenario))
 			if _, err := topo.AddTunnelClient(); err != nil {
 				t.Fatal(err)
 			}
+			if a != nil {
+				// wg0's subnet is a route the node forwards through: the
+				// programs come to it too. A flow in flight as they attach
+				// has no inbound record for its replies: start after.
+				a.waitAttached("wg0")
+			}
 		}
 		s.ext = startServers(t, topo.Ext, topology.ExtIP4, topology.ExtIP6, topology.RemoteIP4, topology.RemoteIP6)
 		if spec.podAddressesOnWire {

@@ -36,6 +36,10 @@ func rulesSetup(t *testing.T, config string, routeBack bool, agentArgs ...string
 	a := newAgent(t, topo.Node, config)
 	a.args = agentArgs
 	a.start()
+	// wg0's subnet is a route the node forwards through: it gets the
+	// programs too, and a flow in flight as they attach would have no
+	// inbound record for its replies.
+	a.waitAttached("wg0")
 	return topo, a, ext
 }
 
@@ -94,8 +98,8 @@ func TestRuleNotInForce(t *testing.T) {
 }
 
 // TestRuleDeviceAppearsLater: a rule for eth1 written before eth1 exists
-// takes effect when it appears, and eth1 gets the programs although no
-// default route selects it.
+// takes effect when it appears (eth1 gets the programs, for the rule and
+// for its subnet's route).
 func TestRuleDeviceAppearsLater(t *testing.T) {
 	topo, a, _ := rulesSetup(t, "nonMasqueradeCIDRs: []\nmasqueradeRules:\n  - name: wg-eth1\n    sources: [192.168.6.0/24]\n    outInterfaces: [eth1]\n", false)
 	a.waitRuleSources(0)

@@ -139,8 +139,13 @@ func (c *cluster) logs() {
 
 // buildImages builds the pause and pod images as docker archives, and the
 // agent's with `make image` (as an operator does; IMAGE=agentImage unless
-// empty).
+// empty). Empty, the image gets the reference deploy/image/kustomization.yaml
+// names, given as IMAGE: plain `make image` would set that file's newTag
+// to the checkout's version, editing the tree under test.
 func (c *cluster) buildImages(agentImage string) []string {
+	if agentImage == "" {
+		agentImage = defaultImage(c.t)
+	}
 	bin := filepath.Join(c.dir, "bin")
 	prog := goBuild(c.t, bin, "github.com/ipmasq/ipmasq/internal/testkit/nodee2e/podprog")
 	pause, pod, agent := filepath.Join(c.dir, "pause.tar"), filepath.Join(c.dir, "pod.tar"), filepath.Join(c.dir, "agent.tar")
