@@ -107,24 +107,37 @@ func TestUpstreamAcceptedFilesEndToEnd(t *testing.T) {
 
 // TestIPMasqAgentV2FilesEndToEnd: with ip-masq-agent-v2's flags
 // (--ip-masq-agent-v2 --resync-interval=60) and its folder as
-// deploy/azure-v2 projects it (the cluster's file without
-// nonMasqueradeCIDRs, AKS's reconciled file with some; no file
-// ip-masq-agent), ipmasq decides for the pod's flows as the real v2 agent
-// does with the same files under Linux MASQUERADE: the reconciled CIDRs
-// are not masqueraded, the RFC 1918 defaults are not applied (ext's
-// 10.0.0.2 is masqueraded), and the files' masqLinkLocal is or-ed.
+// deploy/azure-v2 projects it (no file ip-masq-agent; the cluster's file
+// ip-masq-agent-user, AKS's ip-masq-agent-reconciled), ipmasq decides for
+// the pod's flows as the real v2 agent does with the same files under
+// Linux MASQUERADE.
 func TestIPMasqAgentV2FilesEndToEnd(t *testing.T) {
-	runAgainstRealAgent(t, realAgentCase{
-		name: "ip-masq-agent-v2",
-		files: map[string]string{
-			"ip-masq-agent-user":       "masqLinkLocal: true\n",
-			"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [203.0.113.0/24, 2001:db8:ff::/64]\nmasqLinkLocal: false\n",
+	for _, c := range []realAgentCase{
+		{
+			// The reconciled CIDRs are not masqueraded; the cluster's
+			// file adds none (no RFC 1918 defaults: ext's 10.0.0.2 is
+			// masqueraded) and its masqLinkLocal is or-ed in.
+			name: "a file without nonMasqueradeCIDRs beside the reconciled one",
+			files: map[string]string{
+				"ip-masq-agent-user":       "masqLinkLocal: true\n",
+				"ip-masq-agent-reconciled": "nonMasqueradeCIDRs: [203.0.113.0/24, 2001:db8:ff::/64]\nmasqLinkLocal: false\n",
+			},
+			keepPodAddress: []netip.Addr{topology.RemoteIP4, topology.RemoteIP6},
 		},
-		reference:      kubetest.UpstreamV2AgentBinary,
-		upstreamArgs:   []string{"--enable-ipv6", "--resync-interval=60"},
-		ipmasqArgs:     []string{"--enable-ipv6", "--ip-masq-agent-v2", "--resync-interval=60"},
-		keepPodAddress: []netip.Addr{topology.RemoteIP4, topology.RemoteIP6},
-	})
+		{
+			// v2 lists none for a lone file without the key, where the
+			// Kubernetes agent (and ipmasq without the flag) takes the
+			// RFC 1918 defaults, ext's 10.0.0.2 among them.
+			name:           "a lone file without nonMasqueradeCIDRs",
+			files:          map[string]string{"ip-masq-agent-user": "masqLinkLocal: false\n"},
+			keepPodAddress: []netip.Addr{linkLocalDst},
+		},
+	} {
+		c.reference = kubetest.UpstreamV2AgentBinary
+		c.upstreamArgs = []string{"--enable-ipv6", "--resync-interval=60"}
+		c.ipmasqArgs = []string{"--enable-ipv6", "--ip-masq-agent-v2", "--resync-interval=60"}
+		t.Run(c.name, func(t *testing.T) { runAgainstRealAgent(t, c) })
+	}
 }
 
 // runAgainstRealAgent runs c under its real agent, then under ipmasq, each
