@@ -241,3 +241,20 @@ func TestManyPortRanges(t *testing.T) {
 		}
 	})
 }
+
+// TestEchoIDsIgnoreSockets: an ICMP echo id is no socket's: a UDP socket of
+// the node on the range's one port does not keep a pod's ping from it.
+func TestEchoIDsIgnoreSockets(t *testing.T) {
+	inFreshNetns(t, func() {
+		e := newEnv(t, envOptions{portMin: 40000, portMax: 40000})
+		u, err := net.ListenPacket("udp4", "0.0.0.0:40000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer u.Close()
+		ping := flow{src: pod1, dst: remote4, proto: protoICMP, sport: 7, icmpType: 8}
+		if p := parse(t, e.egress(ping.packet())); p.src != snat4 || p.sport != 40000 {
+			t.Fatalf("echo request left as %v id %d, want %v id 40000", p.src, p.sport, snat4)
+		}
+	})
+}

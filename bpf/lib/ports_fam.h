@@ -12,7 +12,7 @@
 
 /* node_socket_v4/v6 says whether a socket of the node owns the reply tuple
  * in: a connection (any state, TIME_WAIT included), a listener or a bound
- * UDP socket. No port is reserved from the node, in the NAT range or out
+ * UDP socket (TCP and UDP; an ICMP echo id is no socket's). No port is reserved from the node, in the NAT range or out
  * of it, so a flow takes one only where no node socket would get its
  * replies (conntrack's nf_nat_used_tuple, asked of the socket table). */
 static __always_inline int FAM(node_socket)(struct __sk_buff *skb, const FAM_T(nat, key) *in)
@@ -36,8 +36,10 @@ static __always_inline int FAM(node_socket)(struct __sk_buff *skb, const FAM_T(n
 #endif
 	if (in->proto == IPPROTO_TCP)
 		sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
-	else
+	else if (in->proto == IPPROTO_UDP)
 		sk = bpf_sk_lookup_udp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	else
+		return 0; /* ICMP echo ids: no socket owns one */
 	if (!sk)
 		return 0;
 	bpf_sk_release(sk);
