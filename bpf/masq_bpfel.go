@@ -184,7 +184,8 @@ type masqLpmV6Key struct {
 type masqMasqCfgFlag uint32
 
 const (
-	masqMasqCfgFlagMASQ_CFG_KEEP_PORT masqMasqCfgFlag = 1
+	masqMasqCfgFlagMASQ_CFG_KEEP_PORT    masqMasqCfgFlag = 1
+	masqMasqCfgFlagMASQ_CFG_RANDOM_FULLY masqMasqCfgFlag = 2
 )
 
 type masqMasqConfig struct {
@@ -195,11 +196,6 @@ type masqMasqConfig struct {
 	TimeoutNs  [8]uint64
 	PortRanges uint32
 	PortTotal  uint32
-	Ranges     [8]struct {
-		_   structs.HostLayout
-		Min uint16
-		Max uint16
-	}
 }
 
 type masqMasqRule struct {
@@ -301,6 +297,11 @@ const (
 	masqNatHandoverResultNAT_HANDOVER_GONE   masqNatHandoverResult = 3
 	masqNatHandoverResultNAT_HANDOVER_FULL   masqNatHandoverResult = 4
 )
+
+type masqNatPortBlock struct {
+	_    structs.HostLayout
+	Port [32]uint16
+}
 
 type masqNatState uint32
 
@@ -413,6 +414,8 @@ const (
 	masqMapNatDrop               = "nat_drop"
 	masqMapNatFinV4              = "nat_fin_v4"
 	masqMapNatFinV6              = "nat_fin_v6"
+	masqMapNatPortSet            = "nat_port_set"
+	masqMapNatPorts              = "nat_ports"
 	masqMapNatV4                 = "nat_v4"
 	masqMapNatV6                 = "nat_v6"
 	masqMapNodeAddrsV4           = "node_addrs_v4"
@@ -523,6 +526,8 @@ type masqMapSpecs struct {
 	NatDrop            *ebpf.MapSpec `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
+	NatPortSet         *ebpf.MapSpec `ebpf:"nat_port_set"`
+	NatPorts           *ebpf.MapSpec `ebpf:"nat_ports"`
 	NatV4              *ebpf.MapSpec `ebpf:"nat_v4"`
 	NatV6              *ebpf.MapSpec `ebpf:"nat_v6"`
 	NodeAddrsV4        *ebpf.MapSpec `ebpf:"node_addrs_v4"`
@@ -595,6 +600,8 @@ type masqMaps struct {
 	NatDrop            *ebpf.Map `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
+	NatPortSet         *ebpf.Map `ebpf:"nat_port_set"`
+	NatPorts           *ebpf.Map `ebpf:"nat_ports"`
 	NatV4              *ebpf.Map `ebpf:"nat_v4"`
 	NatV6              *ebpf.Map `ebpf:"nat_v6"`
 	NodeAddrsV4        *ebpf.Map `ebpf:"node_addrs_v4"`
@@ -627,6 +634,8 @@ func (m *masqMaps) Close() error {
 		m.NatDrop,
 		m.NatFinV4,
 		m.NatFinV6,
+		m.NatPortSet,
+		m.NatPorts,
 		m.NatV4,
 		m.NatV6,
 		m.NodeAddrsV4,

@@ -240,13 +240,12 @@ func TestTakenOverPairStartsClean(t *testing.T) {
 }
 
 // TestSearchSeveralRanges: with several NAT ranges (the Kubernetes agent's
-// --to-ports=a-b,c-d), a new flow draws one range by its share of the
-// ports, as that agent's one MASQUERADE --to-ports rule per range with
-// -m statistic --probability does, and searches that range alone: every
-// port is in a range, the 10-port range gets about a quarter of the flows
-// beside a 30-port one, and once its ports toward a server are all held,
-// the flows that draw it are refused as MASQUERADE refuses a connection
-// whose rule's range is full, while the others get the other range.
+// --to-ports=a-b,c-d), a port is as likely as under that agent's one
+// MASQUERADE --to-ports rule per range with -m statistic --probability:
+// every port is in a range, the 10-port range gets about a quarter of the
+// flows beside a 30-port one. The search walks their union: once the ports
+// of one range toward a server are all held, every flow gets a port of the
+// other (under that agent, a flow that draws the full range is refused).
 func TestSearchSeveralRanges(t *testing.T) {
 	e := newEnv(t, envOptions{natMax: 8192})
 	if err := e.dp.SetPortRanges([][2]uint16{{1024, 1033}, {40000, 40029}}); err != nil {
@@ -280,34 +279,20 @@ func TestSearchSeveralRanges(t *testing.T) {
 		putPair4(t, e, pod, remote4, p, p, now)
 	}
 	before := e.counters()
-	refused, got := 0, 0
 	for i := range 20 {
 		f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: uint16(30000 + i), dport: 443, tcpFlags: tcpSYN}
-		ret, out := e.run(e.dp.Egress, f.packet())
-		switch ret {
-		case tcActShot:
-			refused++
-		case tcActUnspec:
-			got++
-			if p := parse(t, out); !inB(p.sport) {
-				t.Fatalf("flow %d got port %d, want one of 40000-40029", i, p.sport)
-			}
-		default:
-			t.Fatalf("flow %d: verdict %d", i, int32(ret))
+		if p := parse(t, e.egress(f.packet())); !inB(p.sport) {
+			t.Fatalf("flow %d got port %d, want one of 40000-40029", i, p.sport)
 		}
 	}
-	if refused == 0 || got == 0 {
-		t.Fatalf("%d flows refused and %d translated, want both: a flow that draws the full range is refused", refused, got)
-	}
-	e.checkCounters(before, map[Counter]uint64{CounterNoPort: uint64(refused), CounterNATNew: uint64(got), CounterMasqueraded: uint64(got)})
+	e.checkCounters(before, map[Counter]uint64{CounterNATNew: 20, CounterMasqueraded: 20})
 }
 
-// TestSetPortRangesRefuses: overlapping, empty, inverted or too many ranges.
+// TestSetPortRangesRefuses: no range, port 0, inverted ranges.
 func TestSetPortRangesRefuses(t *testing.T) {
 	e := newEnv(t, envOptions{natMax: 1024})
 	for _, rs := range [][][2]uint16{
-		nil, {{0, 10}}, {{10, 5}}, {{1000, 2000}, {2000, 3000}},
-		{{1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 5}, {6, 6}, {7, 7}, {8, 8}, {9, 9}},
+		nil, {{0, 10}}, {{10, 5}}, {{1000, 2000}, {3000, 2000}},
 	} {
 		if err := e.dp.SetPortRanges(rs); err == nil {
 			t.Errorf("SetPortRanges(%v) accepted", rs)

@@ -96,46 +96,86 @@ func (d *Datapath) SetPortRange(min, max uint16) error {
 	return d.SetPortRanges([][2]uint16{{min, max}})
 }
 
-// NATPortRangesMax is the most NAT port ranges the datapath takes.
-const NATPortRangesMax = len(Config{}.Ranges)
-
-// SetPortRanges sets the NAT port ranges ({min, max} each, not
-// overlapping). With several, a new flow draws one by its share of the
-// ports and searches it alone, as the Kubernetes agent's one MASQUERADE
-// --to-ports rule per range does (lib/ports.h).
+// SetPortRanges sets the NAT port ranges ({min, max} each, 1 <= min <= max;
+// any number, in any order, overlapping or not): the datapath takes their
+// union. With several, a new flow's search walks the union from a random
+// index, so a port is as likely as under the Kubernetes agent's one
+// MASQUERADE --to-ports rule per range, each taking its share of the new
+// connections (lib/ports.h). The ports are written before the config
+// that counts them, so a program running meanwhile finds ports of either
+// set, or none (an index of no port is skipped).
 func (d *Datapath) SetPortRanges(ranges [][2]uint16) error {
-	if len(ranges) == 0 || len(ranges) > NATPortRangesMax {
-		return fmt.Errorf("NAT port ranges %v: want 1 to %d ranges", ranges, NATPortRangesMax)
+	if len(ranges) == 0 {
+		return fmt.Errorf("NAT port ranges: want at least one")
 	}
-	for i, r := range ranges {
+	var set [65536 / 64]uint64
+	for _, r := range ranges {
 		if r[0] == 0 || r[1] < r[0] {
 			return fmt.Errorf("NAT port range %d-%d: want 1 <= min <= max", r[0], r[1])
 		}
-		for _, o := range ranges[:i] {
-			if r[0] <= o[1] && o[0] <= r[1] {
-				return fmt.Errorf("NAT port ranges %d-%d and %d-%d overlap", o[0], o[1], r[0], r[1])
-			}
+		for p := uint32(r[0]); p <= uint32(r[1]); p++ {
+			set[p/64] |= 1 << (p % 64)
+		}
+	}
+	var (
+		blocks          [65536 / NATPortsBlock]NATPortBlock
+		total, runs     uint32
+		lo, hi          uint16
+		inRun, anyFound bool
+	)
+	for p := uint32(1); p < 65536; p++ {
+		if set[p/64]&(1<<(p%64)) == 0 {
+			inRun = false
+			continue
+		}
+		if !inRun {
+			runs++
+			inRun = true
+		}
+		if !anyFound {
+			lo, anyFound = uint16(p), true
+		}
+		hi = uint16(p)
+		blocks[total/uint32(NATPortsBlock)].Port[total%uint32(NATPortsBlock)] = uint16(p)
+		total++
+	}
+	if runs > 1 {
+		keys := make([]uint32, len(blocks))
+		for i := range keys {
+			keys[i] = uint32(i)
+		}
+		if _, err := d.Maps.NatPorts.BatchUpdate(keys, blocks[:], nil); err != nil {
+			return fmt.Errorf("write NAT ports: %w", err)
+		}
+		keys = make([]uint32, len(set))
+		for i := range keys {
+			keys[i] = uint32(i)
+		}
+		if _, err := d.Maps.NatPortSet.BatchUpdate(keys, set[:], nil); err != nil {
+			return fmt.Errorf("write NAT port set: %w", err)
 		}
 	}
 	return d.updateConfig(func(c *Config) {
-		c.PortMin, c.PortMax = ranges[0][0], ranges[0][1]
+		c.PortMin, c.PortMax = lo, hi
 		c.PortRanges, c.PortTotal = 0, 0
-		clear(c.Ranges[:])
-		if len(ranges) == 1 {
-			return
-		}
-		c.PortRanges = uint32(len(ranges))
-		for i, r := range ranges {
-			c.PortMin, c.PortMax = min(c.PortMin, r[0]), max(c.PortMax, r[1])
-			c.Ranges[i].Min, c.Ranges[i].Max = r[0], r[1]
-			c.PortTotal += uint32(r[1]) - uint32(r[0]) + 1
+		if runs > 1 {
+			c.PortRanges, c.PortTotal = runs, total
 		}
 	})
 }
 
+// NATPortsBlock is how many ports a value of nat_ports holds.
+const NATPortsBlock = len(masqNatPortBlock{}.Port)
+
+// NATPortBlock is a value of nat_ports: NATPortsBlock ports in order.
+type NATPortBlock = masqNatPortBlock
+
 // ConfigKeepPort is masq_config's MASQ_CFG_KEEP_PORT bit (enum masq_cfg_flag
 // in lib/types.h).
 const ConfigKeepPort = uint32(masqMasqCfgFlagMASQ_CFG_KEEP_PORT)
+
+// ConfigRandomFully is masq_config's MASQ_CFG_RANDOM_FULLY bit.
+const ConfigRandomFully = uint32(masqMasqCfgFlagMASQ_CFG_RANDOM_FULLY)
 
 // Flags of a masq_src_v4/v6 value (enum masq_src_flag in lib/types.h): the
 // longest source prefix's value alone decides, so the agent gives every
@@ -157,6 +197,17 @@ func (d *Datapath) SetKeepSourcePort(keep bool) error {
 		c.Flags &^= ConfigKeepPort
 		if keep {
 			c.Flags |= ConfigKeepPort
+		}
+	})
+}
+
+// SetRandomFully sets whether a new TCP or UDP flow gets a random port of
+// its space (MASQUERADE --random-fully) instead of trying its own first.
+func (d *Datapath) SetRandomFully(random bool) error {
+	return d.updateConfig(func(c *Config) {
+		c.Flags &^= ConfigRandomFully
+		if random {
+			c.Flags |= ConfigRandomFully
 		}
 	})
 }

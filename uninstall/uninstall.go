@@ -1,8 +1,9 @@
 // Package uninstall takes ipmasq off a node: `ipmasq-agent uninstall`
 // (and the Job in deploy/uninstall/) detaches the datapath, removes the
 // pins under <bpf-root>/ipmasq, the ip rules of ipmasq's protocol (170),
-// the state files and the agent's sockets, with one line per object it
-// removed. It refuses while an agent runs: the agent holds the state lock
+// the state files and the agent's sockets, and a reservation an older
+// version made in ip_local_reserved_ports, with one line per object it
+// removed (this version writes no sysctl). It refuses while an agent runs: the agent holds the state lock
 // (internal/agentlock) and answers on its sockets. A second run finds
 // nothing and says so.
 //
@@ -14,6 +15,7 @@
 package uninstall
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +37,7 @@ import (
 	"github.com/ipmasq/ipmasq/internal/unixsock"
 	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/readers/shell"
+	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/tcattach"
 	"github.com/ipmasq/ipmasq/settings"
@@ -55,15 +58,24 @@ type Options struct {
 	// 170 are removed at every priority (nested exceptions use the ones
 	// below it, and an earlier agent may have run with another).
 	RulePriority uint32
+	// NATPortRange is the agent's --nat-port-range: an older agent
+	// reserved these ranges in ip_local_reserved_ports
+	// (removeOldReservation takes them back).
+	NATPortRange string
+	// ReservedPortsPath is the sysctl file of the reservation
+	// (ReservedPortsPath; another file in tests).
+	ReservedPortsPath string
 }
 
 // DefaultOptions are the agent's defaults.
 var DefaultOptions = Options{
-	BPFRoot:      settings.Default.BPFRoot,
-	StateDir:     settings.Default.StateDir,
-	APISocket:    ipamapi.DefaultSocket,
-	ShellSocket:  shell.DefaultSocket,
-	RulePriority: 111,
+	BPFRoot:           settings.Default.BPFRoot,
+	StateDir:          settings.Default.StateDir,
+	APISocket:         ipamapi.DefaultSocket,
+	ShellSocket:       shell.DefaultSocket,
+	RulePriority:      111,
+	NATPortRange:      datapath.DefaultConfig.NATPortRange,
+	ReservedPortsPath: ReservedPortsPath,
 }
 
 // Flags registers the options as the agent's flags, with o's values as
@@ -75,6 +87,8 @@ func (o *Options) Flags(f *pflag.FlagSet) {
 	f.StringVar(&o.ShellSocket, shell.SocketFlag, o.ShellSocket, "The agent's --shell-sock-path")
 	f.Uint32Var(&o.RulePriority, "egress-rule-priority", o.RulePriority,
 		"The agent's --egress-rule-priority, accepted as the agent takes it: every ip rule of protocol 170 is removed, at any priority")
+	f.StringVar(&o.NATPortRange, "nat-port-range", o.NATPortRange,
+		"The agent's --nat-port-range: where an older ipmasq reserved one of its ranges in ip_local_reserved_ports (an item of the list exactly), the range is removed from it; nothing else of the sysctl is changed")
 }
 
 // ErrAgentRunning is returned, before anything is removed, when an agent
@@ -90,6 +104,10 @@ func Run(o Options, w io.Writer) (int, error) {
 		return 0, err
 	}
 	if err := running(o); err != nil {
+		return 0, err
+	}
+	natRanges, _, err := datapath.ParsePortRanges("--nat-port-range", o.NATPortRange)
+	if err != nil {
 		return 0, err
 	}
 	n := 0
@@ -118,11 +136,17 @@ func Run(o Options, w io.Writer) (int, error) {
 
 	var errs []error
 	pinDir := filepath.Join(o.BPFRoot, settings.PinDirName)
+	// Whether ipmasq was here, before its traces go: an older version's
+	// reservation is recognised only then.
+	_, pinErr := os.Stat(pinDir)
+	_, stateErr := os.Stat(o.StateDir)
+	installed := pinErr == nil || stateErr == nil
 	// Programs first: detached, they no longer translate, and the maps
 	// they used can go.
 	errs = append(errs, tcattach.Detach(pinDir, report))
 	errs = append(errs, removeTree(pinDir, "pin", report))
 	errs = append(errs, iprules.RemoveOwned(report))
+	errs = append(errs, removeOldReservation(cmp.Or(o.ReservedPortsPath, ReservedPortsPath), natRanges, installed, report, note))
 	errs = append(errs, removeState(o.StateDir, report))
 	// Releases ipmasq-cni recorded for an agent that is not coming back:
 	// its endpoints went with the state files.

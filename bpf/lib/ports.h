@@ -8,23 +8,29 @@
  * as many from a new random offset, while the last round had at least
  * PORT_ROUND_MIN (128, 64, 32, 16, 8: 248 ports), or the whole space once
  * when it is smaller. The space is
- * 1024-65535 when ports are kept (MASQUERADE without --to-ports;
- * MASQ_CFG_KEEP_PORT), the NAT range (--nat-port-range) otherwise, and for
- * ICMP ids and node flows always. A port is taken when no pair holds it
+ * 1024-65535 for TCP/UDP flows with MASQ_CFG_KEEP_PORT (MASQUERADE without
+ * --to-ports), the NAT range (--nat-port-range) otherwise, and for ICMP
+ * ids and node flows always. A port is taken when no pair holds it
  * toward the flow's destination (its reply entry is looked up before the
  * BPF_NOEXIST insert) or when the pair holding it is over: expired (a
  * conntrack entry would be gone), or, in the last PORT_HARDER probes of a
  * round (Linux's nf_nat_used_tuple_harder), closed without a TIME_WAIT on
  * the server that would refuse the new SYN (flow.h, nat_takeover). A port
- * outside the NAT range is also checked against the node's sockets, which
- * may use it.
+ * is also checked against the node's sockets: nothing is reserved from the
+ * node (no sysctl is written), so its kernel may use any port, in the NAT
+ * range too, and a port a node socket owns toward the flow's destination
+ * is skipped, as conntrack's nf_nat_used_tuple skips a tuple the node's
+ * own connection holds.
+ *
+ * MASQ_CFG_RANDOM_FULLY is MASQUERADE --random-fully: the flow's own port
+ * is not tried first, every flow starts at a random offset of its space.
  *
  * Several NAT ranges (the Kubernetes agent's --to-ports=1024-29999,
- * 32768-65535) are searched as that agent's rules search them: one
- * MASQUERADE --to-ports rule per range, each taking a new connection with
- * the probability of its share of the ports (-m statistic --probability),
- * so a flow draws one range, weighted by its size, and the search walks
- * that range alone, as nf_nat walks the one range of its rule.
+ * 32768-65535) are their union: the walk draws indexes into nat_ports, so
+ * a port is as likely as under that agent's one MASQUERADE --to-ports rule
+ * per range, each taking a new connection with the probability of its
+ * share of the ports, and a flow is refused only when the walk over the
+ * whole union finds no port.
  */
 
 #ifndef IPMASQ_LIB_PORTS_H
@@ -41,6 +47,22 @@
 #include "flow.h"
 #include "evict.h"
 
+/* The ports of several NAT ranges, in order (types.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct nat_port_block);
+	__uint(max_entries, 65536 / NAT_PORTS_BLOCK);
+} nat_ports SEC(".maps");
+
+/* The same ports as bits: bit p % 64 of entry p / 64. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 65536 / 64);
+} nat_port_set SEC(".maps");
+
 /* Linux's NF_NAT_MAX_ATTEMPTS, the first round; each next round is half as
  * long, after a round of PORT_ROUND_MIN or more. */
 #define PORT_ROUND	128
@@ -52,6 +74,8 @@
 #define PORT_HARDER	(PORT_ROUND / 4)
 /* With MASQ_CFG_KEEP_PORT, the space a TCP/UDP flow of a pod searches. */
 #define PORT_WIDE_MIN	1024
+/* port_next: an index of nat_ports without a port (never a port number). */
+#define PORT_SKIP	0x10000
 /* nat_create_v4/v6 flags argument: a node flow's remap, which takes a port
  * of the range only (never stored). */
 #define NAT_CREATE_NODE	0x80
@@ -67,19 +91,25 @@
  * ranges. */
 static __always_inline int nat_port_in_range(const struct masq_config *cfg, __u32 port)
 {
-	__u32 i;
+	__u32 key = (port & 0xffff) / 64;
+	__u64 *bits;
 
 	if (port < cfg->port_min || port > cfg->port_max)
 		return 0;
 	if (cfg->port_ranges <= 1)
 		return 1;
-	for (i = 0; i < NAT_PORT_RANGES_MAX; i++) {
-		if (i >= cfg->port_ranges)
-			break;
-		if (port >= cfg->ranges[i].min && port <= cfg->ranges[i].max)
-			return 1;
-	}
-	return 0;
+	bits = bpf_map_lookup_elem(&nat_port_set, &key);
+	return bits && (*bits >> (port % 64)) & 1;
+}
+
+/* nat_port_at is the index-th port of several NAT ranges (nat_ports), 0
+ * when there is none (the agent writing the ranges meanwhile). */
+static __always_inline __u32 nat_port_at(__u32 index)
+{
+	__u32 key = (index & 0xffff) / NAT_PORTS_BLOCK;
+	struct nat_port_block *b = bpf_map_lookup_elem(&nat_ports, &key);
+
+	return b ? b->port[index % NAT_PORTS_BLOCK] : 0;
 }
 
 /* keep_port says whether a flow's own port is one Linux MASQUERADE keeps
@@ -95,13 +125,12 @@ static __always_inline int keep_port(const struct masq_config *cfg, __u8 proto, 
 	       (proto == IPPROTO_TCP || proto == IPPROTO_UDP);
 }
 
-/* port_space sets the space a new flow searches, [*min, *min + *size):
- * with several NAT ranges, one of them drawn by its share of the ports. */
+/* port_space sets the space a new flow searches: ports [*min, *min + *size),
+ * or with several NAT ranges (*list), indexes [0, *size) of nat_ports. */
 static __always_inline void port_space(const struct masq_config *cfg, __u8 proto, __u8 flags,
-				       __u32 *min, __u32 *size)
+				       __u32 *min, __u32 *size, __u8 *list)
 {
-	__u32 i, r, n;
-
+	*list = 0;
 	if ((cfg->flags & MASQ_CFG_KEEP_PORT) && !(flags & NAT_CREATE_NODE) &&
 	    (proto == IPPROTO_TCP || proto == IPPROTO_UDP)) {
 		*min = PORT_WIDE_MIN;
@@ -112,17 +141,9 @@ static __always_inline void port_space(const struct masq_config *cfg, __u8 proto
 	*size = (__u32)cfg->port_max - cfg->port_min + 1;
 	if (cfg->port_ranges <= 1 || !cfg->port_total)
 		return;
-	r = bpf_get_prandom_u32() % cfg->port_total;
-	for (i = 0; i < NAT_PORT_RANGES_MAX; i++) {
-		if (i >= cfg->port_ranges)
-			break;
-		n = (__u32)cfg->ranges[i].max - cfg->ranges[i].min + 1;
-		*min = cfg->ranges[i].min;
-		*size = n;
-		if (r < n)
-			return;
-		r -= n;
-	}
+	*list = 1;
+	*min = 0;
+	*size = cfg->port_total;
 }
 
 /* The walk through the space: the state of the rounds. */
@@ -132,33 +153,40 @@ struct port_walk {
 	__u16 round;		/* this round's length */
 	__u16 left;		/* its probes not yet made */
 	__u16 own;		/* the flow's own port, tried first; 0 once tried */
-	__u16 pad;
+	__u8 list;		/* the space is indexes of nat_ports */
+	__u8 pad;
 };
 
 /* port_walk_init starts the walk of a new flow with own port sport. */
 static __always_inline void port_walk_init(struct port_walk *w, const struct masq_config *cfg, __u8 proto,
 					   __u8 flags, __be16 sport)
 {
-	port_space(cfg, proto, flags, &w->min, &w->size);
+	port_space(cfg, proto, flags, &w->min, &w->size, &w->list);
 	w->round = w->size < PORT_ROUND ? w->size : PORT_ROUND;
 	w->left = w->round;
 	w->off = bpf_get_prandom_u32();
 	w->own = bpf_ntohs(sport);
+	/* --random-fully: no port is the flow's by right (ICMP ids and node
+	 * flows never keep theirs either way). */
+	if ((cfg->flags & MASQ_CFG_RANDOM_FULLY) && !(flags & NAT_CREATE_NODE) &&
+	    (proto == IPPROTO_TCP || proto == IPPROTO_UDP))
+		w->own = 0;
 	w->pad = 0;
 }
 
 /* port_next is the next port of the walk (host byte order), and says in
  * *harder whether it may take over a closed pair: the flow's own port, and
  * the last PORT_HARDER of a round; 0 when the search is over: the whole
- * space walked, or the last round done. */
-static __always_inline __u32 port_next(struct port_walk *w, __u32 *harder)
+ * space walked, or the last round done; PORT_SKIP for an index of
+ * nat_ports that holds no port (being written). */
+static __always_inline __u32 port_next(const struct masq_config *cfg, struct port_walk *w, __u32 *harder)
 {
 	__u32 port;
 
 	port = w->own;
 	w->own = 0;
 	/* the own port where the space holds it */
-	if (port >= w->min && port - w->min < w->size) {
+	if (port && (w->list ? nat_port_in_range(cfg, port) : port >= w->min && port - w->min < w->size)) {
 		*harder = 1;
 		return port;
 	}
@@ -173,6 +201,11 @@ static __always_inline __u32 port_next(struct port_walk *w, __u32 *harder)
 	port = w->min + w->off % w->size;
 	w->off++;
 	w->left--;
+	if (w->list) {
+		port = nat_port_at(port);
+		if (!port)
+			return PORT_SKIP;
+	}
 	return port;
 }
 

@@ -12,9 +12,9 @@
 
 /* node_socket_v4/v6 says whether a socket of the node owns the reply tuple
  * in: a connection (any state, TIME_WAIT included), a listener or a bound
- * UDP socket. A port outside the NAT range is not reserved from the node,
- * so a flow takes one only where no node socket would get its replies
- * (conntrack's nf_nat_used_tuple, asked of the socket table). */
+ * UDP socket (TCP and UDP; an ICMP echo id is no socket's). No port is reserved from the node, in the NAT range or out
+ * of it, so a flow takes one only where no node socket would get its
+ * replies (conntrack's nf_nat_used_tuple, asked of the socket table). */
 static __always_inline int FAM(node_socket)(struct __sk_buff *skb, const FAM_T(nat, key) *in)
 {
 	struct bpf_sock_tuple t = {};
@@ -36,8 +36,10 @@ static __always_inline int FAM(node_socket)(struct __sk_buff *skb, const FAM_T(n
 #endif
 	if (in->proto == IPPROTO_TCP)
 		sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
-	else
+	else if (in->proto == IPPROTO_UDP)
 		sk = bpf_sk_lookup_udp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	else
+		return 0; /* ICMP echo ids: no socket owns one */
 	if (!sk)
 		return 0;
 	bpf_sk_release(sk);
@@ -60,11 +62,13 @@ __noinline int FAM(nat_try)(struct __sk_buff *skb, FAM_T(nat, key) *in, FAM_T(na
 
 	if (!skb || !in || !rev || !w || !cfg)
 		return PORT_DONE;
-	port = port_next(w, &harder);
+	port = port_next(cfg, w, &harder);
 	if (!port)
 		return PORT_DONE;
+	if (port == PORT_SKIP)
+		return PORT_TAKEN;
 	in->dport = bpf_htons(port);
-	if (!nat_port_in_range(cfg, port) && FAM(node_socket)(skb, in))
+	if (FAM(node_socket)(skb, in))
 		return PORT_TAKEN;
 	r = bpf_map_lookup_elem(&FAM(nat), in);
 	if (r) {

@@ -85,22 +85,22 @@ enum nat_state {
 /* Exported so that bpf2go emits the enum for Go (bpf.NATState). */
 const volatile enum nat_state nat_state_max = NAT_STATE_MAX;
 
-/* The most NAT port ranges (--nat-port-range a-b,c-d, the Kubernetes
- * agent's --to-ports=1024-29999,32768-65535); Go reads the length of
- * masq_config.ranges. */
-enum { NAT_PORT_RANGES_MAX = 8 };
+/* Several NAT port ranges (--nat-port-range a-b,c-d, the Kubernetes agent's
+ * --to-ports=1024-29999,32768-65535; any number, overlapping or not) are
+ * their sorted union, every port of it once, in order, in nat_ports
+ * (NAT_PORTS_BLOCK a value), and as bits in nat_port_set (bit p % 64 of
+ * entry p / 64): the search draws an index, membership is one lookup. */
+enum { NAT_PORTS_BLOCK = 32 };
 
-/* One NAT port range, host byte order, min <= max. */
-struct port_range {
-	__u16 min;
-	__u16 max;
+struct nat_port_block {
+	__u16 port[NAT_PORTS_BLOCK];
 };
 
 /* Host byte order. timeout_ns: idle lifetime per enum nat_state, written by
  * the agent (a zero lifetime never expires a pair here). The NAT ports are
- * port_min-port_max while port_ranges is 0; with several ranges,
- * ranges[0..port_ranges) (port_total ports together), port_min and
- * port_max their lowest and highest port. */
+ * port_min-port_max while port_ranges is 0 or 1; with several ranges,
+ * port_total ports in nat_ports, port_min and port_max the lowest and
+ * highest of them. */
 struct masq_config {
 	__u16 port_min;
 	__u16 port_max;
@@ -108,16 +108,16 @@ struct masq_config {
 	__u64 timeout_ns[NAT_STATE_MAX];
 	__u32 port_ranges;
 	__u32 port_total;
-	struct port_range ranges[NAT_PORT_RANGES_MAX];
 };
 
 /* masq_config.flags */
 enum masq_cfg_flag {
 	MASQ_CFG_KEEP_PORT = 0x1,	/* a TCP/UDP flow keeps its own source port (>= 1024) when free */
+	MASQ_CFG_RANDOM_FULLY = 0x2,	/* MASQUERADE --random-fully: a TCP/UDP flow's own port is not tried first */
 };
 
 /* Exported so that bpf2go emits the enum for Go (bpf.ConfigKeepPort). */
-const volatile enum masq_cfg_flag masq_cfg_flags_known = MASQ_CFG_KEEP_PORT;
+const volatile enum masq_cfg_flag masq_cfg_flags_known = MASQ_CFG_KEEP_PORT | MASQ_CFG_RANDOM_FULLY;
 
 struct nat_v4_key {
 	__be32 src;

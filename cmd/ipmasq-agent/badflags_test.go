@@ -19,7 +19,7 @@ var badValues = map[string]string{
 	"add_dir_header": "maybe", "alsologtostderr": "maybe", "logtostderr": "maybe", "one_output": "maybe",
 	"skip_headers": "maybe", "skip_log_headers": "maybe", "random-fully": "maybe", "version": "maybe",
 	"legacy_stderr_threshold_behavior": "maybe", "conntrack-handover": "maybe",
-	"enable-ipv4": "maybe", "enable-ipv6": "maybe", "masquerade-pod-cidrs-only": "maybe", "nat-keep-source-port": "maybe", "nomasq-all-reserved-ranges": "maybe",
+	"enable-ipv4": "maybe", "enable-ipv6": "maybe", "masquerade-pod-cidrs-only": "maybe", "nat-keep-source-port": "maybe", "nat-random-fully": "maybe", "nomasq-all-reserved-ranges": "maybe",
 	"ip-masq-agent-v2": "maybe", "resync-interval": "60s",
 	"v": "x", "log_file_max_size": "-1", "stderrthreshold": "bogus", "alsologtostderrthreshold": "bogus",
 	"vmodule": "main", "log_backtrace_at": "main.go:x",
@@ -29,7 +29,7 @@ var badValues = map[string]string{
 	"nat-timeout-tcp-established": "0s", "nat-timeout-tcp-reset": "0s", "nat-timeout-tcp-syn": "0s",
 	"nat-timeout-udp": "0s", "nat-timeout-udp-replied": "0s",
 	"nat-port-range": "9-1", "nf-conntrack-max-path": "/", "tc-attach-mode": "xdp", "pod-cidr": "10.0.0.1/8", "cluster-cidr": "x",
-	"devices": "eth0,,eth1", "log-level": "loud", "log-format": "yaml", "to-ports": "1024-29999,29000-65535",
+	"devices": "eth0,,eth1", "log-level": "loud", "log-format": "yaml", "to-ports": "0",
 	"prometheus-serve-addr": "9464", "k8s-kubeconfig-path": "/nonexistent/kubeconfig", "k8s-node-name": "node-1",
 	"bpf-root": "", // filled in: a directory that is not a BPF filesystem
 }

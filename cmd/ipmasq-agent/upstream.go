@@ -20,6 +20,9 @@ type upstreamFlags struct {
 	// toPorts is --to-ports: upstream's MASQUERADE port ranges, mapped onto
 	// --nat-port-range.
 	toPorts string
+	// randomFully is --random-fully: upstream's MASQUERADE --random-fully,
+	// mapped onto --nat-random-fully when given.
+	randomFully bool
 }
 
 // ignoredUpstreamFlag is an upstream flag that means nothing to an eBPF
@@ -43,7 +46,6 @@ const klogWhy = "ipmasq logs with log/slog to stderr; use --log-level (debug, in
 // (TestEveryUpstreamFlagStarts), read from its source.
 var ignoredUpstreamFlags = []ignoredUpstreamFlag{
 	{"masq-chain", "string", "IP-MASQ-AGENT", "ipmasq writes no iptables chain: the decision is made by its tc programs"},
-	{"random-fully", "bool", "true", "ipmasq picks NAT ports itself: a flow keeps its source port when free (--nat-keep-source-port), else gets one of --nat-port-range"},
 	{"v", "int32", "0", klogWhy},
 	{"vmodule", "vmodule", "", klogWhy},
 	{"logtostderr", "bool", "true", klogWhy},
@@ -63,7 +65,9 @@ var ignoredUpstreamFlags = []ignoredUpstreamFlag{
 
 func (u *upstreamFlags) register(flags *pflag.FlagSet) {
 	flags.StringVar(&u.toPorts, "to-ports", "",
-		"Kubernetes ip-masq-agent compatibility: masquerade TCP, UDP and SCTP to ports of these ranges only (e.g. 1024-29999,32768-65535: a flow draws a range by its share of the ports, as upstream's rule per range does); sets --nat-port-range and --nat-keep-source-port=false")
+		"Kubernetes ip-masq-agent compatibility: masquerade TCP, UDP and SCTP to ports of these ranges only (e.g. 1024-29999,32768-65535, any number, overlapping or not: their union); sets --nat-port-range and --nat-keep-source-port=false")
+	flags.BoolVar(&u.randomFully, "random-fully", true,
+		"Kubernetes ip-masq-agent compatibility: when given, sets --nat-random-fully (every TCP and UDP flow gets a random port of its space, as MASQUERADE --random-fully); not given, ipmasq keeps a flow's own port when free (--nat-random-fully=false, Linux MASQUERADE's default: see docs/migrate.md)")
 	for _, f := range ignoredUpstreamFlags {
 		usage := "Kubernetes ip-masq-agent compatibility, no effect: " + f.why
 		switch f.kind {
@@ -150,7 +154,7 @@ func (u *upstreamFlags) apply(flags *pflag.FlagSet) (warnings []string, err erro
 	// masquerades as without the flag (a manifest's templated
 	// --to-ports=$(TO_PORTS) with nothing to fill in).
 	if flags.Changed("to-ports") && strings.TrimSpace(u.toPorts) != "" {
-		r, err := parseToPorts(u.toPorts)
+		r, toWarnings, err := datapath.ParsePortRanges("--to-ports", u.toPorts)
 		if err != nil {
 			return nil, err
 		}
@@ -165,6 +169,21 @@ func (u *upstreamFlags) apply(flags *pflag.FlagSet) (warnings []string, err erro
 		if err := flags.Set("nat-keep-source-port", "false"); err != nil {
 			return nil, err
 		}
+		// The union loses what was odd in the value (port 0, overlaps):
+		// said here; the low ports the datapath warns of itself.
+		for _, w := range toWarnings {
+			if !strings.Contains(w, "below 1024") {
+				warnings = append(warnings, w)
+			}
+		}
+	}
+	if flags.Changed("random-fully") {
+		if flags.Changed("nat-random-fully") {
+			return nil, fmt.Errorf("--random-fully and --nat-random-fully are both given: --random-fully sets --nat-random-fully; give one or the other")
+		}
+		if err := flags.Set("nat-random-fully", strconv.FormatBool(u.randomFully)); err != nil {
+			return nil, err
+		}
 	}
 	for _, f := range ignoredUpstreamFlags {
 		if flags.Changed(f.name) {
@@ -172,25 +191,6 @@ func (u *upstreamFlags) apply(flags *pflag.FlagSet) (warnings []string, err erro
 		}
 	}
 	return warnings, nil
-}
-
-// parseToPorts reads upstream's --to-ports syntax ("a-b" or "a", ranges
-// separated by commas, as its help's example 1024-29999,32768-65535):
-// several ranges are searched as upstream's MASQUERADE rule per range
-// searches them (datapath.ParsePortRanges, bpf/lib/ports.h).
-func parseToPorts(s string) (datapath.PortRanges, error) {
-	if strings.Contains(s, ",") {
-		return datapath.ParsePortRanges("--to-ports", s)
-	}
-	r := strings.TrimSpace(s)
-	if !strings.Contains(r, "-") {
-		r = r + "-" + r
-	}
-	pr, err := datapath.ParsePortRange("--to-ports", r)
-	if err != nil {
-		return nil, fmt.Errorf("--to-ports=%q: want ranges min-max (or one port), 1 <= min <= max <= 65535, separated by commas, e.g. 1024-29999,32768-65535", s)
-	}
-	return datapath.PortRanges{pr}, nil
 }
 
 // goStyleArgs rewrites "-name" and "-name=value" to "--name..." when name is

@@ -26,24 +26,63 @@ func parseUpstream(t *testing.T, args ...string) (*pflag.FlagSet, []string, erro
 }
 
 func TestToPortsSetsTheNATPortRange(t *testing.T) {
-	for in, want := range map[string]string{"32768-65535": "32768-65535", "40000": "40000-40000", " 1024-2048 ": "1024-2048",
+	for _, tc := range []struct {
+		in, want string
+		warn     int
+	}{
+		{"32768-65535", "32768-65535", 0}, {"40000", "40000", 0}, {" 1024-2048 ", "1024-2048", 0},
 		// upstream's help example: several ranges, a MASQUERADE rule each
-		"1024-29999,32768-65535": "1024-29999,32768-65535", "80,1024-2048": "80-80,1024-2048"} {
-		flags, warnings, err := parseUpstream(t, "--to-ports="+in)
-		if err != nil || len(warnings) != 0 {
-			t.Fatalf("--to-ports=%s: %v %v", in, warnings, err)
+		{"1024-29999,32768-65535", "1024-29999,32768-65535", 0},
+		// what upstream's interval.ParseIntervals and iptables take: the
+		// union, port 0 left out, the odd ones said (the ports below
+		// 1024 are the datapath's warning, at its start)
+		{"80,1024-2048", "80,1024-2048", 0},
+		{"1024-2000,1500-3000", "1024-3000", 1},
+		{"1,2,3,4,5,6,7,8,9,20000", "1-9,20000", 0},
+		{"0-100", "1-100", 1},
+	} {
+		flags, warnings, err := parseUpstream(t, "--to-ports="+tc.in)
+		if err != nil || len(warnings) != tc.warn {
+			t.Fatalf("--to-ports=%s: %q %v, want %d warnings", tc.in, warnings, err, tc.warn)
 		}
-		if got := flags.Lookup("nat-port-range").Value.String(); got != want {
-			t.Errorf("--to-ports=%s: --nat-port-range=%s, want %s", in, got, want)
+		if got := flags.Lookup("nat-port-range").Value.String(); got != tc.want {
+			t.Errorf("--to-ports=%s: --nat-port-range=%s, want %s", tc.in, got, tc.want)
 		}
 		if got := flags.Lookup("nat-keep-source-port").Value.String(); got != "false" {
-			t.Errorf("--to-ports=%s: --nat-keep-source-port=%s, want false (every port from the range)", in, got)
+			t.Errorf("--to-ports=%s: --nat-keep-source-port=%s, want false (every port from the range)", tc.in, got)
 		}
 	}
 	flags, _, err := parseUpstream(t)
 	if err != nil || flags.Lookup("nat-port-range").Value.String() != datapath.DefaultConfig.NATPortRange ||
-		flags.Lookup("nat-keep-source-port").Value.String() != "true" {
+		flags.Lookup("nat-keep-source-port").Value.String() != "true" || flags.Lookup("nat-random-fully").Value.String() != "false" {
 		t.Errorf("without --to-ports the NAT flags changed: %v", err)
+	}
+}
+
+// TestRandomFullySetsNATRandomFully: upstream's --random-fully, when given,
+// is --nat-random-fully; not given, ipmasq's default (ports kept) stays.
+func TestRandomFullySetsNATRandomFully(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "false"},
+		{[]string{"--random-fully"}, "true"},
+		{[]string{"--random-fully=true"}, "true"},
+		{[]string{"--random-fully=false"}, "false"},
+		{[]string{"--random-fully", "--to-ports=40000-40100"}, "true"},
+	} {
+		flags, warnings, err := parseUpstream(t, tc.args...)
+		if err != nil || len(warnings) != 0 {
+			t.Fatalf("%q: %q %v", tc.args, warnings, err)
+		}
+		if got := flags.Lookup("nat-random-fully").Value.String(); got != tc.want {
+			t.Errorf("%q: --nat-random-fully=%s, want %s", tc.args, got, tc.want)
+		}
+	}
+	if _, _, err := parseUpstream(t, "--random-fully", "--nat-random-fully=false"); err == nil ||
+		!strings.Contains(err.Error(), "--random-fully and --nat-random-fully are both given") {
+		t.Errorf("both flags: %v", err)
 	}
 }
 
@@ -52,12 +91,11 @@ func TestToPortsRefusals(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--to-ports=1024-29999,29000-65535"}, "ranges 1024-29999 and 29000-65535 overlap"},
-		{[]string{"--to-ports=1024-29999,x"}, `range "x-x": want min-max`},
-		{[]string{"--to-ports=1,2,3,4,5,6,7,8,9"}, "9 ranges, at most 8 are supported"},
-		{[]string{"--to-ports=0-10"}, `--to-ports="0-10": want ranges`},
-		{[]string{"--to-ports=10-5"}, `--to-ports="10-5": want ranges`},
-		{[]string{"--to-ports=1-2-3"}, `--to-ports="1-2-3": want ranges`},
+		{[]string{"--to-ports=1024-29999,x"}, `range "x": want min-max`},
+		{[]string{"--to-ports=0"}, `--to-ports="0": no port but 0`},
+		{[]string{"--to-ports=10-5"}, `--to-ports="10-5": range "10-5"`},
+		{[]string{"--to-ports=1-2-3"}, `--to-ports="1-2-3": range "1-2-3"`},
+		{[]string{"--to-ports=1-65536"}, `range "1-65536"`},
 		{[]string{"--to-ports=5000", "--nat-port-range=1-2"}, "--to-ports and --nat-port-range are both given"},
 		{[]string{"--to-ports=5000", "--nat-keep-source-port=true"}, "--to-ports and --nat-keep-source-port are both given"},
 	} {
@@ -80,7 +118,7 @@ func TestUpstreamArgsWarnOncePerFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"--masq-chain=IP-MASQ ", "--random-fully=false ", "--v=2 ", "--logtostderr=true ", "--log_dir=/var/log "}
+	want := []string{"--masq-chain=IP-MASQ ", "--v=2 ", "--logtostderr=true ", "--log_dir=/var/log "}
 	if len(warnings) != len(want) {
 		t.Fatalf("warnings %q, want one for each of %q", warnings, want)
 	}

@@ -38,11 +38,8 @@ func TestMapMetrics(t *testing.T) {
 	h := hive.New(
 		statedb.Cell, job.Cell, cell.SimpleHealthCell,
 		settings.Cell, config.Cell,
-		// The loader owns the tries nonmasqmaps writes; it reserves no
-		// NAT port of this host (that is a node namespace's business).
-		cell.Decorate(func(datapath.PortReservation) datapath.PortReservation {
-			return func(datapath.PortRange) (string, error) { return "", nil }
-		}, datapath.Cell, nonmasqmaps.Cell),
+		// The loader owns the tries nonmasqmaps writes.
+		datapath.Cell, nonmasqmaps.Cell,
 		Cell,
 		cell.Invoke(func(s *Server) { srv = s }),
 	)

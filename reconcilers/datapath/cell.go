@@ -11,8 +11,9 @@ import (
 )
 
 // Cell loads the masquerade datapath (package bpf) when the hive starts:
-// it reserves the NAT ports, loads the programs with their pinned maps and
-// sets the NAT port range, lifetimes and port policy, and provides the
+// it loads the programs with their pinned maps and sets the NAT port
+// ranges, lifetimes and port policy (it writes no sysctl: the programs
+// check the node's sockets instead of reserving ports), and provides the
 // loaded datapath (*Handle) and the datapath's flags (Config) to the
 // reconcilers of its kernel objects. The agent puts it first in the
 // "datapath" module, before those reconcilers (reconcilers/tcattach,
@@ -25,7 +26,6 @@ var Cell = cell.Group(
 	cell.Provide(
 		newHandle,
 		scriptCommands,
-		func() PortReservation { return reserveNATPorts },
 		newNATSizing,
 	),
 	cell.Invoke(register),
@@ -39,18 +39,11 @@ type params struct {
 	Agent     settings.Config
 	Config    Config
 	Handle    *Handle
-	// Reserve keeps the NAT ports from the node's own connections.
-	Reserve PortReservation
-	NATSize natSizing
+	NATSize   natSizing
 }
 
-// PortReservation keeps the NAT port range from the node's own connections
-// (see reserveNATPorts) and says what it did, for the log. It is in the
-// hive so that a test runs it in its own network namespace.
-type PortReservation func(PortRange) (note string, err error)
-
 func register(p params) error {
-	ports, err := ParsePortRanges("--nat-port-range", p.Config.NATPortRange)
+	ports, portWarnings, err := ParsePortRanges("--nat-port-range", p.Config.NATPortRange)
 	if err != nil {
 		return err
 	}
@@ -70,14 +63,8 @@ func register(p params) error {
 	pinDir := p.Agent.PinDir()
 	p.Lifecycle.Append(cell.Hook{
 		OnStart: func(cell.HookContext) error {
-			for _, r := range ports {
-				note, err := p.Reserve(r)
-				if err != nil {
-					return err
-				}
-				if note != "" {
-					p.Log.Info(note)
-				}
+			for _, w := range portWarnings {
+				p.Log.Warn(w)
 			}
 			if natSize.TooSmall || natSize.OverBudget {
 				p.Log.Warn("NAT maps sized", "size", natSize.String())
@@ -103,6 +90,10 @@ func register(p params) error {
 				return err
 			}
 			if err := dp.SetKeepSourcePort(p.Config.NATKeepSourcePort); err != nil {
+				dp.Close()
+				return err
+			}
+			if err := dp.SetRandomFully(p.Config.NATRandomFully); err != nil {
 				dp.Close()
 				return err
 			}

@@ -2,7 +2,7 @@ package datapath
 
 import (
 	"fmt"
-	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -22,6 +22,10 @@ type Config struct {
 	// 1024) when no other flow and no node socket holds that port toward its
 	// destination, as Linux MASQUERADE does; the range serves the others.
 	NATKeepSourcePort bool `mapstructure:"nat-keep-source-port"`
+	// NATRandomFully: a TCP or UDP flow gets a random port of its space,
+	// its own port never tried first (MASQUERADE --random-fully, set by
+	// the Kubernetes agent's --random-fully).
+	NATRandomFully bool `mapstructure:"nat-random-fully"`
 	// NATMaxEntries sizes each NAT map; a flow takes two entries. 0 (the
 	// default) sizes them from the node's memory and conntrack limit
 	// (sizeNATMaps).
@@ -70,7 +74,10 @@ func (c Config) Lifetimes() (bpf.Lifetimes, error) {
 
 // DefaultConfig is the configuration used when no flag is given. The port
 // range sits above Linux's default ip_local_port_range (32768-60999), so
-// masqueraded flows and the node's own connections never compete for a port.
+// masqueraded flows and the node's own connections rarely meet; where they
+// do (any range on any ip_local_port_range), the datapath checks the
+// node's sockets before it gives a port, and gives a node flow that
+// clashes with a pair another port (docs/datapath.md), reserving nothing.
 var DefaultConfig = Config{
 	NATPortRange:      "61000-65535",
 	NATKeepSourcePort: true,
@@ -92,10 +99,12 @@ var DefaultConfig = Config{
 // Flags implements cell.Flagger.
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("nat-port-range", def.NATPortRange,
-		"Source ports (and ICMP echo ids) of masqueraded flows whose ports are not kept (see --nat-keep-source-port) and of node flows that clash with a pod's, min-max; reserved from the node's own connections if ip_local_port_range overlaps. "+
-			"Several ranges, min-max,min-max (at most 8): a flow draws one by its share of the ports and searches it alone, as the Kubernetes agent's MASQUERADE rule per --to-ports range does")
+		"Source ports (and ICMP echo ids) of masqueraded flows whose ports are not kept (see --nat-keep-source-port) and of node flows that clash with a pod's: min-max or p, comma-separated, any number, overlapping or not (their union; port 0 left out), as --to-ports; "+
+			"nothing is reserved: a port a node socket uses toward the flow's destination is skipped")
 	flags.Bool("nat-keep-source-port", def.NATKeepSourcePort,
 		"A TCP or UDP flow keeps its own source port (1024 and up) when no other flow and no node socket holds it toward the same destination, else gets a free one of 1024-65535, as Linux MASQUERADE does; false: every flow gets a port of --nat-port-range (MASQUERADE --to-ports)")
+	flags.Bool("nat-random-fully", def.NATRandomFully,
+		"A TCP or UDP flow gets a random port (MASQUERADE --random-fully): of 1024-65535 with --nat-keep-source-port, else of --nat-port-range; its own port is never tried first. Set by the Kubernetes agent's --random-fully")
 	flags.Uint32("nat-max-entries", def.NATMaxEntries, "Size of each NAT map (IPv4, IPv6); every flow takes two entries; a full map drops a pair that is not assured (unanswered, closing, a UDP query) for a new flow, or refuses it. "+
 		"0: two entries per flow the node's conntrack holds, max(Linux's default nf_conntrack_max for the node's memory "+
 		"(MemTotal/128 KiB, at least 1024; 65536 above 1 GiB; 262144 above 4 GiB), /proc/sys/net/netfilter/nf_conntrack_max when present); "+
@@ -133,13 +142,20 @@ func ParsePortRange(flag, s string) (PortRange, error) {
 	return PortRange{uint16(min), uint16(max)}, nil
 }
 
-// PortRanges are NAT port ranges that do not overlap, in the order given.
+// PortRanges are NAT port ranges: from ParsePortRanges, a sorted union
+// (no two overlap or touch).
 type PortRanges []PortRange
 
+// String gives the ranges as --nat-port-range takes them ("p" for a range
+// of one port, as upstream's --to-ports writes it).
 func (rs PortRanges) String() string {
 	parts := make([]string, len(rs))
 	for i, r := range rs {
-		parts[i] = r.String()
+		if r.Min == r.Max {
+			parts[i] = strconv.Itoa(int(r.Min))
+		} else {
+			parts[i] = r.String()
+		}
 	}
 	return strings.Join(parts, ",")
 }
@@ -153,96 +169,75 @@ func (rs PortRanges) Pairs() [][2]uint16 {
 	return out
 }
 
-// ParsePortRanges parses "min-max" or several ranges "a-b,c-d" (a single
-// port "p" is p-p in a list, as iptables and the Kubernetes agent take it),
-// at most bpf.NATPortRangesMax, none overlapping another.
-func ParsePortRanges(flag, s string) (PortRanges, error) {
-	if !strings.Contains(s, ",") {
-		r, err := ParsePortRange(flag, s)
-		if err != nil {
-			return nil, err
-		}
-		return PortRanges{r}, nil
+// Size is the number of ports of the ranges.
+func (rs PortRanges) Size() int {
+	n := 0
+	for _, r := range rs {
+		n += int(r.Max) - int(r.Min) + 1
 	}
-	parts := strings.Split(s, ",")
-	if len(parts) > bpf.NATPortRangesMax {
-		return nil, fmt.Errorf("%s=%q: %d ranges, at most %d are supported", flag, s, len(parts), bpf.NATPortRangesMax)
-	}
-	var out PortRanges
-	for _, part := range parts {
+	return n
+}
+
+// ParsePortRanges parses what the Kubernetes agent's --to-ports takes
+// (its interval.ParseIntervals, then iptables' MASQUERADE --to-ports):
+// comma-separated ranges "min-max" or single ports "p", 0 <= min <= max <=
+// 65535, any number of them, in any order, overlapping or not. The result
+// is their sorted union. Port 0 is left out (a flow is never given it:
+// Linux would, and many stacks and middleboxes drop port 0); a value of
+// port 0 alone is refused. The warnings say what is odd: port 0 left out,
+// ports below 1024 (privileged on the remote's side), ranges that
+// overlap.
+func ParsePortRanges(flag, s string) (PortRanges, []string, error) {
+	var (
+		in       []PortRange
+		given    []string // in's parts as written
+		warnings []string
+		zero     bool
+	)
+	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
-		if part != "" && !strings.Contains(part, "-") {
-			part += "-" + part
+		lo, hi, isRange := strings.Cut(part, "-")
+		if !isRange {
+			hi = lo
 		}
-		r, err := ParsePortRange(flag, part)
-		if err != nil {
-			return nil, fmt.Errorf("%s=%q: range %q: want min-max with 1 <= min <= max <= 65535, e.g. 1024-29999,32768-65535", flag, s, strings.TrimSpace(part))
+		min, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
+		max, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
+		if err1 != nil || err2 != nil || max < min {
+			return nil, nil, fmt.Errorf("%s=%q: range %q: want min-max (or one port p), 0 <= min <= max <= 65535, comma-separated, e.g. 1024-29999,32768-65535", flag, s, part)
 		}
-		for _, o := range out {
-			if r.Overlaps(o) {
-				return nil, fmt.Errorf("%s=%q: ranges %s and %s overlap", flag, s, o, r)
+		if min == 0 {
+			zero = true
+			if max == 0 {
+				continue
 			}
+			min = 1
+		}
+		for i, o := range in {
+			if o.Overlaps(PortRange{uint16(min), uint16(max)}) {
+				warnings = append(warnings, fmt.Sprintf("%s=%s: ranges %s and %s overlap: their union is used", flag, s, given[i], part))
+			}
+		}
+		in = append(in, PortRange{uint16(min), uint16(max)})
+		given = append(given, part)
+	}
+	if len(in) == 0 {
+		return nil, nil, fmt.Errorf("%s=%q: no port but 0, which no flow is given: want ports from 1, e.g. 61000-65535", flag, s)
+	}
+	if zero {
+		warnings = append(warnings, fmt.Sprintf("%s=%s: port 0 is left out: no flow is given source port 0", flag, s))
+	}
+	sort.Slice(in, func(i, j int) bool { return in[i].Min < in[j].Min })
+	out := PortRanges{in[0]}
+	for _, r := range in[1:] {
+		last := &out[len(out)-1]
+		if uint32(r.Min) <= uint32(last.Max)+1 {
+			last.Max = max(last.Max, r.Max)
+			continue
 		}
 		out = append(out, r)
 	}
-	return out, nil
-}
-
-const (
-	localPortRangePath     = "/proc/sys/net/ipv4/ip_local_port_range"
-	localReservedPortsPath = "/proc/sys/net/ipv4/ip_local_reserved_ports"
-)
-
-// reserveNATPorts makes sure the node's own connections never take a NAT
-// port: when ip_local_port_range overlaps the NAT range, the NAT range is
-// added to ip_local_reserved_ports (keeping what is already reserved). It
-// returns what it did, for the log.
-func reserveNATPorts(nat PortRange) (string, error) {
-	data, err := os.ReadFile(localPortRangePath)
-	if err != nil {
-		return "", fmt.Errorf("read %s: %w", localPortRangePath, err)
+	if out[0].Min < 1024 {
+		warnings = append(warnings, fmt.Sprintf("%s=%s: ports below 1024 are privileged ports to remote services, which may treat a connection from one as trusted (rsh, NFS's secure ports)", flag, s))
 	}
-	// The kernel writes "32768\t60999".
-	local, err := ParsePortRange(localPortRangePath, strings.Join(strings.Fields(string(data)), "-"))
-	if err != nil {
-		return "", err
-	}
-	if !nat.Overlaps(local) {
-		return "", nil
-	}
-	reserved, err := os.ReadFile(localReservedPortsPath)
-	if err != nil {
-		return "", fmt.Errorf("read %s: %w", localReservedPortsPath, err)
-	}
-	cur := strings.TrimSpace(string(reserved))
-	if containsRange(cur, nat) {
-		return "", nil
-	}
-	next := nat.String()
-	if cur != "" {
-		next = cur + "," + next
-	}
-	if err := os.WriteFile(localReservedPortsPath, []byte(next), 0o644); err != nil {
-		return "", fmt.Errorf("--nat-port-range=%s overlaps ip_local_port_range %s and reserving it in %s failed: %w "+
-			"(pick a --nat-port-range outside %s)", nat, local, localReservedPortsPath, err, local)
-	}
-	return fmt.Sprintf("--nat-port-range=%s overlaps ip_local_port_range %s: reserved it in %s", nat, local, localReservedPortsPath), nil
-}
-
-// containsRange reports whether a reserved-ports list ("1,5-9") already
-// covers r.
-func containsRange(list string, r PortRange) bool {
-	for _, part := range strings.Split(list, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		if !strings.Contains(part, "-") {
-			part += "-" + part
-		}
-		if pr, err := ParsePortRange("", part); err == nil && pr.Min <= r.Min && r.Max <= pr.Max {
-			return true
-		}
-	}
-	return false
+	return out, warnings, nil
 }

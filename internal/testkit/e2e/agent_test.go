@@ -60,7 +60,11 @@ type agent struct {
 	// joins before it execs the agent (so everything it allocates, BPF
 	// maps included, is charged to that cgroup).
 	cgroupProcs string
-	cmd         *exec.Cmd
+	// readOnlyProcSys runs the agent in a mount namespace of its own with
+	// /proc/sys read-only, as a container runtime mounts it in the
+	// DaemonSet's unprivileged container.
+	readOnlyProcSys bool
+	cmd             *exec.Cmd
 }
 
 func newAgent(t testing.TB, node *topology.Netns, config string) *agent {
@@ -132,6 +136,11 @@ func (a *agent) startProcess() {
 	a.cmd.Args = append(a.cmd.Args, a.args...)
 	if a.cgroupProcs != "" {
 		a.cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ > "$1" && shift && exec "$@"`, "sh", a.cgroupProcs}, a.cmd.Args...)...)
+	}
+	if a.readOnlyProcSys {
+		// unshare and sh exec the agent: the process is the agent's.
+		a.cmd = exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "/bin/sh", "-c",
+			`mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec "$@"`, "sh"}, a.cmd.Args...)...)
 	}
 	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
 	if err := a.node.Start(a.cmd); err != nil {

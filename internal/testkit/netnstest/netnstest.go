@@ -18,23 +18,18 @@ import (
 
 	"github.com/ipmasq/ipmasq/cells/devices"
 	"github.com/ipmasq/ipmasq/cells/netfilter"
-	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/tables"
 )
 
 // Agent wraps cells holding the devices cell, the datapath and the
 // netfilter cell (e.g. agent.Cell): the devices cell lists ns's devices, and the datapath
-// attaches its programs and reserves its NAT ports in ns, and netfilter's
+// attaches its programs in ns, and netfilter's
 // NAT rules are read and watched in ns.
 func Agent(ns netns.NsHandle, cells ...cell.Cell) cell.Cell {
 	return cell.Group(
 		Devices(ns),
-		cell.Decorate(func(ops reconciler.Operations[*tables.DatapathDevice], reserve datapath.PortReservation, scan netfilter.Scanner, changes netfilter.Changes) (reconciler.Operations[*tables.DatapathDevice], datapath.PortReservation, netfilter.Scanner, netfilter.Changes) {
+		cell.Decorate(func(ops reconciler.Operations[*tables.DatapathDevice], scan netfilter.Scanner, changes netfilter.Changes) (reconciler.Operations[*tables.DatapathDevice], netfilter.Scanner, netfilter.Changes) {
 			return &inNetns[*tables.DatapathDevice]{ns: ns, ops: ops},
-				func(r datapath.PortRange) (note string, err error) {
-					err = Do(ns, func() (err error) { note, err = reserve(r); return err })
-					return note, err
-				},
 				func(sources []netip.Prefix) (rows []*tables.NetfilterNATRule, err error) {
 					err = Do(ns, func() error { rows, err = scan(sources); return err })
 					return rows, err
