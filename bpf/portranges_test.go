@@ -19,14 +19,14 @@ func inFreshNetns(t *testing.T, fn func()) {
 	}
 }
 
-// TestRangePortsSkipNodeSockets: nothing reserves the NAT range from the
+// TestRangePortsAvoidNodeSockets: nothing reserves the NAT range from the
 // node any more, so its kernel may give a port of the range to its own
 // socket. The search skips every port a node socket owns toward the flow's
 // destination (a bound UDP socket, a TCP listener), in the range as
 // outside it, as conntrack's nf_nat_used_tuple skips the node's own
 // connection's tuple: with nine of ten ports held by node sockets, every
 // flow gets the tenth; with all ten held, the flow is refused.
-func TestRangePortsSkipNodeSockets(t *testing.T) {
+func TestRangePortsAvoidNodeSockets(t *testing.T) {
 	inFreshNetns(t, func() {
 		e := newEnv(t, envOptions{portMin: 40000, portMax: 40009})
 		var closers []func() error

@@ -18,7 +18,7 @@ import (
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
 
-// The agent writes no sysctl (issue #39): masqueraded flows stay clear of
+// The agent writes no sysctl: masqueraded flows stay clear of
 // the node's own sockets because the datapath asks the node's socket table
 // for every port it gives, as conntrack's nf_nat_used_tuple asks conntrack,
 // and a node flow that clashes with a pair gets another port, as
@@ -225,7 +225,7 @@ func runSysctlCase(t *testing.T, c sysctlCase) {
 	})
 }
 
-// TestWideLocalRangeReadOnlyProcSys: issue #39's first case. The node's
+// TestWideLocalRangeReadOnlyProcSys: a node with a widened local range. The node's
 // ip_local_port_range is 1024-65535 (a common tuning), which covers the
 // default --nat-port-range 61000-65535, and /proc/sys is read-only as the
 // DaemonSet's container has it: the agent starts (it used to exit, failing
@@ -243,7 +243,7 @@ func TestWideLocalRangeReadOnlyProcSys(t *testing.T) {
 	})
 }
 
-// TestToPortsExampleKeepsNodeConnections: issue #39's second case.
+// TestToPortsExampleKeepsNodeConnections: upstream's own --to-ports example.
 // Upstream's own example, --to-ports=1024-29999,32768-65535, covers the
 // node's whole default ip_local_port_range (32768-60999): the agent used to
 // reserve 32768-65535 in ip_local_reserved_ports, and 0 of 20 of the node's
