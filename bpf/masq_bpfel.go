@@ -104,25 +104,33 @@ const (
 )
 
 type masqEarlyDropV4Ctx struct {
-	_          structs.HostLayout
-	Victim     masqNatV4Key
-	VictimSeen uint64
-	VictimPos  uint64
-	Found      uint32
-	Done       uint32
-	Lead       uint32
-	Pad        uint32
+	_    structs.HostLayout
+	Best [2]struct {
+		_       structs.HostLayout
+		Key     masqNatV4Key
+		Seen    uint64
+		Created uint64
+		Slot    uint32
+		Rank    uint32
+	}
+	Now   uint64
+	Found uint32
+	Pad   uint32
 }
 
 type masqEarlyDropV6Ctx struct {
-	_          structs.HostLayout
-	Victim     masqNatV6Key
-	VictimSeen uint64
-	VictimPos  uint64
-	Found      uint32
-	Done       uint32
-	Lead       uint32
-	Pad        uint32
+	_    structs.HostLayout
+	Best [2]struct {
+		_       structs.HostLayout
+		Key     masqNatV6Key
+		Seen    uint64
+		Created uint64
+		Slot    uint32
+		Rank    uint32
+	}
+	Now   uint64
+	Found uint32
+	Pad   uint32
 }
 
 type masqEgressDev struct {
@@ -248,15 +256,6 @@ const (
 	masqNatDirDIR_INGRESS masqNatDir = 1
 	masqNatDirDIR_INBOUND masqNatDir = 2
 )
-
-type masqNatDropState struct {
-	_      structs.HostLayout
-	Head   uint64
-	Pad0   [7]uint64
-	Tail   uint64
-	Walker uint64
-	Pad1   [6]uint64
-}
 
 type masqNatFlag uint32
 
@@ -410,9 +409,9 @@ const (
 	masqMapNatCandV4             = "nat_cand_v4"
 	masqMapNatCandV6             = "nat_cand_v6"
 	masqMapNatCount              = "nat_count"
-	masqMapNatDrop               = "nat_drop"
 	masqMapNatFinV4              = "nat_fin_v4"
 	masqMapNatFinV6              = "nat_fin_v6"
+	masqMapNatNoteFree           = "nat_note_free"
 	masqMapNatV4                 = "nat_v4"
 	masqMapNatV6                 = "nat_v6"
 	masqMapNodeAddrsV4           = "node_addrs_v4"
@@ -445,6 +444,9 @@ const (
 	masqVarNatHandoverLast       = "nat_handover_last"
 	masqVarNatHandoverOpLast     = "nat_handover_op_last"
 	masqVarNatHandoverResultLast = "nat_handover_result_last"
+	masqVarNatNoteMaskV4         = "nat_note_mask_v4"
+	masqVarNatNoteMaskV6         = "nat_note_mask_v6"
+	masqVarNatNoteSeed           = "nat_note_seed"
 	masqVarNatStateMax           = "nat_state_max"
 )
 
@@ -520,9 +522,9 @@ type masqMapSpecs struct {
 	NatCandV4          *ebpf.MapSpec `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.MapSpec `ebpf:"nat_cand_v6"`
 	NatCount           *ebpf.MapSpec `ebpf:"nat_count"`
-	NatDrop            *ebpf.MapSpec `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
+	NatNoteFree        *ebpf.MapSpec `ebpf:"nat_note_free"`
 	NatV4              *ebpf.MapSpec `ebpf:"nat_v4"`
 	NatV6              *ebpf.MapSpec `ebpf:"nat_v6"`
 	NodeAddrsV4        *ebpf.MapSpec `ebpf:"node_addrs_v4"`
@@ -553,6 +555,9 @@ type masqVariableSpecs struct {
 	NatHandoverLast       *ebpf.VariableSpec `ebpf:"nat_handover_last"`
 	NatHandoverOpLast     *ebpf.VariableSpec `ebpf:"nat_handover_op_last"`
 	NatHandoverResultLast *ebpf.VariableSpec `ebpf:"nat_handover_result_last"`
+	NatNoteMaskV4         *ebpf.VariableSpec `ebpf:"nat_note_mask_v4"`
+	NatNoteMaskV6         *ebpf.VariableSpec `ebpf:"nat_note_mask_v6"`
+	NatNoteSeed           *ebpf.VariableSpec `ebpf:"nat_note_seed"`
 	NatStateMax           *ebpf.VariableSpec `ebpf:"nat_state_max"`
 }
 
@@ -592,9 +597,9 @@ type masqMaps struct {
 	NatCandV4          *ebpf.Map `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.Map `ebpf:"nat_cand_v6"`
 	NatCount           *ebpf.Map `ebpf:"nat_count"`
-	NatDrop            *ebpf.Map `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
+	NatNoteFree        *ebpf.Map `ebpf:"nat_note_free"`
 	NatV4              *ebpf.Map `ebpf:"nat_v4"`
 	NatV6              *ebpf.Map `ebpf:"nat_v6"`
 	NodeAddrsV4        *ebpf.Map `ebpf:"node_addrs_v4"`
@@ -624,9 +629,9 @@ func (m *masqMaps) Close() error {
 		m.NatCandV4,
 		m.NatCandV6,
 		m.NatCount,
-		m.NatDrop,
 		m.NatFinV4,
 		m.NatFinV6,
+		m.NatNoteFree,
 		m.NatV4,
 		m.NatV6,
 		m.NodeAddrsV4,
@@ -658,6 +663,9 @@ type masqVariables struct {
 	NatHandoverLast       *ebpf.Variable `ebpf:"nat_handover_last"`
 	NatHandoverOpLast     *ebpf.Variable `ebpf:"nat_handover_op_last"`
 	NatHandoverResultLast *ebpf.Variable `ebpf:"nat_handover_result_last"`
+	NatNoteMaskV4         *ebpf.Variable `ebpf:"nat_note_mask_v4"`
+	NatNoteMaskV6         *ebpf.Variable `ebpf:"nat_note_mask_v6"`
+	NatNoteSeed           *ebpf.Variable `ebpf:"nat_note_seed"`
 	NatStateMax           *ebpf.Variable `ebpf:"nat_state_max"`
 }
 
