@@ -237,15 +237,10 @@ func Load(opts LoadOptions) (*Datapath, error) {
 }
 
 // NoteSlots is the size of early drop's notes (nat_cand_v4/v6, lib/evict.h)
-// for a NAT map of natMaxEntries: a slot per pair the map holds, rounded
-// up to a power of two (the programs mask the hash), at least 16 (early
-// drop's search reads 16 slots: a small table's whole).
+// for a NAT map of natMaxEntries: a slot per pair the map holds, at least
+// 16 (early drop's search reads 16 slots: a small table's whole).
 func NoteSlots(natMaxEntries uint32) uint32 {
-	n := uint32(16)
-	for n < natMaxEntries/2 && n < 1<<30 {
-		n <<= 1
-	}
-	return n
+	return max(natMaxEntries/2, 16)
 }
 
 // sizeNotes sizes the notes to the NAT maps and draws their hash's seed
@@ -255,14 +250,14 @@ func sizeNotes(spec *ebpf.CollectionSpec) error {
 	if _, err := rand.Read(seed[:]); err != nil {
 		return fmt.Errorf("early drop's seed: %w", err)
 	}
-	for _, f := range []struct{ nat, notes, mask string }{
-		{MapNATV4, masqMapNatCandV4, "nat_note_mask_v4"},
-		{MapNATV6, masqMapNatCandV6, "nat_note_mask_v6"},
+	for _, f := range []struct{ nat, notes, slots string }{
+		{MapNATV4, masqMapNatCandV4, "nat_note_slots_v4"},
+		{MapNATV6, masqMapNatCandV6, "nat_note_slots_v6"},
 	} {
 		n := NoteSlots(spec.Maps[f.nat].MaxEntries)
 		spec.Maps[f.notes].MaxEntries = n
-		if err := spec.Variables[f.mask].Set(n - 1); err != nil {
-			return fmt.Errorf("set %s: %w", f.mask, err)
+		if err := spec.Variables[f.slots].Set(n); err != nil {
+			return fmt.Errorf("set %s: %w", f.slots, err)
 		}
 	}
 	if err := spec.Variables["nat_note_seed"].Set(binary.LittleEndian.Uint32(seed[:])); err != nil {

@@ -444,9 +444,9 @@ const (
 	masqVarNatHandoverLast       = "nat_handover_last"
 	masqVarNatHandoverOpLast     = "nat_handover_op_last"
 	masqVarNatHandoverResultLast = "nat_handover_result_last"
-	masqVarNatNoteMaskV4         = "nat_note_mask_v4"
-	masqVarNatNoteMaskV6         = "nat_note_mask_v6"
 	masqVarNatNoteSeed           = "nat_note_seed"
+	masqVarNatNoteSlotsV4        = "nat_note_slots_v4"
+	masqVarNatNoteSlotsV6        = "nat_note_slots_v6"
 	masqVarNatStateMax           = "nat_state_max"
 )
 
@@ -555,9 +555,9 @@ type masqVariableSpecs struct {
 	NatHandoverLast       *ebpf.VariableSpec `ebpf:"nat_handover_last"`
 	NatHandoverOpLast     *ebpf.VariableSpec `ebpf:"nat_handover_op_last"`
 	NatHandoverResultLast *ebpf.VariableSpec `ebpf:"nat_handover_result_last"`
-	NatNoteMaskV4         *ebpf.VariableSpec `ebpf:"nat_note_mask_v4"`
-	NatNoteMaskV6         *ebpf.VariableSpec `ebpf:"nat_note_mask_v6"`
 	NatNoteSeed           *ebpf.VariableSpec `ebpf:"nat_note_seed"`
+	NatNoteSlotsV4        *ebpf.VariableSpec `ebpf:"nat_note_slots_v4"`
+	NatNoteSlotsV6        *ebpf.VariableSpec `ebpf:"nat_note_slots_v6"`
 	NatStateMax           *ebpf.VariableSpec `ebpf:"nat_state_max"`
 }
 
@@ -663,9 +663,9 @@ type masqVariables struct {
 	NatHandoverLast       *ebpf.Variable `ebpf:"nat_handover_last"`
 	NatHandoverOpLast     *ebpf.Variable `ebpf:"nat_handover_op_last"`
 	NatHandoverResultLast *ebpf.Variable `ebpf:"nat_handover_result_last"`
-	NatNoteMaskV4         *ebpf.Variable `ebpf:"nat_note_mask_v4"`
-	NatNoteMaskV6         *ebpf.Variable `ebpf:"nat_note_mask_v6"`
 	NatNoteSeed           *ebpf.Variable `ebpf:"nat_note_seed"`
+	NatNoteSlotsV4        *ebpf.Variable `ebpf:"nat_note_slots_v4"`
+	NatNoteSlotsV6        *ebpf.Variable `ebpf:"nat_note_slots_v6"`
 	NatStateMax           *ebpf.Variable `ebpf:"nat_state_max"`
 }
 

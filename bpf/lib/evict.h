@@ -20,7 +20,7 @@
  * can neither start a hash map walk at a chosen bucket nor read a bucket's
  * chain, so the programs keep a shadow of the table's buckets themselves:
  * an array per family (nat_cand_v4/v6), as many slots as the table holds
- * pairs (the loader sizes it, a power of two), in which each entry that
+ * pairs (the loader sizes it), in which each entry that
  * is not assured is noted at the slot its key hashes to:
  *
  *   - each new pair's reply (dir 1) key, a node flow's held tuple excepted
@@ -49,14 +49,16 @@
 /* Probes of a note on collision. */
 #define NAT_NOTE_PROBES	8
 
-/* The arrays' default size (a power of two); the loader sizes them to the
- * NAT map's pairs and sets the masks below. */
+/* The arrays' default size; the loader sizes them to the NAT map's pairs
+ * and sets the sizes below. */
 #define NAT_CAND_SLOTS	4096
 
-/* Set by the loader (bpf.Load): the slot mask of each family's array, and
- * the hash's seed. */
-const volatile __u32 nat_note_mask_v4 = NAT_CAND_SLOTS - 1;
-const volatile __u32 nat_note_mask_v6 = NAT_CAND_SLOTS - 1;
+/* Set by the loader (bpf.Load): the slots of each family's array (a slot
+ * is a hash modulo this: the array is exactly as large as the table's
+ * pairs, the notes of pairs that may go as dense as they can be), and the
+ * hash's seed. */
+const volatile __u32 nat_note_slots_v4 = NAT_CAND_SLOTS;
+const volatile __u32 nat_note_slots_v6 = NAT_CAND_SLOTS;
 const volatile __u32 nat_note_seed = 0;
 
 struct nat_v4_cand {

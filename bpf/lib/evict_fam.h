@@ -23,7 +23,7 @@ static __always_inline __u32 FAM(nat_note_hash)(const FAM_T(nat, key) *k)
 #pragma clang loop unroll(disable)
 	for (i = 0; i < NAT_KEY_WORDS; i++)
 		h = nat_note_mix(h, w[i]);
-	return nat_note_fmix(h ^ (__u32)NAT_KEY_WORDS) & FAM(nat_note_mask);
+	return nat_note_fmix(h ^ (__u32)NAT_KEY_WORDS) % FAM(nat_note_slots);
 }
 
 /* nat_note_same_v4/v6 says whether note c holds key k. */
@@ -56,7 +56,7 @@ static __always_inline void FAM(nat_cand_note)(const FAM_T(nat, key) *k, __u64 c
 
 #pragma clang loop unroll(disable)
 	for (i = 0; i < NAT_NOTE_PROBES; i++) {
-		s = (slot + i) & FAM(nat_note_mask);
+		s = (slot + i) % FAM(nat_note_slots);
 		c = bpf_map_lookup_elem(&FAM(nat_cand), &s);
 		if (!c)
 			return;
@@ -77,7 +77,7 @@ static __always_inline void FAM(nat_cand_note)(const FAM_T(nat, key) *k, __u64 c
 	}
 #pragma clang loop unroll(disable)
 	for (i = 0; i < NAT_NOTE_PROBES; i++) {
-		s = (slot + i) & FAM(nat_note_mask);
+		s = (slot + i) % FAM(nat_note_slots);
 		c = bpf_map_lookup_elem(&FAM(nat_cand), &s);
 		if (!c)
 			return;

@@ -199,14 +199,14 @@ static __noinline int FAM(nat_early_drop)(void)
 	 * pairs that may go); a table of up to 16 slots is read whole. */
 	start = bpf_get_prandom_u32();
 	for (w = 0; w < NAT_EARLY_DROP_WINDOWS; w++) {
-		if (FAM(nat_note_mask) >= NAT_EARLY_DROP_WINDOWS * NAT_EARLY_DROP_WINDOW)
+		if (FAM(nat_note_slots) > NAT_EARLY_DROP_WINDOWS * NAT_EARLY_DROP_WINDOW)
 			start = bpf_get_prandom_u32();
 		else if (w)
 			start += NAT_EARLY_DROP_WINDOW;
 		for (i = 0; i < NAT_EARLY_DROP_WINDOW; i++) {
 			if (ctx->found >= NAT_EARLY_DROP_CANDIDATES)
 				break;
-			FAM(early_drop_slot)(ctx, (start + i) & FAM(nat_note_mask));
+			FAM(early_drop_slot)(ctx, (start + i) % FAM(nat_note_slots));
 		}
 	}
 	if (ctx->found)

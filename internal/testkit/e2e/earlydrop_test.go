@@ -23,9 +23,10 @@ import (
 // entry stays unreplied, ipmasq's pair unanswered).
 const silentPort = 7099
 
-// TestFullTableFindsDroppable: the NAT table (--nat-max-entries=256: 128
-// flows) is filled with unanswered UDP flows first (100, from fresh
-// sockets), then with established TCP connections (28). New queries made
+// TestFullTableFindsDroppable: the NAT table (--nat-max-entries=16384:
+// 8 192 flows) is filled with unanswered UDP flows first (4 000, from
+// fresh sockets), then with established TCP connections (4 192: more than
+// the 4 096 notes of the ring the search had). New queries made
 // right after are answered (95 % or more on their first datagram: each
 // needs an early drop, which now finds a droppable pair wherever the
 // table holds many), and every new query 10 s later; every TCP
@@ -40,9 +41,9 @@ const silentPort = 7099
 // nf_conntrack_max, is the host's (read-only in a network namespace), but
 // the count it is checked against is the namespace's. So the node's
 // conntrack table is first filled over ctnetlink up to that limit with
-// entries of the same mix (three quarters unreplied UDP, early-droppable;
-// a quarter established TCP, never), minus room for the scenario's own
-// flows: its new queries then need conntrack's early drop too.
+// entries of the same mix (half unreplied UDP, early-droppable; half
+// established TCP, never), minus room for the scenario's own flows: its
+// new queries then need conntrack's early drop too.
 func TestFullTableFindsDroppable(t *testing.T) {
 	for _, down := range []bool{false, true} {
 		name := "agent running"
@@ -54,7 +55,7 @@ func TestFullTableFindsDroppable(t *testing.T) {
 }
 
 func fullTableFindsDroppable(t *testing.T, agentDown bool) {
-	const natMax, unanswered, queries = 256, 100, 100
+	const natMax, unanswered, queries = 16384, 4000, 100
 	conns := natMax/2 - unanswered
 	underBoth(t, masqueradePods(fmt.Sprintf("--nat-max-entries=%d", natMax)), func(t *testing.T, s *scenario) {
 		if s.agent == nil {
@@ -82,7 +83,9 @@ func fullTableFindsDroppable(t *testing.T, agentDown bool) {
 			if err != nil || seen != topology.NodeIP4.String() {
 				t.Fatalf("connection %d of %d: seen as %q, %v%s", i+1, conns, seen, err, countersOf(s))
 			}
-			echoOnce(t, c, "established\n")
+			if i%100 == 0 {
+				echoOnce(t, c, "established\n")
+			}
 			est = append(est, c)
 		}
 		if agentDown && s.agent != nil {
@@ -114,6 +117,7 @@ func fullTableFindsDroppable(t *testing.T, agentDown bool) {
 		for i, c := range est {
 			echoOnce(t, c, fmt.Sprintf("connection %d after the queries\n", i))
 		}
+		t.Logf("%d established connections answered after the queries", len(est))
 		if a := s.agent; a != nil {
 			if n := a.counter(bpf.CounterNATEarlyDrop); n == 0 {
 				t.Fatalf("no early drop: the table was not full%s", countersOf(s))
@@ -132,9 +136,8 @@ func countersOf(s *scenario) string {
 }
 
 // fillConntrack fills ns's conntrack table over ctnetlink up to
-// nf_conntrack_max less room entries: three quarters unreplied UDP
-// entries (early drop may take them), a quarter established TCP ones (it
-// never does), from 10.96.0.0/12 to a TEST-NET address, an hour to live.
+// nf_conntrack_max less room entries: half unreplied UDP entries (early
+// drop may take them), half established TCP ones (it never does), from 10.96.0.0/12 to a TEST-NET address, an hour to live.
 func fillConntrack(t *testing.T, ns *topology.Netns, room int) {
 	t.Helper()
 	raw, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_max")
@@ -153,7 +156,7 @@ func fillConntrack(t *testing.T, ns *topology.Netns, room int) {
 		f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 3600,
 			Forward: netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: src, DstIP: dst, SrcPort: 1024, DstPort: 53},
 			Reverse: netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: dst, DstIP: src, SrcPort: 53, DstPort: 1024}}
-		if i%4 == 3 {
+		if i%2 == 1 {
 			f.Forward.Protocol, f.Reverse.Protocol = unix.IPPROTO_TCP, unix.IPPROTO_TCP
 			f.Forward.DstPort, f.Reverse.SrcPort = 443, 443
 			f.ProtoInfo = &netlink.ProtoInfoTCP{State: 3} // established: never early-dropped
