@@ -47,16 +47,19 @@ struct {
 /* early_drop_slot_v4/v6 judges the note in slot: an entry gone, or assured
  * and alive, clears it; an entry that may go is weighed against the best
  * two so far (expired first, then done, then the idlest). Everything
- * judged is read once (the stamp first: nat_claim then fails if anything
- * changed) and then checked to be still the key's: a deleted entry's
- * element may have been reused by another key meanwhile. A global
- * function: the verifier checks it once. Returns 0. */
+ * judged is read once, the stamp first: nat_claim then fails if anything
+ * changed. One lookup: an element deleted and reused by another key
+ * meanwhile may be judged by that key's flags (at worst a note cleared, or
+ * a candidate weighed wrongly), but never dropped: early_drop_victim looks
+ * the key up again and claims from the stamp judged, which the key's own
+ * entry does not have. A global function: the verifier checks it once.
+ * Returns 0. */
 __noinline int FAM(early_drop_slot)(FAM_T(early_drop, ctx) *ctx, __u32 slot)
 {
 	struct masq_config *cfg = masq_cfg();
 	FAM_T(early_drop, cand) *b;
 	FAM_T(nat, cand) *c;
-	FAM_T(nat, val) *v, *again;
+	FAM_T(nat, val) *v;
 	__u64 created, seen;
 	__u8 flags, proto, dir;
 	__u32 rank;
@@ -81,11 +84,10 @@ __noinline int FAM(early_drop_slot)(FAM_T(early_drop, ctx) *ctx, __u32 slot)
 	}
 	seen = nat_stamp(&v->last_seen_ns);
 	flags = *(volatile __u8 *)&v->flags;
-	again = bpf_map_lookup_elem(&FAM(nat), &c->key);
 	if (*(volatile __u64 *)&c->created_ns != created)
 		return 0; /* being written over by a newer note */
-	if (again != v || seen == NAT_CLAIMED)
-		return 0; /* reused, or another party's now: judged next time */
+	if (seen == NAT_CLAIMED)
+		return 0; /* another party's now: judged next time */
 	if (dir != DIR_INGRESS && dir != DIR_INBOUND)
 		goto clear;
 	if (nat_expired(cfg, proto, flags, seen, ctx->now) && !(flags & NAT_F_HOST))
