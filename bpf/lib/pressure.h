@@ -72,9 +72,9 @@ static __always_inline int nat_done(__u8 proto, __u8 flags)
  * best: an expired pair first, then a done pair before one in flight, then
  * the one idle longest. Under a DNS burst the done pairs are the answered
  * queries: a query made a moment ago, whose answer is on its way, is the
- * last taken. Each slot with a note costs about three cache misses in a
- * large table (the slot, the bucket, the entry): 64 made a refusal 50 to
- * 77 µs at 64 Ki to 1 Mi entries, 16 keep it near conntrack's. */
+ * last taken. A search whose slots all hold notes costs 20 to 35 µs on
+ * the development VM, several times conntrack's refusal
+ * (docs/datapath-benchmarks.md). */
 #define NAT_EARLY_DROP_WINDOWS		16
 #define NAT_EARLY_DROP_WINDOW		1
 #define NAT_EARLY_DROP_CANDIDATES	16
