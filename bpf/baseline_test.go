@@ -41,7 +41,15 @@ func loadObject(tb testing.TB, path string, natMax uint32) *Datapath {
 		}
 	}
 	d.Maps = d.objs.masqMaps
-	d.objs = masqObjects{} // the collection owns them
+	// The collector's programs too (EndPairV4/V6), where the object has
+	// them; the collection owns them all (closing twice is harmless).
+	progs := reflect.ValueOf(&d.objs.masqPrograms).Elem()
+	for i := range progs.NumField() {
+		if p, ok := coll.Programs[progs.Type().Field(i).Tag.Get("ebpf")]; ok {
+			progs.Field(i).Set(reflect.ValueOf(p))
+		}
+	}
+	d.objs.masqMaps = masqMaps{}
 	return d
 }
 

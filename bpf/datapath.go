@@ -23,6 +23,8 @@ package bpf
 
 import (
 	"cmp"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -139,6 +141,9 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	spec.Maps[MapNATV6].MaxEntries = cmp.Or(opts.NATMaxEntriesV6, opts.NATMaxEntries)
 	spec.Maps[MapUnmasqV4].MaxEntries = UnmasqEntries(spec.Maps[MapNATV4].MaxEntries)
 	spec.Maps[MapUnmasqV6].MaxEntries = UnmasqEntries(spec.Maps[MapNATV6].MaxEntries)
+	if err := sizeNotes(spec); err != nil {
+		return nil, err
+	}
 	if opts.natMapKind != nil {
 		opts.natMapKind(spec.Maps[MapNATV4])
 		opts.natMapKind(spec.Maps[MapNATV6])
@@ -215,11 +220,42 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	return d, nil
 }
 
+// NoteSlots is the size of early drop's notes (nat_cand_v4/v6, lib/evict.h)
+// for a NAT map of natMaxEntries: a slot per pair the map holds, at least
+// 16 (early drop's search reads 16 slots: a small table's whole).
+func NoteSlots(natMaxEntries uint32) uint32 {
+	return max(natMaxEntries/2, 16)
+}
+
+// sizeNotes sizes the notes to the NAT maps and draws their hash's seed
+// (so that no remote can aim its flows' notes at a few slots).
+func sizeNotes(spec *ebpf.CollectionSpec) error {
+	var seed [4]byte
+	if _, err := rand.Read(seed[:]); err != nil {
+		return fmt.Errorf("early drop's seed: %w", err)
+	}
+	for _, f := range []struct{ nat, notes, slots string }{
+		{MapNATV4, masqMapNatCandV4, "nat_note_slots_v4"},
+		{MapNATV6, masqMapNatCandV6, "nat_note_slots_v6"},
+	} {
+		n := NoteSlots(spec.Maps[f.nat].MaxEntries)
+		spec.Maps[f.notes].MaxEntries = n
+		if err := spec.Variables[f.slots].Set(n); err != nil {
+			return fmt.Errorf("set %s: %w", f.slots, err)
+		}
+	}
+	if err := spec.Variables["nat_note_seed"].Set(binary.LittleEndian.Uint32(seed[:])); err != nil {
+		return fmt.Errorf("set nat_note_seed: %w", err)
+	}
+	return nil
+}
+
 // retiredPins are maps earlier versions pinned and no program uses any
 // more. Nothing but the loader would remove them (the uninstall removes the
 // whole directory), so an upgraded node would keep their kernel memory.
 var retiredPins = []string{
 	"nat_full_until", // early drop's backoff, before its candidate notes
+	"nat_drop",       // early drop's ring and its walker, before the notes by hash
 }
 
 // removeRetiredPins unpins the retired maps found in pinDir, once the new

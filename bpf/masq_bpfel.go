@@ -104,25 +104,33 @@ const (
 )
 
 type masqEarlyDropV4Ctx struct {
-	_          structs.HostLayout
-	Victim     masqNatV4Key
-	VictimSeen uint64
-	VictimPos  uint64
-	Found      uint32
-	Done       uint32
-	Lead       uint32
-	Pad        uint32
+	_    structs.HostLayout
+	Best [2]struct {
+		_       structs.HostLayout
+		Key     masqNatV4Key
+		Seen    uint64
+		Created uint64
+		Slot    uint32
+		Rank    uint32
+	}
+	Now   uint64
+	Found uint32
+	Pad   uint32
 }
 
 type masqEarlyDropV6Ctx struct {
-	_          structs.HostLayout
-	Victim     masqNatV6Key
-	VictimSeen uint64
-	VictimPos  uint64
-	Found      uint32
-	Done       uint32
-	Lead       uint32
-	Pad        uint32
+	_    structs.HostLayout
+	Best [2]struct {
+		_       structs.HostLayout
+		Key     masqNatV6Key
+		Seen    uint64
+		Created uint64
+		Slot    uint32
+		Rank    uint32
+	}
+	Now   uint64
+	Found uint32
+	Pad   uint32
 }
 
 type masqEgressDev struct {
@@ -244,15 +252,6 @@ const (
 	masqNatDirDIR_INGRESS masqNatDir = 1
 	masqNatDirDIR_INBOUND masqNatDir = 2
 )
-
-type masqNatDropState struct {
-	_      structs.HostLayout
-	Head   uint64
-	Pad0   [7]uint64
-	Tail   uint64
-	Walker uint64
-	Pad1   [6]uint64
-}
 
 type masqNatFlag uint32
 
@@ -411,9 +410,9 @@ const (
 	masqMapNatCandV4             = "nat_cand_v4"
 	masqMapNatCandV6             = "nat_cand_v6"
 	masqMapNatCount              = "nat_count"
-	masqMapNatDrop               = "nat_drop"
 	masqMapNatFinV4              = "nat_fin_v4"
 	masqMapNatFinV6              = "nat_fin_v6"
+	masqMapNatNoteFree           = "nat_note_free"
 	masqMapNatPortSet            = "nat_port_set"
 	masqMapNatPorts              = "nat_ports"
 	masqMapNatV4                 = "nat_v4"
@@ -448,6 +447,9 @@ const (
 	masqVarNatHandoverLast       = "nat_handover_last"
 	masqVarNatHandoverOpLast     = "nat_handover_op_last"
 	masqVarNatHandoverResultLast = "nat_handover_result_last"
+	masqVarNatNoteSeed           = "nat_note_seed"
+	masqVarNatNoteSlotsV4        = "nat_note_slots_v4"
+	masqVarNatNoteSlotsV6        = "nat_note_slots_v6"
 	masqVarNatStateMax           = "nat_state_max"
 )
 
@@ -523,9 +525,9 @@ type masqMapSpecs struct {
 	NatCandV4          *ebpf.MapSpec `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.MapSpec `ebpf:"nat_cand_v6"`
 	NatCount           *ebpf.MapSpec `ebpf:"nat_count"`
-	NatDrop            *ebpf.MapSpec `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
+	NatNoteFree        *ebpf.MapSpec `ebpf:"nat_note_free"`
 	NatPortSet         *ebpf.MapSpec `ebpf:"nat_port_set"`
 	NatPorts           *ebpf.MapSpec `ebpf:"nat_ports"`
 	NatV4              *ebpf.MapSpec `ebpf:"nat_v4"`
@@ -558,6 +560,9 @@ type masqVariableSpecs struct {
 	NatHandoverLast       *ebpf.VariableSpec `ebpf:"nat_handover_last"`
 	NatHandoverOpLast     *ebpf.VariableSpec `ebpf:"nat_handover_op_last"`
 	NatHandoverResultLast *ebpf.VariableSpec `ebpf:"nat_handover_result_last"`
+	NatNoteSeed           *ebpf.VariableSpec `ebpf:"nat_note_seed"`
+	NatNoteSlotsV4        *ebpf.VariableSpec `ebpf:"nat_note_slots_v4"`
+	NatNoteSlotsV6        *ebpf.VariableSpec `ebpf:"nat_note_slots_v6"`
 	NatStateMax           *ebpf.VariableSpec `ebpf:"nat_state_max"`
 }
 
@@ -597,9 +602,9 @@ type masqMaps struct {
 	NatCandV4          *ebpf.Map `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.Map `ebpf:"nat_cand_v6"`
 	NatCount           *ebpf.Map `ebpf:"nat_count"`
-	NatDrop            *ebpf.Map `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
+	NatNoteFree        *ebpf.Map `ebpf:"nat_note_free"`
 	NatPortSet         *ebpf.Map `ebpf:"nat_port_set"`
 	NatPorts           *ebpf.Map `ebpf:"nat_ports"`
 	NatV4              *ebpf.Map `ebpf:"nat_v4"`
@@ -631,9 +636,9 @@ func (m *masqMaps) Close() error {
 		m.NatCandV4,
 		m.NatCandV6,
 		m.NatCount,
-		m.NatDrop,
 		m.NatFinV4,
 		m.NatFinV6,
+		m.NatNoteFree,
 		m.NatPortSet,
 		m.NatPorts,
 		m.NatV4,
@@ -667,6 +672,9 @@ type masqVariables struct {
 	NatHandoverLast       *ebpf.Variable `ebpf:"nat_handover_last"`
 	NatHandoverOpLast     *ebpf.Variable `ebpf:"nat_handover_op_last"`
 	NatHandoverResultLast *ebpf.Variable `ebpf:"nat_handover_result_last"`
+	NatNoteSeed           *ebpf.Variable `ebpf:"nat_note_seed"`
+	NatNoteSlotsV4        *ebpf.Variable `ebpf:"nat_note_slots_v4"`
+	NatNoteSlotsV6        *ebpf.Variable `ebpf:"nat_note_slots_v6"`
 	NatStateMax           *ebpf.Variable `ebpf:"nat_state_max"`
 }
 

@@ -27,11 +27,8 @@ type (
 	// UnmasqVal is a value of unmasq_v4 (key NATKeyV4) and unmasq_v6
 	// (key NATKeyV6): a flow that started unmasqueraded.
 	UnmasqVal = masqUnmasqVal
-	// NATDropState is a value of nat_drop (key: 0 IPv4, 1 IPv6): early
-	// drop's ring of candidates and its one walker (lib/evict.h).
-	NATDropState = masqNatDropState
 	// NATCandV4 is a slot of nat_cand_v4: a noted candidate for early
-	// drop (lib/evict.h).
+	// drop, at its key's hash (lib/evict.h).
 	NATCandV4 = masqNatV4Cand
 )
 

@@ -98,8 +98,15 @@ static __noinline int FAM(egress_fixed)(struct __sk_buff *skb, const struct pkt 
 	FAM_ADDR_COPY(k.dst, FAM_PKT(p).daddr);
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
 	if (v) {
-		FAM(nat_touch)(v, 0);
+		/* the stamp in nv.last_seen_ns (stack room) */
+		nv.last_seen_ns = FAM(nat_touch)(v, 0);
 		FAM_ADDR_COPY(nv.addr, v->addr);
+		/* A pair being ended, or an entry reused by another pair
+		 * meanwhile: never sent with the address it names. */
+		if (!FAM(nat_still)(&k, v, nv.last_seen_ns)) {
+			count(COUNTER_DROP_PAIR_CLAIMED);
+			return TC_ACT_SHOT;
+		}
 		/* The pod's SHUTDOWN or ABORT: the association may go for a
 		 * new flow (rare packets: one more lookup). */
 		if (fixed_assurance(skb, p, DIR_EGRESS) == FIXED_UNASSURE)
@@ -139,15 +146,22 @@ static __noinline int FAM(ingress_fixed)(struct __sk_buff *skb, const struct pkt
 	};
 	FAM_T(nat, val) *v;
 	FAM_ADDR from, to;
+	__u64 stamp;
 
 	FAM_ADDR_COPY(k.src, FAM_PKT(p).saddr);
 	FAM_ADDR_COPY(k.dst, FAM_PKT(p).daddr);
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
 	if (!v)
 		return TC_ACT_UNSPEC;
-	FAM(nat_touch)(v, 0);
-	fixed_assure(&v->flags, fixed_assurance(skb, p, DIR_INGRESS));
+	stamp = FAM(nat_touch)(v, 0);
 	FAM_ADDR_COPY(to, v->addr);
+	/* A pair being ended, or an entry reused by another pair
+	 * meanwhile: never sent to the pod it names. */
+	if (!FAM(nat_still)(&k, v, stamp)) {
+		count(COUNTER_DROP_PAIR_CLAIMED);
+		return TC_ACT_SHOT;
+	}
+	fixed_assure(&v->flags, fixed_assurance(skb, p, DIR_INGRESS));
 	FAM_ADDR_COPY(from, FAM_PKT(p).daddr);
 	if (p->frag == FRAG_FIRST)
 		FAM(frag_remember)(p, DIR_INGRESS, to);

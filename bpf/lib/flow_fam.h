@@ -7,6 +7,7 @@
  * Defines: nat_touch_v4, nat_touch_v6, nat_still_v4, nat_still_v6,
  * nat_pair_v4, nat_pair_v6, nat_established_v4, nat_established_v6,
  * nat_reply_fin_v4, nat_reply_fin_v6, nat_reply_rst_v4, nat_reply_rst_v6,
+ * nat_reply_syn_v4, nat_reply_syn_v6,
  * nat_takeover_v4, nat_takeover_v6, nat_use_v4, nat_use_v6.
  */
 
@@ -168,6 +169,13 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 		flags &= ~NAT_F_RST;
 		count(COUNTER_TCP_RST_IGNORED);
 	}
+	/* The pod's first RST that ends the pair: the pair is reset, and
+	 * may go for a new flow (pressure.h judges it by its reply entry,
+	 * which gets the RST too), noted for early drop (evict.h). */
+	if ((flags & ~v->flags & NAT_F_RST) && k->proto == IPPROTO_TCP && !(r->flags & (NAT_F_RST | NAT_F_HOST))) {
+		r->flags |= NAT_F_RST;
+		FAM(nat_cand_note)(&peer, r->created_ns);
+	}
 	/* The source's FIN before any from the remote: whether the remote
 	 * then closes passively is its FIN's to say (FAM(nat_reply_fin)). */
 	if ((flags & NAT_F_FIN) && k->proto == IPPROTO_TCP && !(v->flags & NAT_F_FIN) &&
@@ -225,6 +233,32 @@ __noinline int FAM(nat_reply_rst)(const FAM_T(nat, key) *k, const FAM_T(nat, val
 	    tcp_rst_from_remote(p->tcp_end, v->tcp_end))
 		return 1;
 	count(COUNTER_TCP_RST_IGNORED);
+	return 0;
+}
+
+/* nat_reply_syn_v4/v6 handles the remote's SYN-ACK p on an answered pair
+ * whose reply entry (key k, value v) it matched: a new connection on the
+ * pod's tuple (the pod's SYN restarted its own end, see "RSTs") is in
+ * another sequence space, which the remote's tcp_end, moving by at most
+ * NAT_TCP_WINDOW, would never reach: its RSTs would be ignored and the pair
+ * kept established for days. As conntrack re-inits on a SYN-ACK that
+ * acknowledges the SYN it ignored, the remote's end starts anew when the
+ * SYN-ACK acknowledges the pod's SYN (its ACK is the pod's end): a forger
+ * must guess the pod's initial sequence number. Returns 0 (a global
+ * function returns a scalar). */
+__noinline int FAM(nat_reply_syn)(struct __sk_buff *skb, const FAM_T(nat, key) *k, FAM_T(nat, val) *v,
+				   const struct pkt *p)
+{
+	FAM_T(nat, key) peer;
+	FAM_T(nat, val) *o;
+	__u32 ack;
+
+	if (!skb || !k || !v || !p)
+		return 0;
+	FAM(nat_pair)(k, v, &peer);
+	o = bpf_map_lookup_elem(&FAM(nat), &peer);
+	if (o && o->tcp_end && tcp_ack_of(skb, p, &ack) == 0 && ack == o->tcp_end)
+		v->tcp_end = p->tcp_end;
 	return 0;
 }
 

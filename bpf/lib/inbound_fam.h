@@ -78,16 +78,29 @@ static __always_inline int FAM(inbound_track)(struct __sk_buff *skb, const struc
 		seen = nat_stamp(&v->last_seen_ns);
 		if (p->proto == IPPROTO_TCP && flow_start(p, DIR_INGRESS) && cfg &&
 		    (v->flags & (NAT_F_FIN | NAT_F_RST) || nat_expired(cfg, k.proto, v->flags, seen, now))) {
-			if (!nat_claim(&v->last_seen_ns, seen, now)) {
+			/* v may be another key's element by now (deleted and
+			 * reused: the claim would succeed from that key's own
+			 * stamp, and clear its flags); checked after the stamp
+			 * is read, the claim fails if it changes later. */
+			if (bpf_map_lookup_elem(&FAM(nat), &k) != v ||
+			    !nat_claim(&v->last_seen_ns, seen, NAT_CLAIMED)) {
 				count(COUNTER_DROP_PAIR_CLAIMED);
 				return TC_ACT_SHOT;
 			}
+			/* Claimed while its flags are reset, stamped after: a
+			 * collector that read the new stamp with the old flags
+			 * (closing) would have judged it expired. */
 			v->flags = 0;
 			v->created_ns = now;
+			*(volatile __u64 *)&v->last_seen_ns = now;
 			FAM(nat_cand_note)(&k, now);
 			return TC_ACT_UNSPEC;
 		}
 		nat_udp_stream(k.proto, &v->flags, v->created_ns);
+		/* The remote's first FIN or RST: the record may go for a new
+		 * flow again (pressure.h), noted for early drop (evict.h). */
+		if ((p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) && !(v->flags & (NAT_F_FIN | NAT_F_RST)))
+			FAM(nat_cand_note)(&k, v->created_ns);
 		FAM(nat_touch)(v, p->tcp_flags & (NAT_F_FIN | NAT_F_RST));
 		return TC_ACT_UNSPEC;
 	}
@@ -119,6 +132,9 @@ static __always_inline int FAM(inbound_reply)(const struct pkt *p)
 	/* answered, and still going 2 s after it started: a UDP stream, not
 	 * dropped for a new flow (as a pair's) */
 	nat_udp_stream(k.proto, &v->flags, v->created_ns);
+	/* The pod's first FIN or RST: noted again, as the remote's */
+	if ((p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) && !(v->flags & (NAT_F_FIN | NAT_F_RST)))
+		FAM(nat_cand_note)(&k, v->created_ns);
 	FAM(nat_touch)(v, (p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	return 1;
 }

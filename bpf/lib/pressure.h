@@ -20,44 +20,34 @@
  * one pair that is not assured is dropped to make room, as conntrack's
  * early_drop does, both halves together (or one inbound flow record):
  *
- *   - TCP: not answered yet, or closing (a FIN or RST from the remote);
+ *   - TCP: not answered yet, or closing (a FIN or RST from the remote, or
+ *     the pod's RST);
  *   - UDP: not a stream (a query and its answer, or unanswered);
  *   - ICMP echo: always (conntrack never assures them);
  *   - SCTP and GRE pairs: not assured yet (lib/fixed.h); ESP and the other
- *     address-only pairs: always (conntrack never assures them).
+ *     address-only pairs: always (conntrack never assures them);
+ *   - any pair whose lifetime has passed (lib/flow.h), whether or not the
+ *     agent's collector has run.
  *
  * Inbound flow records (dir 2) go by the same rules, their answer being
  * the pod's. Established TCP flows, UDP streams and node sockets' held
- * tuples are never dropped for a new flow. A pair is judged by its reply
- * (dir 1) entry, which holds what the remote sent.
+ * tuples are never dropped for a new flow while they live. A pair is
+ * judged by its reply (dir 1) entry, which holds what the remote sent
+ * (an expiry by both halves' stamps).
  *
- * The search looks only at the candidates of evict.h, at most NAT_EARLY_
- * DROP_SLOTS slots from the oldest one not consumed: its cost is bounded
- * whatever the table's size, and a table full of assured flows refuses a
- * new one (drop-nat-table-full) after those few lookups, or after one
- * when every slot has been consumed. One CPU searches at a time (the
- * others wait for it a few microseconds, or refuse), and the victim is
- * claimed with the stamp it was judged by (lib/flow.h): a pair answered
- * or reopened meanwhile is kept.
+ * The search reads NAT_EARLY_DROP_WINDOWS windows of NAT_EARLY_DROP_WINDOW
+ * slots of the notes of evict.h, each from a random start (a table of 16
+ * pairs or fewer is read whole), as conntrack
+ * reads 8 buckets from the new tuple's hash: its cost is bounded whatever
+ * the table's size, and it finds a pair that may go wherever the table
+ * holds many (each is noted at its own hash). A table full of assured
+ * flows refuses a new one (drop-nat-table-full) after those few slots
+ * (their stale notes cleared on the way, so the next searches read empty
+ * slots). Several CPUs search at once, each its own windows: the victim
+ * is claimed with the stamp it was judged by (lib/flow.h), so a pair
+ * answered, reopened or taken by another CPU meanwhile is kept, and the
+ * search moves on to its next candidate.
  */
-
-/* nat_evictable says whether the pair whose reply entry (or the inbound
- * record) has these flags may be dropped for a new flow. */
-static __always_inline int nat_evictable(__u8 proto, __u8 flags)
-{
-	if (flags & NAT_F_HOST)
-		return 0;
-	switch (proto) {
-	case IPPROTO_TCP:
-		return !(flags & NAT_F_SEEN) || (flags & (NAT_F_FIN | NAT_F_RST));
-	case IPPROTO_UDP:
-		return !(flags & NAT_F_STREAM);
-	case IPPROTO_ICMP:
-	case IPPROTO_ICMPV6:
-		return 1;
-	}
-	return !(flags & NAT_F_SEEN);
-}
 
 /* nat_done says whether the pair whose reply entry has these flags has
  * had its exchange: a UDP query answered, an ICMP echo answered, a TCP flow
@@ -76,64 +66,23 @@ static __always_inline int nat_done(__u8 proto, __u8 flags)
 	return 0;
 }
 
-/* The search weighs up to this many candidates of the ring (conntrack: 8
- * buckets, about as many entries) and drops the best pair among them: a
- * done pair before one in flight, then the one idle longest. The oldest
- * notes come first: under a DNS burst they are the answered queries, and a
- * query made a moment ago, whose answer is on its way, is the last taken.
- * It reads at most NAT_EARLY_DROP_SLOTS slots; the slots of pairs answered
- * since they were noted (most of them, on a busy node) are consumed on the
- * way. Each slot costs about three cache misses in a large table (the
- * slot, the bucket, the entry): 64 slots made a refusal 50 to 77 µs at
- * 64 Ki to 1 Mi entries, 16 keep it near conntrack's (8 buckets). */
-#define NAT_EARLY_DROP_CANDIDATES 16
-#define NAT_EARLY_DROP_SLOTS 16
+/* The search reads NAT_EARLY_DROP_WINDOWS windows of NAT_EARLY_DROP_WINDOW
+ * slots (conntrack: 8 buckets, about as many entries), weighs up to
+ * NAT_EARLY_DROP_CANDIDATES pairs that may go among them, and drops the
+ * best: an expired pair first, then a done pair before one in flight, then
+ * the one idle longest. Under a DNS burst the done pairs are the answered
+ * queries: a query made a moment ago, whose answer is on its way, is the
+ * last taken. A search whose slots all hold notes costs 20 to 35 µs on
+ * the development VM, several times conntrack's refusal
+ * (docs/datapath-benchmarks.md). */
+#define NAT_EARLY_DROP_WINDOWS		16
+#define NAT_EARLY_DROP_WINDOW		1
+#define NAT_EARLY_DROP_CANDIDATES	16
 
-/* A walker older than this has been preempted (a test run; tc programs run
- * in softirq): its lock is taken over. */
-#define NAT_WALKER_STALE_NS	1000000ULL	/* 1 ms */
-
-/* How many times a CPU reads the walker's lock while another CPU searches,
- * before it gives up and refuses its flow (about 10 µs; a search takes 1 to
- * 3 µs). */
-#define NAT_WALKER_WAIT_READS	2048
-
-/* nat_walker_free_cb is bpf_loop's callback while waiting for the walker
- * of family *fam: stops once there is none (or a stale one). */
-static long nat_walker_free_cb(__u64 i, void *fam)
-{
-	struct nat_drop_state *s = bpf_map_lookup_elem(&nat_drop, fam);
-	__u64 w;
-
-	if (!s)
-		return 1;
-	w = *(volatile __u64 *)&s->walker;
-	return !w || (__s64)(bpf_ktime_get_ns() - w) > (__s64)NAT_WALKER_STALE_NS;
-}
-
-/* nat_walker_lock makes this CPU family's one walker, waiting for another
- * one a few microseconds; returns its stamp (to unlock with), or 0. */
-static __always_inline __u64 nat_walker_lock(struct nat_drop_state *s, __u32 fam)
-{
-	__u64 now = bpf_ktime_get_ns(), w = *(volatile __u64 *)&s->walker;
-
-	if (w && (__s64)(now - w) <= (__s64)NAT_WALKER_STALE_NS) {
-		bpf_loop(NAT_WALKER_WAIT_READS, nat_walker_free_cb, &fam, 0);
-		now = bpf_ktime_get_ns();
-		w = *(volatile __u64 *)&s->walker;
-		if (w && (__s64)(now - w) <= (__s64)NAT_WALKER_STALE_NS)
-			return 0;
-	}
-	if (!now)
-		now = 1;
-	return __sync_val_compare_and_swap(&s->walker, w, now) == w ? now : 0;
-}
-
-/* nat_walker_unlock ends this CPU's walk (unless its lock was taken over). */
-static __always_inline void nat_walker_unlock(struct nat_drop_state *s, __u64 me)
-{
-	__sync_val_compare_and_swap(&s->walker, me, 0);
-}
+/* Candidate ranks: the higher goes first. */
+#define EARLY_DROP_IN_FLIGHT	0
+#define EARLY_DROP_DONE		1
+#define EARLY_DROP_EXPIRED	2
 
 #define FAMILY 4
 #include "pressure_fam.h"

@@ -4,21 +4,28 @@
  * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
  *
- * Defines: struct early_drop_v4_ctx, struct early_drop_v6_ctx,
- * early_drop_slot_v4, early_drop_slot_v6, early_drop_victim_v4,
- * early_drop_victim_v6, nat_early_drop_v4, nat_early_drop_v6,
- * early_drop_scratch_v4, early_drop_scratch_v6.
+ * Defines: struct early_drop_v4_cand, struct early_drop_v6_cand,
+ * struct early_drop_v4_ctx, struct early_drop_v6_ctx, early_drop_slot_v4,
+ * early_drop_slot_v6, early_drop_victim_v4, early_drop_victim_v6,
+ * nat_early_drop_v4, nat_early_drop_v6, early_drop_scratch_v4,
+ * early_drop_scratch_v6.
  */
 
 #include "family.h"
 
+/* A candidate the search weighed. */
+FAM_T(early_drop, cand) {
+	FAM_T(nat, key) key;
+	__u64 seen;		/* its last_seen_ns, as judged */
+	__u64 created;		/* its note's created_ns */
+	__u32 slot;		/* its note's slot */
+	__u32 rank;		/* EARLY_DROP_EXPIRED, _DONE or _IN_FLIGHT */
+};
+
 FAM_T(early_drop, ctx) {
-	FAM_T(nat, key) victim;
-	__u64 victim_seen;	/* the victim's last_seen_ns, as judged */
-	__u64 victim_pos;	/* its slot in the ring */
+	FAM_T(early_drop, cand) best[2];	/* the best, then the next */
+	__u64 now;
 	__u32 found;		/* candidates weighed */
-	__u32 done;		/* the victim is a done pair (nat_done) */
-	__u32 lead;		/* slots consumed from the window's start */
 	__u32 pad;
 };
 
@@ -37,23 +44,27 @@ struct {
 #define EARLY_DROP_DROPPED	2
 #endif
 
-/* early_drop_slot_v4/v6 judges the candidate in ring position pos, the
- * i-th of the search's window: an entry gone, or assured (or the slot
- * empty), consumes its slot; an entry that may go is weighed against the
- * victim so far (a done pair first, then the idlest). Everything judged is
- * read once (the stamp first: nat_claim then fails if anything changed)
- * and then checked to be still the key's: a deleted entry's element may
- * have been reused by another key meanwhile. A global function: the
- * verifier checks it once. Returns 0. */
-__noinline int FAM(early_drop_slot)(FAM_T(early_drop, ctx) *ctx, __u64 pos, __u32 i)
+/* early_drop_slot_v4/v6 judges the note in slot: an entry gone, or assured
+ * and alive, clears it; an entry that may go is weighed against the best
+ * two so far (expired first, then done, then the idlest). Everything
+ * judged is read once, the stamp first: nat_claim then fails if anything
+ * changed. One lookup: an element deleted and reused by another key
+ * meanwhile may be judged by that key's flags (at worst a note cleared, or
+ * a candidate weighed wrongly), but never dropped: early_drop_victim looks
+ * the key up again and claims from the stamp judged, which the key's own
+ * entry does not have. A global function: the verifier checks it once.
+ * Returns 0. */
+__noinline int FAM(early_drop_slot)(FAM_T(early_drop, ctx) *ctx, __u32 slot)
 {
-	__u32 slot = pos & (NAT_CAND_SLOTS - 1), done;
+	struct masq_config *cfg = masq_cfg();
+	FAM_T(early_drop, cand) *b;
 	FAM_T(nat, cand) *c;
-	FAM_T(nat, val) *v, *again;
+	FAM_T(nat, val) *v;
 	__u64 created, seen;
 	__u8 flags, proto, dir;
+	__u32 rank;
 
-	if (!ctx)
+	if (!ctx || !cfg)
 		return 0;
 	c = bpf_map_lookup_elem(&FAM(nat_cand), &slot);
 	if (!c)
@@ -62,124 +73,150 @@ __noinline int FAM(early_drop_slot)(FAM_T(early_drop, ctx) *ctx, __u64 pos, __u3
 	 * slot meanwhile changes created_ns, checked after the lookups. */
 	created = *(volatile __u64 *)&c->created_ns;
 	if (!created)
-		goto consumed;
+		return 0;
 	proto = c->key.proto;
 	dir = c->key.dir;
 	v = bpf_map_lookup_elem(&FAM(nat), &c->key);
 	if (!v) {
-		if (*(volatile __u64 *)&c->created_ns != created)
-			return 0; /* being written over by a newer note */
-		goto clear;
+		if (*(volatile __u64 *)&c->created_ns == created)
+			c->created_ns = 0; /* gone */
+		return 0;
 	}
 	seen = nat_stamp(&v->last_seen_ns);
 	flags = *(volatile __u8 *)&v->flags;
-	again = bpf_map_lookup_elem(&FAM(nat), &c->key);
 	if (*(volatile __u64 *)&c->created_ns != created)
-		return 0;
-	if (again != v || seen == NAT_CLAIMED)
-		return 0; /* reused, or another party's now: judged next time */
-	if (dir == DIR_EGRESS || !nat_evictable(proto, flags))
+		return 0; /* being written over by a newer note */
+	if (seen == NAT_CLAIMED)
+		return 0; /* another party's now: judged next time */
+	if (dir != DIR_INGRESS && dir != DIR_INBOUND)
+		goto clear;
+	if (nat_expired(cfg, proto, flags, seen, ctx->now) && !(flags & NAT_F_HOST))
+		rank = EARLY_DROP_EXPIRED;
+	else if (nat_evictable(proto, flags))
+		rank = nat_done(proto, flags) ? EARLY_DROP_DONE : EARLY_DROP_IN_FLIGHT;
+	else
 		goto clear; /* assured: noted again if it starts closing */
-	done = nat_done(proto, flags);
-	if (!ctx->found || done > ctx->done ||
-	    (done == ctx->done && (__s64)(seen - ctx->victim_seen) < 0)) {
-		__builtin_memcpy(&ctx->victim, &c->key, sizeof(ctx->victim));
-		ctx->victim_seen = seen;
-		ctx->victim_pos = pos;
-		ctx->done = done;
-	}
 	ctx->found++;
+	b = &ctx->best[0];
+	if (ctx->found > 1 && (rank < b->rank || (rank == b->rank && (__s64)(seen - b->seen) >= 0))) {
+		/* not the best: the next? */
+		b = &ctx->best[1];
+		if (ctx->found > 2 && (rank < b->rank || (rank == b->rank && (__s64)(seen - b->seen) >= 0)))
+			return 0;
+	} else if (ctx->found > 1) {
+		__builtin_memcpy(&ctx->best[1], b, sizeof(*b));
+	}
+	__builtin_memcpy(&b->key, &c->key, sizeof(b->key));
+	b->seen = seen;
+	b->created = created;
+	b->slot = slot;
+	b->rank = rank;
 	return 0;
 clear:
-	__sync_val_compare_and_swap(&c->created_ns, created, 0);
-consumed:
-	if (ctx->lead == i)
-		ctx->lead++;
+	if (*(volatile __u64 *)&c->created_ns == created)
+		c->created_ns = 0;
 	return 0;
 }
 
-/* early_drop_victim_v4/v6 drops the victim the search chose: claimed with
- * the stamp it was judged by (a pair answered, touched or reopened since
- * is kept), then judged again (its flags and its stamp are two writes: an
- * answer's flag may have landed between the judgment's reads), both halves
- * deleted, the egress entry first, and its slot consumed. Returns
- * EARLY_DROP_DROPPED, EARLY_DROP_GONE (room may have been made: the caller
- * tries again) or 0 (kept). */
-static __noinline int FAM(early_drop_victim)(FAM_T(early_drop, ctx) *ctx)
+/* early_drop_victim_v4/v6 drops the search's i-th best candidate: claimed
+ * with the stamp it was judged by (a pair answered, touched or reopened
+ * since is kept), then judged again (its flags and its stamp are two
+ * writes: an answer's flag may have landed between the judgment's reads;
+ * an expiry by both halves' stamps), both halves deleted, the egress entry
+ * first, and its note cleared. Returns EARLY_DROP_DROPPED, EARLY_DROP_GONE
+ * (room may have been made: the caller tries again) or 0 (kept). */
+static __noinline int FAM(early_drop_victim)(FAM_T(early_drop, ctx) *ctx, __u32 i)
 {
+	struct masq_config *cfg = masq_cfg();
+	FAM_T(early_drop, cand) *b;
 	FAM_T(nat, key) peer;
 	FAM_T(nat, val) *v, *o;
 	FAM_T(nat, cand) *c;
-	__u32 slot;
+	__u32 *f;
+	__u8 flags;
 
-	v = bpf_map_lookup_elem(&FAM(nat), &ctx->victim);
+	if (i > 1 || !cfg)
+		return 0;
+	b = &ctx->best[i];
+	v = bpf_map_lookup_elem(&FAM(nat), &b->key);
 	if (!v)
 		return EARLY_DROP_GONE;
-	if (!nat_claim(&v->last_seen_ns, ctx->victim_seen, NAT_CLAIMED))
+	if (!nat_claim(&v->last_seen_ns, b->seen, NAT_CLAIMED))
 		return 0;
 	/* Claimed: no other party deletes or replaces the entry now. */
-	if (!nat_evictable(ctx->victim.proto, *(volatile __u8 *)&v->flags))
-		goto unclaim;
-	if (ctx->victim.dir == DIR_INGRESS) {
-		FAM(nat_pair)(&ctx->victim, v, &peer);
+	flags = *(volatile __u8 *)&v->flags;
+	o = NULL;
+	if (b->key.dir == DIR_INGRESS) {
+		FAM(nat_pair)(&b->key, v, &peer);
 		o = bpf_map_lookup_elem(&FAM(nat), &peer);
-		if (o && !(FAM_ADDR_EQ(o->addr, ctx->victim.dst) && o->port == ctx->victim.dport))
+		if (o && !(FAM_ADDR_EQ(o->addr, b->key.dst) && o->port == b->key.dport))
 			o = NULL;
-		if (!o && nat_being_made(bpf_ktime_get_ns(), v->created_ns))
+		if (!o && nat_being_made(ctx->now, v->created_ns))
 			goto unclaim;
-		if (o)
-			FAM(nat_delete)(&peer);
 	}
-	FAM(nat_delete)(&ctx->victim);
-	slot = ctx->victim_pos & (NAT_CAND_SLOTS - 1);
-	c = bpf_map_lookup_elem(&FAM(nat_cand), &slot);
-	if (c)
+	if (!nat_evictable(b->key.proto, flags) &&
+	    (flags & NAT_F_HOST ||
+	     !nat_expired(cfg, b->key.proto, flags | (o ? o->flags : 0),
+			  o ? nat_later(nat_stamp(&o->last_seen_ns), b->seen) : b->seen, ctx->now))) {
+		/* assured, and its other half is alive: not met again */
+		c = bpf_map_lookup_elem(&FAM(nat_cand), &b->slot);
+		if (c && *(volatile __u64 *)&c->created_ns == b->created)
+			c->created_ns = 0;
+		goto unclaim;
+	}
+	if (o)
+		FAM(nat_delete)(&peer);
+	FAM(nat_delete)(&b->key);
+	c = bpf_map_lookup_elem(&FAM(nat_cand), &b->slot);
+	if (c && *(volatile __u64 *)&c->created_ns == b->created) {
 		c->created_ns = 0;
+		/* for the new flow's note (evict.h) */
+		i = FAM_IS_V6;
+		f = bpf_map_lookup_elem(&nat_note_free, &i);
+		if (f)
+			*f = b->slot + 1;
+	}
 	return EARLY_DROP_DROPPED;
 unclaim:
-	__sync_val_compare_and_swap(&v->last_seen_ns, NAT_CLAIMED, ctx->victim_seen);
+	__sync_val_compare_and_swap(&v->last_seen_ns, NAT_CLAIMED, b->seen);
 	return 0;
 }
 
-/* nat_early_drop_v4/v6 drops one pair that is not assured, both halves
- * (or one inbound record), from the candidates of evict.h, and says
- * whether the caller may try again. */
+/* nat_early_drop_v4/v6 drops one pair that may go, both halves (or one
+ * inbound record), found among the notes of evict.h, and says whether the
+ * caller may try again. */
 static __noinline int FAM(nat_early_drop)(void)
 {
 	FAM_T(early_drop, ctx) *ctx;
-	struct nat_drop_state *s;
-	__u32 fam = FAM_IS_V6, zero = 0, i, n;
-	__u64 h, t, me;
+	__u32 zero = 0, w, i, start;
 	int r = 0;
 
-	s = bpf_map_lookup_elem(&nat_drop, &fam);
 	ctx = bpf_map_lookup_elem(&FAM(early_drop_scratch), &zero);
-	if (!s || !ctx)
+	if (!ctx)
 		return 0;
-	__builtin_memset(ctx, 0, sizeof(*ctx));
-	/* Every note consumed: refused at a lookup's cost. */
-	if (*(volatile __u64 *)&s->head == *(volatile __u64 *)&s->tail)
-		return 0;
-	me = nat_walker_lock(s, fam);
-	if (!me)
-		return 0;
-	h = *(volatile __u64 *)&s->head;
-	t = *(volatile __u64 *)&s->tail;
-	if (h - t > NAT_CAND_SLOTS)
-		t = h - NAT_CAND_SLOTS; /* older notes were written over */
-	n = h - t > NAT_EARLY_DROP_SLOTS ? NAT_EARLY_DROP_SLOTS : h - t;
-	for (i = 0; i < NAT_EARLY_DROP_SLOTS; i++) {
-		if (i >= n || ctx->found >= NAT_EARLY_DROP_CANDIDATES)
-			break;
-		FAM(early_drop_slot)(ctx, t + i, i);
+	ctx->found = 0;
+	ctx->now = bpf_ktime_get_ns();
+	/* Each window from a random start of its own (windows at fixed
+	 * distances would read the same few slots' classes, and empty them of
+	 * pairs that may go); a table of up to 16 slots is read whole. */
+	start = bpf_get_prandom_u32();
+	for (w = 0; w < NAT_EARLY_DROP_WINDOWS; w++) {
+		if (FAM(nat_note_slots) > NAT_EARLY_DROP_WINDOWS * NAT_EARLY_DROP_WINDOW)
+			start = bpf_get_prandom_u32();
+		else if (w)
+			start += NAT_EARLY_DROP_WINDOW;
+		for (i = 0; i < NAT_EARLY_DROP_WINDOW; i++) {
+			if (ctx->found >= NAT_EARLY_DROP_CANDIDATES)
+				break;
+			FAM(early_drop_slot)(ctx, (start + i) % FAM(nat_note_slots));
+		}
 	}
-	if (ctx->found) {
-		r = FAM(early_drop_victim)(ctx);
-		if (r && ctx->victim_pos == t + ctx->lead)
-			ctx->lead++;
-	}
-	*(volatile __u64 *)&s->tail = t + ctx->lead;
-	nat_walker_unlock(s, me);
+	if (ctx->found)
+		r = FAM(early_drop_victim)(ctx, 0);
+	/* Lost its claim (answered, reopened, or another CPU's victim too):
+	 * the next candidate. */
+	if (!r && ctx->found > 1)
+		r = FAM(early_drop_victim)(ctx, 1);
 	if (r == EARLY_DROP_DROPPED)
 		count(COUNTER_NAT_EARLY_DROP);
 	return r != 0;
