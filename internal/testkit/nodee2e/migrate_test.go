@@ -144,21 +144,26 @@ func (c *cluster) removeUpstreamAgent() {
 	})
 }
 
-// docsBlock is the first ```sh block of doc that starts with first.
+// docsBlock is the part of doc's first ```sh block that contains first,
+// from first to the block's end: lines before it in the block (the
+// page's kubectl readiness gate, which the test checks through the API
+// itself) are left out.
 func docsBlock(t *testing.T, doc, first string) string {
 	data, err := os.ReadFile(doc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(string(data), "```sh\n"+first)
-	if !ok {
-		t.Fatalf("%s has no sh block starting with %q", doc, first)
+	for _, part := range strings.Split(string(data), "```sh\n")[1:] {
+		block, _, ok := strings.Cut(part, "```")
+		if !ok {
+			t.Fatalf("%s: a sh block does not end", doc)
+		}
+		if _, rest, ok := strings.Cut(block, first); ok && (strings.HasPrefix(block, first) || strings.Contains(block, "\n"+first)) {
+			return first + rest
+		}
 	}
-	block, _, ok := strings.Cut(rest, "```")
-	if !ok {
-		t.Fatalf("%s: the block starting with %q does not end", doc, first)
-	}
-	return first + block
+	t.Fatalf("%s has no sh block with a line starting with %q", doc, first)
+	return ""
 }
 
 // agentStatus runs `ipmasq-agent status` in the agent's container, as
@@ -378,6 +383,8 @@ func testRealNodeMigration(t *testing.T, handover bool) {
 	if !c.upstreamChainPresent() {
 		t.Fatal("the Kubernetes agent's chain went with its DaemonSet: the page's removal step would prove nothing")
 	}
+	// The page's gate before the loop: the node's ipmasq-agent pod Ready.
+	c.agentPod(30 * time.Second)
 	removal := docsBlock(t, "../../../docs/migrate.md", "for ipt in iptables ip6tables; do")
 	out, _ := c.node.Run("sh", "-c", removal)
 	if c.upstreamChainPresent() {
