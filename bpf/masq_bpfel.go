@@ -322,6 +322,12 @@ type masqNatV4Cand struct {
 	CreatedNs uint64
 }
 
+type masqNatV4CreateScratch struct {
+	_   structs.HostLayout
+	Key masqNatV4Key
+	Val masqNatV4Val
+}
+
 type masqNatV4Key struct {
 	_     structs.HostLayout
 	Src   uint32
@@ -349,6 +355,12 @@ type masqNatV6Cand struct {
 	_         structs.HostLayout
 	Key       masqNatV6Key
 	CreatedNs uint64
+}
+
+type masqNatV6CreateScratch struct {
+	_   structs.HostLayout
+	Key masqNatV6Key
+	Val masqNatV6Val
 }
 
 type masqNatV6Key struct {
@@ -410,6 +422,8 @@ const (
 	masqMapNatCandV4             = "nat_cand_v4"
 	masqMapNatCandV6             = "nat_cand_v6"
 	masqMapNatCount              = "nat_count"
+	masqMapNatCreateScratchV4    = "nat_create_scratch_v4"
+	masqMapNatCreateScratchV6    = "nat_create_scratch_v6"
 	masqMapNatDrop               = "nat_drop"
 	masqMapNatFinV4              = "nat_fin_v4"
 	masqMapNatFinV6              = "nat_fin_v6"
@@ -520,6 +534,8 @@ type masqMapSpecs struct {
 	NatCandV4          *ebpf.MapSpec `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.MapSpec `ebpf:"nat_cand_v6"`
 	NatCount           *ebpf.MapSpec `ebpf:"nat_count"`
+	NatCreateScratchV4 *ebpf.MapSpec `ebpf:"nat_create_scratch_v4"`
+	NatCreateScratchV6 *ebpf.MapSpec `ebpf:"nat_create_scratch_v6"`
 	NatDrop            *ebpf.MapSpec `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
@@ -592,6 +608,8 @@ type masqMaps struct {
 	NatCandV4          *ebpf.Map `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.Map `ebpf:"nat_cand_v6"`
 	NatCount           *ebpf.Map `ebpf:"nat_count"`
+	NatCreateScratchV4 *ebpf.Map `ebpf:"nat_create_scratch_v4"`
+	NatCreateScratchV6 *ebpf.Map `ebpf:"nat_create_scratch_v6"`
 	NatDrop            *ebpf.Map `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
@@ -624,6 +642,8 @@ func (m *masqMaps) Close() error {
 		m.NatCandV4,
 		m.NatCandV6,
 		m.NatCount,
+		m.NatCreateScratchV4,
+		m.NatCreateScratchV6,
 		m.NatDrop,
 		m.NatFinV4,
 		m.NatFinV6,

@@ -9,6 +9,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include "types.h"
+#include "compat.h"
 
 /*
  * Conntrack's early drop looks at the entries of 8 hash buckets from the

@@ -22,13 +22,13 @@ static __always_inline void FAM(nat_cand_note)(const FAM_T(nat, key) *k, __u64 c
 
 	if (!s)
 		return;
-	idx = __sync_fetch_and_add(&s->head, 1) & (NAT_CAND_SLOTS - 1);
+	idx = atomic_fetch_add64(&s->head, 1) & (NAT_CAND_SLOTS - 1);
 	c = bpf_map_lookup_elem(&FAM(nat_cand), &idx);
 	if (!c)
 		return;
-	*(volatile __u64 *)&c->created_ns = 0;
+	atomic_store64(&c->created_ns, 0);
 	__builtin_memcpy(&c->key, k, sizeof(*k));
-	*(volatile __u64 *)&c->created_ns = created;
+	atomic_store64(&c->created_ns, created);
 }
 
 #undef FAMILY

@@ -33,7 +33,7 @@ static __always_inline __u64 FAM(nat_touch)(FAM_T(nat, val) *v, __u8 flags)
 	} else if (nat_age(now, last) <= (__s64)NAT_REFRESH_NS) {
 		return last;
 	}
-	got = __sync_val_compare_and_swap(&v->last_seen_ns, last, now);
+	got = atomic_cas64(&v->last_seen_ns, last, now);
 	return got == last ? now : got;
 }
 
@@ -91,13 +91,14 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 {
 	struct masq_config *cfg;
 	__u8 flags;
-	FAM_T(nat, key) peer;
+	FAM_T(nat, key) peer, key;
 	FAM_T(nat, val) *r, nr = {};
 	__u64 now = bpf_ktime_get_ns(), rl;
 	__u32 end;
 
 	if (!skb || !k || !v || !p)
 		return 0;
+	key = *k; /* a map key (lib/compat.h: "Keys") */
 	flags = p->tcp_flags & (NAT_F_FIN | NAT_F_RST);
 	/* What the pod sent, for the RSTs of both sides (see "RSTs"); a RST
 	 * itself moves nothing. */
@@ -121,7 +122,7 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 			 * its reply entry: with the reply entry gone, the
 			 * egress entry (v may be a pointer to it, deleted) may
 			 * be gone too, and the rebuilt entry would be alone. */
-			if (!bpf_map_lookup_elem(&FAM(nat), k)) {
+			if (!bpf_map_lookup_elem(&FAM(nat), &key)) {
 				FAM(nat_delete)(&peer);
 				return NAT_EST_NO_PAIR;
 			}
@@ -133,7 +134,7 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 			return 0;
 	}
 	if (!FAM_ADDR_EQ(r->addr, k->src) || r->port != k->sport) {
-		FAM(nat_delete)(k);
+		FAM(nat_delete)(&key);
 		return NAT_EST_NO_PAIR;
 	}
 	nat_udp_stream(k->proto, &r->flags, r->created_ns);
@@ -150,7 +151,7 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 		 * pair goes (its egress entry would translate the new flow's
 		 * next packets). */
 		if (renew) {
-			FAM(nat_delete)(k);
+			FAM(nat_delete)(&key);
 			FAM(nat_delete)(&peer);
 			return NAT_EST_NO_PAIR;
 		}
@@ -189,13 +190,14 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 __noinline int FAM(nat_reply_fin)(struct __sk_buff *skb, const FAM_T(nat, key) *k, const FAM_T(nat, val) *v,
 				   const struct pkt *p)
 {
-	FAM_T(nat, key) peer;
+	FAM_T(nat, key) peer, key;
 	FAM_T(nat, val) *o;
 	__u32 *end, ack;
 
 	if (!skb || !k || !v || !p)
 		return 0;
-	end = bpf_map_lookup_elem(&FAM(nat_fin), k);
+	key = *k; /* a map key (lib/compat.h: "Keys") */
+	end = bpf_map_lookup_elem(&FAM(nat_fin), &key);
 	if (!end)
 		return 0;
 	FAM(nat_pair)(k, v, &peer);
@@ -204,7 +206,7 @@ __noinline int FAM(nat_reply_fin)(struct __sk_buff *skb, const FAM_T(nat, key) *
 	    !((o->flags | v->flags) & NAT_F_RST) && tcp_ack_of(skb, p, &ack) == 0 &&
 	    (__s32)(ack - *end) >= 0)
 		o->flags |= NAT_F_CLOSED_FIRST;
-	bpf_map_delete_elem(&FAM(nat_fin), k);
+	bpf_map_delete_elem(&FAM(nat_fin), &key);
 	return 0;
 }
 

@@ -5,7 +5,8 @@
  * it uses.
  *
  * Defines: node_socket_v4, node_socket_v6, nat_try_v4, nat_try_v6,
- * nat_create_v4, nat_create_v6.
+ * nat_create_v4, nat_create_v6, struct nat_v4_create_scratch,
+ * struct nat_v6_create_scratch, nat_create_scratch_v4, nat_create_scratch_v6.
  */
 
 #include "family.h"
@@ -44,6 +45,24 @@ static __always_inline int FAM(node_socket)(struct __sk_buff *skb, const FAM_T(n
 	return 1;
 }
 
+/* The key and value nat_try and nat_create give the map helpers: their
+ * callers' (pointer arguments of a global function) are no map key or value
+ * before 6.2 (lib/compat.h: "Keys"), and copies on the stack would take
+ * the IPv6 egress path's stack over 512 bytes. Per CPU; the two never use
+ * it at the same time (nat_create after its nat_try calls), and a tc
+ * program runs to its end on its CPU. */
+FAM_T(nat, create_scratch) {
+	FAM_T(nat, key) key;
+	FAM_T(nat, val) val;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, FAM_T(nat, create_scratch));
+	__uint(max_entries, 1);
+} FAM(nat_create_scratch) SEC(".maps");
+
 /* nat_try_v4/v6 tries the walk's next port (into in->dport): PORT_FREE or
  * PORT_REUSED when the reply entry rev (stamped now) is in, PORT_TAKEN,
  * PORT_FULL, or PORT_DONE when the walk is over. The reply entry is looked
@@ -54,30 +73,35 @@ __noinline int FAM(nat_try)(struct __sk_buff *skb, FAM_T(nat, key) *in, FAM_T(na
 			    struct port_walk *w)
 {
 	struct masq_config *cfg = masq_cfg();
+	FAM_T(nat, create_scratch) *s;
 	FAM_T(nat, val) *r;
-	__u32 port, harder = 0;
+	__u32 port, harder = 0, zero = 0;
 	long ret;
 
-	if (!skb || !in || !rev || !w || !cfg)
+	s = bpf_map_lookup_elem(&FAM(nat_create_scratch), &zero);
+	if (!skb || !in || !rev || !w || !cfg || !s)
 		return PORT_DONE;
 	port = port_next(w, &harder);
 	if (!port)
 		return PORT_DONE;
 	in->dport = bpf_htons(port);
-	if (!nat_port_in_range(cfg, port) && FAM(node_socket)(skb, in))
+	/* The map's key and value, copied (see nat_create_scratch). */
+	s->key = *in;
+	s->val = *rev;
+	if (!nat_port_in_range(cfg, port) && FAM(node_socket)(skb, &s->key))
 		return PORT_TAKEN;
-	r = bpf_map_lookup_elem(&FAM(nat), in);
+	r = bpf_map_lookup_elem(&FAM(nat), &s->key);
 	if (r) {
-		if (!FAM(nat_takeover)(in, r, rev->addr, rev->last_seen_ns, harder))
+		if (!FAM(nat_takeover)(&s->key, r, s->val.addr, s->val.last_seen_ns, harder))
 			return PORT_TAKEN;
 		/* Claimed: the reply entry is this flow's to replace, with no
 		 * flag of the old pair's (and never left claimed). */
-		if (FAM(nat_replace)(in, rev) == 0)
+		if (FAM(nat_replace)(&s->key, &s->val) == 0)
 			return PORT_REUSED;
-		FAM(nat_delete)(in);
+		FAM(nat_delete)(&s->key);
 		return PORT_TAKEN;
 	}
-	ret = FAM(nat_insert)(in, rev);
+	ret = FAM(nat_insert)(&s->key, &s->val);
 	if (ret == 0)
 		return PORT_FREE;
 	return ret == -EEXIST ? PORT_TAKEN : PORT_FULL;
@@ -99,12 +123,13 @@ __noinline enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, 
 					FAM_T(nat, val) *res)
 {
 	FAM_T(nat, key) in = {};
+	FAM_T(nat, create_scratch) *s;
 	struct port_walk w;
 	FAM_T(nat, val) *cur;
 	struct masq_config *cfg;
 	int got = PORT_DONE;
 	__u64 now;
-	__u32 i;
+	__u32 i, zero = 0;
 	long ret;
 
 	if (!skb || !out || !res)
@@ -154,7 +179,13 @@ __noinline enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, 
 	res->flags = flags & NAT_F_STORED;
 	res->last_seen_ns = now;
 	res->created_ns = now;
-	ret = FAM(nat_insert)(out, res);
+	/* The map's key and value, copied (see nat_create_scratch). */
+	s = bpf_map_lookup_elem(&FAM(nat_create_scratch), &zero);
+	if (!s)
+		return COUNTER_ERROR;
+	s->key = *out;
+	s->val = *res;
+	ret = FAM(nat_insert)(&s->key, &s->val);
 	if (ret == 0) {
 		/* not assured yet: early drop may take it (evict.h) */
 		FAM(nat_cand_note)(&in, now);
@@ -164,7 +195,7 @@ __noinline enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, 
 	if (ret != -EEXIST)
 		return COUNTER_NAT_FULL;
 	/* Lost a race with another CPU translating the same flow: use its pair. */
-	cur = bpf_map_lookup_elem(&FAM(nat), out);
+	cur = bpf_map_lookup_elem(&FAM(nat), &s->key);
 	if (!cur)
 		return COUNTER_ERROR;
 	*res = *cur;

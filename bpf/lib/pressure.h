@@ -8,6 +8,7 @@
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
 #include "types.h"
+#include "compat.h"
 #include "counters.h"
 #include "maps.h"
 #include "flow.h"
@@ -97,8 +98,12 @@ static __always_inline int nat_done(__u8 proto, __u8 flags)
  * before it gives up and refuses its flow (about 10 µs; a search takes 1 to
  * 3 µs). */
 #define NAT_WALKER_WAIT_READS	2048
+/* The wait in the compat build's loop (lib/compat.h): the verifier follows
+ * a bounded loop through every iteration, and one path may take at most
+ * 8192 branches (four an iteration here). */
+#define NAT_WALKER_WAIT_READS_COMPAT	2000
 
-/* nat_walker_free_cb is bpf_loop's callback while waiting for the walker
+/* nat_walker_free_cb is bpf_loop's (compat_loop's) callback while waiting for the walker
  * of family *fam: stops once there is none (or a stale one). */
 static long nat_walker_free_cb(__u64 i, void *fam)
 {
@@ -111,6 +116,15 @@ static long nat_walker_free_cb(__u64 i, void *fam)
 	return !w || (__s64)(bpf_ktime_get_ns() - w) > (__s64)NAT_WALKER_STALE_NS;
 }
 
+/* nat_walker_wait waits for the walker of family fam to finish (or go
+ * stale), a few microseconds at most. A global function: the verifier
+ * checks it, and the compat build's loop (lib/compat.h), once. Returns 0. */
+__noinline int nat_walker_wait(__u32 fam)
+{
+	compat_loop(NAT_WALKER_WAIT_READS, NAT_WALKER_WAIT_READS_COMPAT, nat_walker_free_cb, &fam);
+	return 0;
+}
+
 /* nat_walker_lock makes this CPU family's one walker, waiting for another
  * one a few microseconds; returns its stamp (to unlock with), or 0. */
 static __always_inline __u64 nat_walker_lock(struct nat_drop_state *s, __u32 fam)
@@ -118,7 +132,7 @@ static __always_inline __u64 nat_walker_lock(struct nat_drop_state *s, __u32 fam
 	__u64 now = bpf_ktime_get_ns(), w = *(volatile __u64 *)&s->walker;
 
 	if (w && (__s64)(now - w) <= (__s64)NAT_WALKER_STALE_NS) {
-		bpf_loop(NAT_WALKER_WAIT_READS, nat_walker_free_cb, &fam, 0);
+		nat_walker_wait(fam);
 		now = bpf_ktime_get_ns();
 		w = *(volatile __u64 *)&s->walker;
 		if (w && (__s64)(now - w) <= (__s64)NAT_WALKER_STALE_NS)
@@ -126,13 +140,13 @@ static __always_inline __u64 nat_walker_lock(struct nat_drop_state *s, __u32 fam
 	}
 	if (!now)
 		now = 1;
-	return __sync_val_compare_and_swap(&s->walker, w, now) == w ? now : 0;
+	return atomic_cas64(&s->walker, w, now) == w ? now : 0;
 }
 
 /* nat_walker_unlock ends this CPU's walk (unless its lock was taken over). */
 static __always_inline void nat_walker_unlock(struct nat_drop_state *s, __u64 me)
 {
-	__sync_val_compare_and_swap(&s->walker, me, 0);
+	atomic_cas64(&s->walker, me, 0);
 }
 
 #define FAMILY 4

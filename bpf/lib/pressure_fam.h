@@ -91,7 +91,7 @@ __noinline int FAM(early_drop_slot)(FAM_T(early_drop, ctx) *ctx, __u64 pos, __u3
 	ctx->found++;
 	return 0;
 clear:
-	__sync_val_compare_and_swap(&c->created_ns, created, 0);
+	atomic_cas64(&c->created_ns, created, 0);
 consumed:
 	if (ctx->lead == i)
 		ctx->lead++;
@@ -134,10 +134,10 @@ static __noinline int FAM(early_drop_victim)(FAM_T(early_drop, ctx) *ctx)
 	slot = ctx->victim_pos & (NAT_CAND_SLOTS - 1);
 	c = bpf_map_lookup_elem(&FAM(nat_cand), &slot);
 	if (c)
-		c->created_ns = 0;
+		atomic_store64(&c->created_ns, 0);
 	return EARLY_DROP_DROPPED;
 unclaim:
-	__sync_val_compare_and_swap(&v->last_seen_ns, NAT_CLAIMED, ctx->victim_seen);
+	atomic_cas64(&v->last_seen_ns, NAT_CLAIMED, ctx->victim_seen);
 	return 0;
 }
 
