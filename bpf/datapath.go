@@ -94,6 +94,10 @@ func NonMasqSpec(name string, maxEntries uint32) (*ebpf.MapSpec, error) {
 // Maps are the datapath's maps, named like their pins.
 type Maps = masqMaps
 
+// CompatMaps are the compat build's maps (variant.go): Maps and the lock
+// of its atomics.
+type CompatMaps = masqcompatMaps
+
 // Programs are the object's programs (bpf/masq.c), named like its SEC
 // functions.
 type Programs = masqPrograms

@@ -322,12 +322,6 @@ type masqNatV4Cand struct {
 	CreatedNs uint64
 }
 
-type masqNatV4CreateScratch struct {
-	_   structs.HostLayout
-	Key masqNatV4Key
-	Val masqNatV4Val
-}
-
 type masqNatV4Key struct {
 	_     structs.HostLayout
 	Src   uint32
@@ -337,6 +331,30 @@ type masqNatV4Key struct {
 	Proto uint8
 	Dir   uint8
 	Pad   [2]uint8
+}
+
+type masqNatV4Scratch struct {
+	_   structs.HostLayout
+	Key masqNatV4Key
+	Val masqNatV4Val
+}
+
+type masqNatV4Search struct {
+	_   structs.HostLayout
+	In  masqNatV4Key
+	Out masqNatV4Key
+	Rev masqNatV4Val
+	W   struct {
+		_     structs.HostLayout
+		Min   uint32
+		Size  uint32
+		Off   uint32
+		Round uint16
+		Left  uint16
+		Own   uint16
+		Pad   uint16
+	}
+	_ [4]byte
 }
 
 type masqNatV4Val struct {
@@ -357,12 +375,6 @@ type masqNatV6Cand struct {
 	CreatedNs uint64
 }
 
-type masqNatV6CreateScratch struct {
-	_   structs.HostLayout
-	Key masqNatV6Key
-	Val masqNatV6Val
-}
-
 type masqNatV6Key struct {
 	_     structs.HostLayout
 	Src   [16]uint8
@@ -372,6 +384,30 @@ type masqNatV6Key struct {
 	Proto uint8
 	Dir   uint8
 	Pad   [2]uint8
+}
+
+type masqNatV6Scratch struct {
+	_   structs.HostLayout
+	Key masqNatV6Key
+	Val masqNatV6Val
+}
+
+type masqNatV6Search struct {
+	_   structs.HostLayout
+	In  masqNatV6Key
+	Out masqNatV6Key
+	Rev masqNatV6Val
+	W   struct {
+		_     structs.HostLayout
+		Min   uint32
+		Size  uint32
+		Off   uint32
+		Round uint16
+		Left  uint16
+		Own   uint16
+		Pad   uint16
+	}
+	_ [4]byte
 }
 
 type masqNatV6Val struct {
@@ -422,11 +458,13 @@ const (
 	masqMapNatCandV4             = "nat_cand_v4"
 	masqMapNatCandV6             = "nat_cand_v6"
 	masqMapNatCount              = "nat_count"
-	masqMapNatCreateScratchV4    = "nat_create_scratch_v4"
-	masqMapNatCreateScratchV6    = "nat_create_scratch_v6"
 	masqMapNatDrop               = "nat_drop"
 	masqMapNatFinV4              = "nat_fin_v4"
 	masqMapNatFinV6              = "nat_fin_v6"
+	masqMapNatScratchV4          = "nat_scratch_v4"
+	masqMapNatScratchV6          = "nat_scratch_v6"
+	masqMapNatSearchV4           = "nat_search_v4"
+	masqMapNatSearchV6           = "nat_search_v6"
 	masqMapNatV4                 = "nat_v4"
 	masqMapNatV6                 = "nat_v6"
 	masqMapNodeAddrsV4           = "node_addrs_v4"
@@ -534,11 +572,13 @@ type masqMapSpecs struct {
 	NatCandV4          *ebpf.MapSpec `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.MapSpec `ebpf:"nat_cand_v6"`
 	NatCount           *ebpf.MapSpec `ebpf:"nat_count"`
-	NatCreateScratchV4 *ebpf.MapSpec `ebpf:"nat_create_scratch_v4"`
-	NatCreateScratchV6 *ebpf.MapSpec `ebpf:"nat_create_scratch_v6"`
 	NatDrop            *ebpf.MapSpec `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
+	NatScratchV4       *ebpf.MapSpec `ebpf:"nat_scratch_v4"`
+	NatScratchV6       *ebpf.MapSpec `ebpf:"nat_scratch_v6"`
+	NatSearchV4        *ebpf.MapSpec `ebpf:"nat_search_v4"`
+	NatSearchV6        *ebpf.MapSpec `ebpf:"nat_search_v6"`
 	NatV4              *ebpf.MapSpec `ebpf:"nat_v4"`
 	NatV6              *ebpf.MapSpec `ebpf:"nat_v6"`
 	NodeAddrsV4        *ebpf.MapSpec `ebpf:"node_addrs_v4"`
@@ -608,11 +648,13 @@ type masqMaps struct {
 	NatCandV4          *ebpf.Map `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.Map `ebpf:"nat_cand_v6"`
 	NatCount           *ebpf.Map `ebpf:"nat_count"`
-	NatCreateScratchV4 *ebpf.Map `ebpf:"nat_create_scratch_v4"`
-	NatCreateScratchV6 *ebpf.Map `ebpf:"nat_create_scratch_v6"`
 	NatDrop            *ebpf.Map `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
+	NatScratchV4       *ebpf.Map `ebpf:"nat_scratch_v4"`
+	NatScratchV6       *ebpf.Map `ebpf:"nat_scratch_v6"`
+	NatSearchV4        *ebpf.Map `ebpf:"nat_search_v4"`
+	NatSearchV6        *ebpf.Map `ebpf:"nat_search_v6"`
 	NatV4              *ebpf.Map `ebpf:"nat_v4"`
 	NatV6              *ebpf.Map `ebpf:"nat_v6"`
 	NodeAddrsV4        *ebpf.Map `ebpf:"node_addrs_v4"`
@@ -642,11 +684,13 @@ func (m *masqMaps) Close() error {
 		m.NatCandV4,
 		m.NatCandV6,
 		m.NatCount,
-		m.NatCreateScratchV4,
-		m.NatCreateScratchV6,
 		m.NatDrop,
 		m.NatFinV4,
 		m.NatFinV6,
+		m.NatScratchV4,
+		m.NatScratchV6,
+		m.NatSearchV4,
+		m.NatSearchV6,
 		m.NatV4,
 		m.NatV6,
 		m.NodeAddrsV4,

@@ -330,12 +330,6 @@ type masqcompatNatV4Cand struct {
 	CreatedNs uint64
 }
 
-type masqcompatNatV4CreateScratch struct {
-	_   structs.HostLayout
-	Key masqcompatNatV4Key
-	Val masqcompatNatV4Val
-}
-
 type masqcompatNatV4Key struct {
 	_     structs.HostLayout
 	Src   uint32
@@ -345,6 +339,30 @@ type masqcompatNatV4Key struct {
 	Proto uint8
 	Dir   uint8
 	Pad   [2]uint8
+}
+
+type masqcompatNatV4Scratch struct {
+	_   structs.HostLayout
+	Key masqcompatNatV4Key
+	Val masqcompatNatV4Val
+}
+
+type masqcompatNatV4Search struct {
+	_   structs.HostLayout
+	In  masqcompatNatV4Key
+	Out masqcompatNatV4Key
+	Rev masqcompatNatV4Val
+	W   struct {
+		_     structs.HostLayout
+		Min   uint32
+		Size  uint32
+		Off   uint32
+		Round uint16
+		Left  uint16
+		Own   uint16
+		Pad   uint16
+	}
+	_ [4]byte
 }
 
 type masqcompatNatV4Val struct {
@@ -365,12 +383,6 @@ type masqcompatNatV6Cand struct {
 	CreatedNs uint64
 }
 
-type masqcompatNatV6CreateScratch struct {
-	_   structs.HostLayout
-	Key masqcompatNatV6Key
-	Val masqcompatNatV6Val
-}
-
 type masqcompatNatV6Key struct {
 	_     structs.HostLayout
 	Src   [16]uint8
@@ -380,6 +392,30 @@ type masqcompatNatV6Key struct {
 	Proto uint8
 	Dir   uint8
 	Pad   [2]uint8
+}
+
+type masqcompatNatV6Scratch struct {
+	_   structs.HostLayout
+	Key masqcompatNatV6Key
+	Val masqcompatNatV6Val
+}
+
+type masqcompatNatV6Search struct {
+	_   structs.HostLayout
+	In  masqcompatNatV6Key
+	Out masqcompatNatV6Key
+	Rev masqcompatNatV6Val
+	W   struct {
+		_     structs.HostLayout
+		Min   uint32
+		Size  uint32
+		Off   uint32
+		Round uint16
+		Left  uint16
+		Own   uint16
+		Pad   uint16
+	}
+	_ [4]byte
 }
 
 type masqcompatNatV6Val struct {
@@ -431,11 +467,13 @@ const (
 	masqcompatMapNatCandV4             = "nat_cand_v4"
 	masqcompatMapNatCandV6             = "nat_cand_v6"
 	masqcompatMapNatCount              = "nat_count"
-	masqcompatMapNatCreateScratchV4    = "nat_create_scratch_v4"
-	masqcompatMapNatCreateScratchV6    = "nat_create_scratch_v6"
 	masqcompatMapNatDrop               = "nat_drop"
 	masqcompatMapNatFinV4              = "nat_fin_v4"
 	masqcompatMapNatFinV6              = "nat_fin_v6"
+	masqcompatMapNatScratchV4          = "nat_scratch_v4"
+	masqcompatMapNatScratchV6          = "nat_scratch_v6"
+	masqcompatMapNatSearchV4           = "nat_search_v4"
+	masqcompatMapNatSearchV6           = "nat_search_v6"
 	masqcompatMapNatV4                 = "nat_v4"
 	masqcompatMapNatV6                 = "nat_v6"
 	masqcompatMapNodeAddrsV4           = "node_addrs_v4"
@@ -454,6 +492,7 @@ const (
 	masqcompatProgNatHandoverV4        = "nat_handover_v4"
 	masqcompatProgNatHandoverV6        = "nat_handover_v6"
 	masqcompatVarActionMax             = "action_max"
+	masqcompatVarAtomicLockKey         = "atomic_lock_key"
 	masqcompatVarConntrackLookup       = "conntrack_lookup"
 	masqcompatVarCounterFamilyOther    = "counter_family_other"
 	masqcompatVarCounterMax            = "counter_max"
@@ -544,11 +583,13 @@ type masqcompatMapSpecs struct {
 	NatCandV4          *ebpf.MapSpec `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.MapSpec `ebpf:"nat_cand_v6"`
 	NatCount           *ebpf.MapSpec `ebpf:"nat_count"`
-	NatCreateScratchV4 *ebpf.MapSpec `ebpf:"nat_create_scratch_v4"`
-	NatCreateScratchV6 *ebpf.MapSpec `ebpf:"nat_create_scratch_v6"`
 	NatDrop            *ebpf.MapSpec `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
+	NatScratchV4       *ebpf.MapSpec `ebpf:"nat_scratch_v4"`
+	NatScratchV6       *ebpf.MapSpec `ebpf:"nat_scratch_v6"`
+	NatSearchV4        *ebpf.MapSpec `ebpf:"nat_search_v4"`
+	NatSearchV6        *ebpf.MapSpec `ebpf:"nat_search_v6"`
 	NatV4              *ebpf.MapSpec `ebpf:"nat_v4"`
 	NatV6              *ebpf.MapSpec `ebpf:"nat_v6"`
 	NodeAddrsV4        *ebpf.MapSpec `ebpf:"node_addrs_v4"`
@@ -565,6 +606,7 @@ type masqcompatMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type masqcompatVariableSpecs struct {
 	ActionMax             *ebpf.VariableSpec `ebpf:"action_max"`
+	AtomicLockKey         *ebpf.VariableSpec `ebpf:"atomic_lock_key"`
 	ConntrackLookup       *ebpf.VariableSpec `ebpf:"conntrack_lookup"`
 	CounterFamilyOther    *ebpf.VariableSpec `ebpf:"counter_family_other"`
 	CounterMax            *ebpf.VariableSpec `ebpf:"counter_max"`
@@ -619,11 +661,13 @@ type masqcompatMaps struct {
 	NatCandV4          *ebpf.Map `ebpf:"nat_cand_v4"`
 	NatCandV6          *ebpf.Map `ebpf:"nat_cand_v6"`
 	NatCount           *ebpf.Map `ebpf:"nat_count"`
-	NatCreateScratchV4 *ebpf.Map `ebpf:"nat_create_scratch_v4"`
-	NatCreateScratchV6 *ebpf.Map `ebpf:"nat_create_scratch_v6"`
 	NatDrop            *ebpf.Map `ebpf:"nat_drop"`
 	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
+	NatScratchV4       *ebpf.Map `ebpf:"nat_scratch_v4"`
+	NatScratchV6       *ebpf.Map `ebpf:"nat_scratch_v6"`
+	NatSearchV4        *ebpf.Map `ebpf:"nat_search_v4"`
+	NatSearchV6        *ebpf.Map `ebpf:"nat_search_v6"`
 	NatV4              *ebpf.Map `ebpf:"nat_v4"`
 	NatV6              *ebpf.Map `ebpf:"nat_v6"`
 	NodeAddrsV4        *ebpf.Map `ebpf:"node_addrs_v4"`
@@ -654,11 +698,13 @@ func (m *masqcompatMaps) Close() error {
 		m.NatCandV4,
 		m.NatCandV6,
 		m.NatCount,
-		m.NatCreateScratchV4,
-		m.NatCreateScratchV6,
 		m.NatDrop,
 		m.NatFinV4,
 		m.NatFinV6,
+		m.NatScratchV4,
+		m.NatScratchV6,
+		m.NatSearchV4,
+		m.NatSearchV6,
 		m.NatV4,
 		m.NatV6,
 		m.NodeAddrsV4,
@@ -676,6 +722,7 @@ func (m *masqcompatMaps) Close() error {
 // It can be passed to loadMasqcompatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type masqcompatVariables struct {
 	ActionMax             *ebpf.Variable `ebpf:"action_max"`
+	AtomicLockKey         *ebpf.Variable `ebpf:"atomic_lock_key"`
 	ConntrackLookup       *ebpf.Variable `ebpf:"conntrack_lookup"`
 	CounterFamilyOther    *ebpf.Variable `ebpf:"counter_family_other"`
 	CounterMax            *ebpf.Variable `ebpf:"counter_max"`

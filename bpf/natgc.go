@@ -1,7 +1,6 @@
 package bpf
 
 import (
-
 	"github.com/cilium/ebpf"
 )
 

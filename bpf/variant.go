@@ -112,8 +112,14 @@ func ProbeKernel() KernelFeatures {
 func missing(needs []feature) []string {
 	var out []string
 	for _, n := range needs {
-		if err := n.probe(); err != nil {
+		switch err := n.probe(); {
+		case err == nil:
+		case errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, btf.ErrNotSupported):
 			out = append(out, n.name)
+		default:
+			// Not an answer (no privilege to load a probe, ...): named
+			// with the error, so that the refusal says why.
+			out = append(out, fmt.Sprintf("%s (probe failed: %v)", n.name, err))
 		}
 	}
 	return out
@@ -206,3 +212,6 @@ const agentRunBadInput = 0xffffffff
 // LoadOptions.Variant: the tests run the compat variant where the kernel
 // has the full one.
 var testVariant Variant
+
+// ProbeKernelRelease is the running kernel's release (uname -r).
+func ProbeKernelRelease() string { return kernelRelease() }

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 )
 
 // verifierStats is one program's load, as TestVerifierComplexity records
@@ -42,6 +44,7 @@ var processedInsns = regexp.MustCompile(`processed (\d+) insns`)
 // records go to that file as JSON (the VM harness collects them per
 // kernel).
 func TestVerifierComplexity(t *testing.T) {
+	privtest.Require(t)
 	f := ProbeKernel()
 	variants := []Variant{VariantCompat}
 	if len(f.MissingFull) == 0 {
@@ -60,7 +63,8 @@ func TestVerifierComplexity(t *testing.T) {
 			programs: ebpf.ProgramOptions{LogLevel: ebpf.LogLevelStats},
 		})
 		if err != nil {
-			t.Fatalf("%s variant: %v", v, err)
+			t.Errorf("kernel %s, %s variant: %v", f.Release, v, err)
+			continue
 		}
 		if d.Variant != v {
 			t.Errorf("Load(Variant: %s) loaded %s", v, d.Variant)
@@ -85,7 +89,7 @@ func TestVerifierComplexity(t *testing.T) {
 		d.Close()
 	}
 	// Both variants have the same programs, the agent's by the same names.
-	if n := len(report.Programs); n != len(variants)*reflect.TypeOf(masqPrograms{}).NumField() {
+	if n := len(report.Programs); !t.Failed() && n != len(variants)*reflect.TypeOf(masqPrograms{}).NumField() {
 		t.Errorf("%d programs recorded for %d variants", n, len(variants))
 	}
 	slices.SortFunc(report.Programs, func(a, b verifierStats) int { return b.Insns - a.Insns })

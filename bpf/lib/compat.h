@@ -73,6 +73,10 @@ static __always_inline __u64 compat_coarse_ns(void)
 
 #define compat_loop(n, n_compat, cb, ctx) bpf_loop((n), (cb), (ctx), 0)
 
+/* GLOBAL_FUNC heads a function the verifier checks once, whatever the
+ * caller: a global function. */
+#define GLOBAL_FUNC __noinline
+
 /* AGENT_RUN(name, ctx_t) heads an agent's program (run with
  * BPF_PROG_TEST_RUN): a SEC("syscall") program that copies its context
  * (ctx_t, whose last field is __u32 result) to the stack, runs the body on
@@ -103,11 +107,15 @@ struct {
 	__uint(max_entries, 1);
 } atomic_lock SEC(".maps");
 
+/* The lock's key, a read-only global: a key on the stack would add to the
+ * frames of the functions the atomics are inlined in, and the IPv6 egress
+ * chain is at the limit of 512 bytes on kernels that round every frame up
+ * to 32 bytes (6.1). */
+const volatile __u32 atomic_lock_key = 0;
+
 static __always_inline struct atomic_lock_val *atomic_lock_get(void)
 {
-	__u32 zero = 0;
-
-	return bpf_map_lookup_elem(&atomic_lock, &zero);
+	return bpf_map_lookup_elem(&atomic_lock, (const void *)&atomic_lock_key);
 }
 
 /* atomic_cas64 stores new at *p if it holds old, and returns what it held.
@@ -154,6 +162,11 @@ static __always_inline void atomic_store64(__u64 *p, __u64 v)
 	*(volatile __u64 *)p = v;
 	bpf_spin_unlock(&l->lock);
 }
+
+/* GLOBAL_FUNC: before 5.12 a global function takes no pointer but its
+ * context; the functions are static in the compat build, checked at every
+ * call with the caller's types. */
+#define GLOBAL_FUNC static __noinline
 
 /* bpf_ktime_get_coarse_ns is 5.11: the same clock, at full resolution. */
 static __always_inline __u64 compat_coarse_ns(void)

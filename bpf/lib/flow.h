@@ -292,7 +292,7 @@ static __always_inline int tcp_ack_of(struct __sk_buff *skb, const struct pkt *p
  * to a new flow from src: free meanwhile (NAT_REUSE_FREE), or a pair that
  * is over (nat_takeover_v4, claimed: NAT_REUSE_CLAIMED). Node flows
  * (hostflow.h) ask it of the tuple they clash with. */
-__noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 now)
+GLOBAL_FUNC int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 now)
 {
 	struct nat_v4_key key;
 	struct nat_v4_val *r;

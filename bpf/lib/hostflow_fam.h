@@ -13,7 +13,7 @@
  * HOST_PASS, HOST_PAIR or HOST_FORMER (see hostflow.h); a later fragment
  * is HOST_PASS here (egress.h hands it to egress_frag_other_*). A node
  * flow's first packet makes its held tuple here. */
-__noinline int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
+GLOBAL_FUNC int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
 {
 	FAM_T(nat, key) k = { .dir = DIR_EGRESS }, out;
 	FAM_T(nat, val) *v, nv = { .flags = NAT_F_HOST };

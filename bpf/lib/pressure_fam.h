@@ -45,7 +45,7 @@ struct {
  * and then checked to be still the key's: a deleted entry's element may
  * have been reused by another key meanwhile. A global function: the
  * verifier checks it once. Returns 0. */
-__noinline int FAM(early_drop_slot)(FAM_T(early_drop, ctx) *ctx, __u64 pos, __u32 i)
+GLOBAL_FUNC int FAM(early_drop_slot)(FAM_T(early_drop, ctx) *ctx, __u64 pos, __u32 i)
 {
 	__u32 slot = pos & (NAT_CAND_SLOTS - 1), done;
 	FAM_T(nat, cand) *c;
