@@ -129,13 +129,14 @@ func TestDocsListTheAgentsTables(t *testing.T) {
 }
 
 // TestDocsListEveryPinnedMap: docs/state.md names every map of the
-// datapath object (all of them are pinned), and no other.
+// datapath objects, both builds (all of them are pinned), and no other.
 func TestDocsListEveryPinnedMap(t *testing.T) {
 	var code []string
-	mt := reflect.TypeOf(bpf.Maps{})
-	for i := range mt.NumField() {
-		if name := mt.Field(i).Tag.Get("ebpf"); name != "" {
-			code = append(code, name)
+	for _, mt := range []reflect.Type{reflect.TypeOf(bpf.Maps{}), reflect.TypeOf(bpf.CompatMaps{})} {
+		for i := range mt.NumField() {
+			if name := mt.Field(i).Tag.Get("ebpf"); name != "" && !slices.Contains(code, name) {
+				code = append(code, name)
+			}
 		}
 	}
 	var docs []string

@@ -80,6 +80,10 @@ const (
 // Maps are the datapath's maps, named like their pins.
 type Maps = masqMaps
 
+// CompatMaps are the compat build's maps (variant.go): Maps and the lock
+// of its atomics.
+type CompatMaps = masqcompatMaps
+
 // Programs are the object's programs (bpf/masq.c), named like its SEC
 // functions.
 type Programs = masqPrograms
@@ -96,6 +100,10 @@ type Datapath struct {
 	EgressL3, IngressL3 *ebpf.Program
 	// Maps are the maps the programs use.
 	Maps Maps
+	// Variant is the build of the object loaded, and VariantReason why
+	// (LoadOptions.Variant, [ChooseVariant]).
+	Variant       Variant
+	VariantReason string
 
 	objs masqObjects
 }
@@ -121,16 +129,30 @@ type LoadOptions struct {
 	NATMaxEntriesV4, NATMaxEntriesV6 uint32
 	// Logger receives map replacement warnings; nil means slog.Default().
 	Logger *slog.Logger
+	// Variant is the object to load (--datapath-variant): auto (or empty)
+	// probes the kernel ([ProbeKernel], [ChooseVariant]).
+	Variant Variant
 
 	// natMapKind, in tests, changes the NAT maps' kind before they are
 	// made (the measurements of docs/datapath.md "Map kinds").
 	natMapKind func(*ebpf.MapSpec)
+	// programs, in tests, are the programs' load options (the verifier's
+	// statistics of TestVerifierComplexity).
+	programs ebpf.ProgramOptions
 }
 
 // Load loads the programs and their maps into the kernel. The programs are
 // not attached.
 func Load(opts LoadOptions) (*Datapath, error) {
-	spec, err := loadMasq()
+	want := opts.Variant
+	if want == "" && testVariant != "" {
+		want = testVariant
+	}
+	choice, err := ChooseVariant(want, ProbeKernel())
+	if err != nil {
+		return nil, err
+	}
+	spec, err := choice.Variant.spec()
 	if err != nil {
 		return nil, fmt.Errorf("load ipmasq datapath spec: %w", err)
 	}
@@ -196,14 +218,14 @@ func Load(opts LoadOptions) (*Datapath, error) {
 		}
 	}
 
-	d := &Datapath{}
-	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{MapReplacements: replacements})
+	d := &Datapath{Variant: choice.Variant, VariantReason: choice.Reason}
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{MapReplacements: replacements, Programs: opts.programs})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load ipmasq datapath: %+v", ve)
+			return nil, fmt.Errorf("load ipmasq datapath (%s variant): %+v", choice.Variant, ve)
 		}
-		return nil, fmt.Errorf("load ipmasq datapath: %w", err)
+		return nil, fmt.Errorf("load ipmasq datapath (%s variant): %w", choice.Variant, err)
 	}
 	d.Egress = d.objs.IpmasqEgress
 	d.Ingress = d.objs.IpmasqIngress

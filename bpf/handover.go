@@ -84,7 +84,7 @@ func (d *Datapath) AdoptV4(k NATKeyV4, to netip.Addr, port uint16, seen bool) (H
 		return 0, fmt.Errorf("adopt %v: translation %v is not IPv4", k, to)
 	}
 	ctx := natHandoverCtxV4{Key: k, Addr: Addr4(to), Port: Port(port), Op: opAdopt, Seen: boolU8(seen)}
-	return runHandover(d.objs.NatHandoverV4, &ctx, &ctx.Result)
+	return d.runHandover(d.objs.NatHandoverV4, &ctx, &ctx.Result)
 }
 
 // AdoptV6 is [Datapath.AdoptV4] for IPv6.
@@ -93,25 +93,25 @@ func (d *Datapath) AdoptV6(k NATKeyV6, to netip.Addr, port uint16, seen bool) (H
 		return 0, fmt.Errorf("adopt %v: translation %v is not IPv6", k, to)
 	}
 	ctx := natHandoverCtxV6{Key: k, Addr: to.As16(), Port: Port(port), Op: opAdopt, Seen: boolU8(seen)}
-	return runHandover(d.objs.NatHandoverV6, &ctx, &ctx.Result)
+	return d.runHandover(d.objs.NatHandoverV6, &ctx, &ctx.Result)
 }
 
 // MarkConntrackV4 marks the pair of egress tuple k as handed to conntrack
 // (before the caller gives conntrack an entry with its translation).
 func (d *Datapath) MarkConntrackV4(k NATKeyV4) (HandoverResult, error) {
 	ctx := natHandoverCtxV4{Key: k, Op: opMark}
-	return runHandover(d.objs.NatHandoverV4, &ctx, &ctx.Result)
+	return d.runHandover(d.objs.NatHandoverV4, &ctx, &ctx.Result)
 }
 
 // MarkConntrackV6 is [Datapath.MarkConntrackV4] for IPv6.
 func (d *Datapath) MarkConntrackV6(k NATKeyV6) (HandoverResult, error) {
 	ctx := natHandoverCtxV6{Key: k, Op: opMark}
-	return runHandover(d.objs.NatHandoverV6, &ctx, &ctx.Result)
+	return d.runHandover(d.objs.NatHandoverV6, &ctx, &ctx.Result)
 }
 
-func runHandover(prog *ebpf.Program, ctx any, result *uint32) (HandoverResult, error) {
-	if _, err := prog.Run(&ebpf.RunOptions{Context: ctx, ContextOut: ctx}); err != nil {
-		return 0, fmt.Errorf("run %s: %w", prog, err)
+func (d *Datapath) runHandover(prog *ebpf.Program, ctx any, result *uint32) (HandoverResult, error) {
+	if err := d.runAgentProgram(prog, ctx, result); err != nil {
+		return 0, err
 	}
 	return HandoverResult(*result), nil
 }

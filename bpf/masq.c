@@ -51,6 +51,7 @@
 #include "lib/ingress.h"
 #include "lib/natgc.h"
 #include "lib/handover.h"
+#include "lib/compat.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -88,47 +89,27 @@ int ipmasq_ingress_l3(struct __sk_buff *skb)
 }
 
 /* The agent's collector: end one NAT pair if it is still expired, as the
- * programs judge and claim pairs (lib/natgc.h). Run with BPF_PROG_TEST_RUN,
- * the context in and out. */
-SEC("syscall")
-int nat_gc_v4(struct nat_gc_v4_ctx *ctx)
+ * programs judge and claim pairs (lib/natgc.h). Run with BPF_PROG_TEST_RUN
+ * (lib/compat.h: AGENT_RUN). */
+AGENT_RUN(nat_gc_v4, struct nat_gc_v4_ctx)
 {
-	struct nat_v4_key k;
-
-	__builtin_memcpy(&k, &ctx->key, sizeof(k));
-	ctx->result = nat_gc_end_v4(&k, ctx->force);
-	return 0;
+	return nat_gc_end_v4(&c->key, c->force);
 }
 
-SEC("syscall")
-int nat_gc_v6(struct nat_gc_v6_ctx *ctx)
+AGENT_RUN(nat_gc_v6, struct nat_gc_v6_ctx)
 {
-	struct nat_v6_key k;
-
-	__builtin_memcpy(&k, &ctx->key, sizeof(k));
-	ctx->result = nat_gc_end_v6(&k, ctx->force);
-	return 0;
+	return nat_gc_end_v6(&c->key, c->force);
 }
 
 /* The agent's handover of flows between conntrack and the NAT pairs: adopt
  * a conntrack binding as a pair, or mark a pair handed to conntrack
- * (lib/handover.h). Run with BPF_PROG_TEST_RUN, the context in and out. */
-SEC("syscall")
-int nat_handover_v4(struct nat_handover_v4_ctx *ctx)
+ * (lib/handover.h). Run with BPF_PROG_TEST_RUN (lib/compat.h: AGENT_RUN). */
+AGENT_RUN(nat_handover_v4, struct nat_handover_v4_ctx)
 {
-	struct nat_handover_v4_ctx c;
-
-	__builtin_memcpy(&c, ctx, sizeof(c));
-	ctx->result = nat_handover_run_v4(&c);
-	return 0;
+	return nat_handover_run_v4(c);
 }
 
-SEC("syscall")
-int nat_handover_v6(struct nat_handover_v6_ctx *ctx)
+AGENT_RUN(nat_handover_v6, struct nat_handover_v6_ctx)
 {
-	struct nat_handover_v6_ctx c;
-
-	__builtin_memcpy(&c, ctx, sizeof(c));
-	ctx->result = nat_handover_run_v6(&c);
-	return 0;
+	return nat_handover_run_v6(c);
 }

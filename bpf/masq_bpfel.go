@@ -333,6 +333,31 @@ type masqNatV4Key struct {
 	Pad   [2]uint8
 }
 
+type masqNatV4Scratch struct {
+	_   structs.HostLayout
+	Key masqNatV4Key
+	Val masqNatV4Val
+}
+
+type masqNatV4Search struct {
+	_   structs.HostLayout
+	In  masqNatV4Key
+	Out masqNatV4Key
+	Rev masqNatV4Val
+	W   struct {
+		_     structs.HostLayout
+		Min   uint32
+		Size  uint32
+		Off   uint32
+		Round uint16
+		Left  uint16
+		Own   uint16
+		List  uint8
+		Pad   uint8
+	}
+	_ [4]byte
+}
+
 type masqNatV4Val struct {
 	_          structs.HostLayout
 	Addr       uint32
@@ -360,6 +385,31 @@ type masqNatV6Key struct {
 	Proto uint8
 	Dir   uint8
 	Pad   [2]uint8
+}
+
+type masqNatV6Scratch struct {
+	_   structs.HostLayout
+	Key masqNatV6Key
+	Val masqNatV6Val
+}
+
+type masqNatV6Search struct {
+	_   structs.HostLayout
+	In  masqNatV6Key
+	Out masqNatV6Key
+	Rev masqNatV6Val
+	W   struct {
+		_     structs.HostLayout
+		Min   uint32
+		Size  uint32
+		Off   uint32
+		Round uint16
+		Left  uint16
+		Own   uint16
+		List  uint8
+		Pad   uint8
+	}
+	_ [4]byte
 }
 
 type masqNatV6Val struct {
@@ -401,6 +451,8 @@ const (
 	masqMapEarlyDropScratchV6    = "early_drop_scratch_v6"
 	masqMapEgressDevs            = "egress_devs"
 	masqMapFibScratch            = "fib_scratch"
+	masqMapFixedScratchV4        = "fixed_scratch_v4"
+	masqMapFixedScratchV6        = "fixed_scratch_v6"
 	masqMapFragV4                = "frag_v4"
 	masqMapFragV6                = "frag_v6"
 	masqMapMasqRulesV4           = "masq_rules_v4"
@@ -415,6 +467,10 @@ const (
 	masqMapNatNoteFree           = "nat_note_free"
 	masqMapNatPortSet            = "nat_port_set"
 	masqMapNatPorts              = "nat_ports"
+	masqMapNatScratchV4          = "nat_scratch_v4"
+	masqMapNatScratchV6          = "nat_scratch_v6"
+	masqMapNatSearchV4           = "nat_search_v4"
+	masqMapNatSearchV6           = "nat_search_v6"
 	masqMapNatV4                 = "nat_v4"
 	masqMapNatV6                 = "nat_v6"
 	masqMapNodeAddrsV4           = "node_addrs_v4"
@@ -516,6 +572,8 @@ type masqMapSpecs struct {
 	EarlyDropScratchV6 *ebpf.MapSpec `ebpf:"early_drop_scratch_v6"`
 	EgressDevs         *ebpf.MapSpec `ebpf:"egress_devs"`
 	FibScratch         *ebpf.MapSpec `ebpf:"fib_scratch"`
+	FixedScratchV4     *ebpf.MapSpec `ebpf:"fixed_scratch_v4"`
+	FixedScratchV6     *ebpf.MapSpec `ebpf:"fixed_scratch_v6"`
 	FragV4             *ebpf.MapSpec `ebpf:"frag_v4"`
 	FragV6             *ebpf.MapSpec `ebpf:"frag_v6"`
 	MasqRulesV4        *ebpf.MapSpec `ebpf:"masq_rules_v4"`
@@ -530,6 +588,10 @@ type masqMapSpecs struct {
 	NatNoteFree        *ebpf.MapSpec `ebpf:"nat_note_free"`
 	NatPortSet         *ebpf.MapSpec `ebpf:"nat_port_set"`
 	NatPorts           *ebpf.MapSpec `ebpf:"nat_ports"`
+	NatScratchV4       *ebpf.MapSpec `ebpf:"nat_scratch_v4"`
+	NatScratchV6       *ebpf.MapSpec `ebpf:"nat_scratch_v6"`
+	NatSearchV4        *ebpf.MapSpec `ebpf:"nat_search_v4"`
+	NatSearchV6        *ebpf.MapSpec `ebpf:"nat_search_v6"`
 	NatV4              *ebpf.MapSpec `ebpf:"nat_v4"`
 	NatV6              *ebpf.MapSpec `ebpf:"nat_v6"`
 	NodeAddrsV4        *ebpf.MapSpec `ebpf:"node_addrs_v4"`
@@ -593,6 +655,8 @@ type masqMaps struct {
 	EarlyDropScratchV6 *ebpf.Map `ebpf:"early_drop_scratch_v6"`
 	EgressDevs         *ebpf.Map `ebpf:"egress_devs"`
 	FibScratch         *ebpf.Map `ebpf:"fib_scratch"`
+	FixedScratchV4     *ebpf.Map `ebpf:"fixed_scratch_v4"`
+	FixedScratchV6     *ebpf.Map `ebpf:"fixed_scratch_v6"`
 	FragV4             *ebpf.Map `ebpf:"frag_v4"`
 	FragV6             *ebpf.Map `ebpf:"frag_v6"`
 	MasqRulesV4        *ebpf.Map `ebpf:"masq_rules_v4"`
@@ -607,6 +671,10 @@ type masqMaps struct {
 	NatNoteFree        *ebpf.Map `ebpf:"nat_note_free"`
 	NatPortSet         *ebpf.Map `ebpf:"nat_port_set"`
 	NatPorts           *ebpf.Map `ebpf:"nat_ports"`
+	NatScratchV4       *ebpf.Map `ebpf:"nat_scratch_v4"`
+	NatScratchV6       *ebpf.Map `ebpf:"nat_scratch_v6"`
+	NatSearchV4        *ebpf.Map `ebpf:"nat_search_v4"`
+	NatSearchV6        *ebpf.Map `ebpf:"nat_search_v6"`
 	NatV4              *ebpf.Map `ebpf:"nat_v4"`
 	NatV6              *ebpf.Map `ebpf:"nat_v6"`
 	NodeAddrsV4        *ebpf.Map `ebpf:"node_addrs_v4"`
@@ -627,6 +695,8 @@ func (m *masqMaps) Close() error {
 		m.EarlyDropScratchV6,
 		m.EgressDevs,
 		m.FibScratch,
+		m.FixedScratchV4,
+		m.FixedScratchV6,
 		m.FragV4,
 		m.FragV6,
 		m.MasqRulesV4,
@@ -641,6 +711,10 @@ func (m *masqMaps) Close() error {
 		m.NatNoteFree,
 		m.NatPortSet,
 		m.NatPorts,
+		m.NatScratchV4,
+		m.NatScratchV6,
+		m.NatSearchV4,
+		m.NatSearchV6,
 		m.NatV4,
 		m.NatV6,
 		m.NodeAddrsV4,

@@ -1,8 +1,6 @@
 package bpf
 
 import (
-	"fmt"
-
 	"github.com/cilium/ebpf"
 )
 
@@ -44,18 +42,18 @@ type natGCCtxV6 struct {
 // since the caller read it is never deleted (lib/natgc.h).
 func (d *Datapath) EndPairV4(k NATKeyV4, force bool) (GCResult, error) {
 	ctx := natGCCtxV4{Key: k, Force: boolU32(force)}
-	return runGC(d.objs.NatGcV4, &ctx, &ctx.Result)
+	return d.runGC(d.objs.NatGcV4, &ctx, &ctx.Result)
 }
 
 // EndPairV6 is [Datapath.EndPairV4] for IPv6.
 func (d *Datapath) EndPairV6(k NATKeyV6, force bool) (GCResult, error) {
 	ctx := natGCCtxV6{Key: k, Force: boolU32(force)}
-	return runGC(d.objs.NatGcV6, &ctx, &ctx.Result)
+	return d.runGC(d.objs.NatGcV6, &ctx, &ctx.Result)
 }
 
-func runGC(prog *ebpf.Program, ctx any, result *uint32) (GCResult, error) {
-	if _, err := prog.Run(&ebpf.RunOptions{Context: ctx, ContextOut: ctx}); err != nil {
-		return GCKept, fmt.Errorf("run %s: %w", prog, err)
+func (d *Datapath) runGC(prog *ebpf.Program, ctx any, result *uint32) (GCResult, error) {
+	if err := d.runAgentProgram(prog, ctx, result); err != nil {
+		return GCKept, err
 	}
 	return GCResult(*result), nil
 }

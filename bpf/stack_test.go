@@ -25,7 +25,8 @@ var stackDepthLine = regexp.MustCompile(`(?m)^stack depth ([0-9+]+)$`)
 
 // stackChain is the deepest call chain of a program as the verifier counts
 // it: the sum of each subprogram's stack depth, rounded up to 16 bytes (the
-// rule for JIT-compiled programs; the interpreter rounds to 32).
+// rule for JIT-compiled programs since 6.6) or to 32 (the interpreter's,
+// and every program's before 6.6, a frame of 0 bytes counted as 1).
 type stackChain struct {
 	bytes  int
 	path   []string // entry first, "name(depth)"
@@ -40,10 +41,18 @@ type stackChain struct {
 //
 // It fails when the figures cannot be read (a verifier log without the
 // statistics line, subprograms without BTF function names), so that the
-// measurement never silently reports nothing.
+// measurement never silently reports nothing, and when a chain counted as
+// kernels before 6.6 count it (every frame rounded up to 32 bytes) is over
+// the limit: those kernels refuse the program, though this one loads it.
 func TestStackHeadroom(t *testing.T) {
 	privtest.Require(t)
-	spec, err := loadMasq()
+	for _, v := range []Variant{VariantFull, VariantCompat} {
+		t.Run(string(v), func(t *testing.T) { testStackHeadroom(t, v) })
+	}
+}
+
+func testStackHeadroom(t *testing.T, v Variant) {
+	spec, err := v.spec()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +75,7 @@ func TestStackHeadroom(t *testing.T) {
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		chain, err := deepestStackChain(coll.Programs[name])
+		chain, err := deepestStackChain(coll.Programs[name], 16)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -74,15 +83,32 @@ func TestStackHeadroom(t *testing.T) {
 			t.Errorf("%s: computed chain of %d bytes, over the verifier's %d, yet the program loaded: the computation is wrong",
 				name, chain.bytes, verifierStackLimit)
 		}
+		old, err := deepestStackChain(coll.Programs[name], 32)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if old.bytes > verifierStackLimit {
+			t.Errorf("%s: chain of %d bytes with frames rounded to 32 (kernels before 6.6 refuse it): %s",
+				name, old.bytes, strings.Join(old.path, " -> "))
+		}
 		t.Logf("%-17s %3d of %d bytes, %3d free: %s", name, chain.bytes, verifierStackLimit,
 			verifierStackLimit-chain.bytes, strings.Join(chain.path, " -> "))
+		t.Logf("%-17s before 6.6: %3d of %d bytes, %3d free: %s", "", old.bytes, verifierStackLimit,
+			verifierStackLimit-old.bytes, strings.Join(old.path, " -> "))
 		t.Logf("%-17s subprograms: %s", "", strings.Join(chain.frames, " "))
 	}
 }
 
 // deepestStackChain reads the per-subprogram stack depths from prog's
-// verifier log and the call graph from its translated instructions.
-func deepestStackChain(prog *ebpf.Program) (stackChain, error) {
+// verifier log and the call graph from its translated instructions, each
+// frame rounded up to round bytes (16 or 32, see stackChain).
+func deepestStackChain(prog *ebpf.Program, round int) (stackChain, error) {
+	frame := func(depth int) int {
+		if round == 32 {
+			return (max(depth, 1) + 31) &^ 31
+		}
+		return (depth + 15) &^ 15
+	}
 	m := stackDepthLine.FindStringSubmatch(prog.VerifierLog)
 	if m == nil {
 		return stackChain{}, fmt.Errorf("no stack depth line in the verifier log:\n%s", prog.VerifierLog)
@@ -166,7 +192,7 @@ func deepestStackChain(prog *ebpf.Program) (stackChain, error) {
 				below = c
 			}
 		}
-		own := (depths[i] + 15) &^ 15
+		own := frame(depths[i])
 		c := stackChain{
 			bytes: own + below.bytes,
 			path:  append([]string{fmt.Sprintf("%s(%d)", subs[i].name, own)}, below.path...),
@@ -184,7 +210,7 @@ func deepestStackChain(prog *ebpf.Program) (stackChain, error) {
 	}
 	sort.SliceStable(order, func(a, b int) bool { return depths[order[a]] > depths[order[b]] })
 	for _, i := range order {
-		chain.frames = append(chain.frames, fmt.Sprintf("%s(%d)", subs[i].name, (depths[i]+15)&^15))
+		chain.frames = append(chain.frames, fmt.Sprintf("%s(%d)", subs[i].name, frame(depths[i])))
 	}
 	return chain, nil
 }

@@ -13,7 +13,7 @@ import (
 // FAM_T(a, b) {...} starting a line (calls and uses are indented or follow
 // other text).
 var (
-	templateFunc   = regexp.MustCompile(`(?m)^[a-z_].*\bFAM\((\w+)\)\s*\(`)
+	templateFunc   = regexp.MustCompile(`(?m)^[A-Za-z_].*\bFAM\((\w+)\)\s*\(`)
 	templateStruct = regexp.MustCompile(`(?m)^FAM_T\((\w+),\s*(\w+)\)\s*\{`)
 	// A map: "} FAM(name) SEC(".maps");" closing its struct.
 	templateMap = regexp.MustCompile(`(?m)^\}\s*FAM\((\w+)\)\s*SEC\(`)

@@ -80,6 +80,17 @@ static __noinline void FAM(fixed_unassure)(const FAM_T(nat, key) *k, const FAM_T
 		fixed_assure(&r->flags, FIXED_UNASSURE);
 }
 
+/* The pair's key and value while egress_fixed makes it, per CPU (a tc
+ * program runs to its end on its CPU): on the stack they took the IPv6
+ * egress chain over the verifier's 512 bytes on kernels that round each
+ * frame up to 32 bytes (before 6.6). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, FAM_T(nat, scratch));
+	__uint(max_entries, 1);
+} FAM(fixed_scratch) SEC(".maps");
+
 /* egress_fixed_v4/v6 translate a fixed pair's packet from a masquerade
  * source: a tc verdict, or FIXED_FULL (nothing counted) when its new pair
  * found the table full: the caller drops a pair that is not assured and
@@ -88,37 +99,47 @@ static __noinline void FAM(fixed_unassure)(const FAM_T(nat, key) *k, const FAM_T
 static __noinline int FAM(egress_fixed)(struct __sk_buff *skb, const struct pkt *p,
 					const struct masq_rule *rule)
 {
-	FAM_T(nat, key) k = {
-		.sport = p->sport, .dport = p->dport, .proto = p->proto, .dir = DIR_EGRESS,
-	};
-	FAM_T(nat, val) *v, nv;
+	FAM_T(nat, scratch) *s;
+	FAM_T(nat, key) *k;
+	FAM_T(nat, val) *v, *nv;
 	enum counter c;
+	__u32 zero = 0;
 
-	FAM_ADDR_COPY(k.src, FAM_PKT(p).saddr);
-	FAM_ADDR_COPY(k.dst, FAM_PKT(p).daddr);
-	v = bpf_map_lookup_elem(&FAM(nat), &k);
+	s = bpf_map_lookup_elem(&FAM(fixed_scratch), &zero);
+	if (!s)
+		return TC_ACT_SHOT;
+	k = &s->key;
+	nv = &s->val;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->sport = p->sport;
+	k->dport = p->dport;
+	k->proto = p->proto;
+	k->dir = DIR_EGRESS;
+	FAM_ADDR_COPY(k->src, FAM_PKT(p).saddr);
+	FAM_ADDR_COPY(k->dst, FAM_PKT(p).daddr);
+	v = bpf_map_lookup_elem(&FAM(nat), k);
 	if (v) {
-		/* the stamp in nv.last_seen_ns (stack room) */
-		nv.last_seen_ns = FAM(nat_touch)(v, 0);
-		FAM_ADDR_COPY(nv.addr, v->addr);
+		/* the stamp, in nv->last_seen_ns */
+		nv->last_seen_ns = FAM(nat_touch)(v, 0);
+		FAM_ADDR_COPY(nv->addr, v->addr);
 		/* A pair being ended, or an entry reused by another pair
 		 * meanwhile: never sent with the address it names. */
-		if (!FAM(nat_still)(&k, v, nv.last_seen_ns)) {
+		if (!FAM(nat_still)(k, v, nv->last_seen_ns)) {
 			count(COUNTER_DROP_PAIR_CLAIMED);
 			return TC_ACT_SHOT;
 		}
 		/* The pod's SHUTDOWN or ABORT: the association may go for a
 		 * new flow (rare packets: one more lookup). */
 		if (fixed_assurance(skb, p, DIR_EGRESS) == FIXED_UNASSURE)
-			FAM(fixed_unassure)(&k, v);
+			FAM(fixed_unassure)(k, v);
 	} else {
-		c = FAM(decide)(skb, p, rule, &nv.addr);
+		c = FAM(decide)(skb, p, rule, &nv->addr);
 		if (c != COUNTER_MASQUERADED) {
 			count(c);
 			return c == COUNTER_DROP_NO_SNAT_ADDR ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 		}
-		/* the SNAT address decide chose is in nv.addr */
-		c = FAM(nat_create_fixed)(&k, nv.addr, &nv);
+		/* the SNAT address decide chose is in nv->addr */
+		c = FAM(nat_create_fixed)(k, nv->addr, nv);
 		if (c == COUNTER_NAT_FULL)
 			return FIXED_FULL; /* the caller makes room, or refuses */
 		if (c == COUNTER_NAT_NEW) {
@@ -129,8 +150,8 @@ static __noinline int FAM(egress_fixed)(struct __sk_buff *skb, const struct pkt 
 		}
 	}
 	if (p->frag == FRAG_FIRST)
-		FAM(frag_remember)(p, DIR_EGRESS, nv.addr);
-	if (FAM_REWRITE(skb, p, saddr, FAM_PKT(p).saddr, nv.addr, p->proto, fixed_csum_off(p),
+		FAM(frag_remember)(p, DIR_EGRESS, nv->addr);
+	if (FAM_REWRITE(skb, p, saddr, FAM_PKT(p).saddr, nv->addr, p->proto, fixed_csum_off(p),
 			0, 0, 0) < 0) {
 		count(COUNTER_ERROR);
 		return TC_ACT_SHOT;

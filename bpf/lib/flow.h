@@ -9,6 +9,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "types.h"
+#include "compat.h"
 #include "counters.h"
 #include "maps.h"
 #include "natcount.h"
@@ -53,7 +54,7 @@ static __always_inline __u64 nat_later(__u64 a, __u64 b)
  * says whether this caller won. */
 static __always_inline int nat_claim(__u64 *stamp, __u64 seen, __u64 to)
 {
-	return seen != NAT_CLAIMED && __sync_val_compare_and_swap(stamp, seen, to) == seen;
+	return seen != NAT_CLAIMED && atomic_cas64(stamp, seen, to) == seen;
 }
 
 /* nat_stamp reads a stamp once (the judgment and the claim use one value). */
@@ -291,16 +292,18 @@ static __always_inline int tcp_ack_of(struct __sk_buff *skb, const struct pkt *p
  * to a new flow from src: free meanwhile (NAT_REUSE_FREE), or a pair that
  * is over (nat_takeover_v4, claimed: NAT_REUSE_CLAIMED). Node flows
  * (hostflow.h) ask it of the tuple they clash with. */
-__noinline int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 now)
+GLOBAL_FUNC int nat_reusable_v4(const struct nat_v4_key *in, __be32 src, __u64 now)
 {
+	struct nat_v4_key key;
 	struct nat_v4_val *r;
 
 	if (!in)
 		return 0;
-	r = bpf_map_lookup_elem(&nat_v4, in);
+	key = *in; /* a map key (lib/compat.h: "Keys") */
+	r = bpf_map_lookup_elem(&nat_v4, &key);
 	if (!r)
 		return NAT_REUSE_FREE;
-	return nat_takeover_v4(in, r, src, now, 1);
+	return nat_takeover_v4(&key, r, src, now, 1);
 }
 
 /* nat_reusable_v6 is nat_reusable_v4 for IPv6, of the source of out;

@@ -34,7 +34,7 @@ static __always_inline __u64 FAM(nat_touch)(FAM_T(nat, val) *v, __u8 flags)
 	} else if (nat_age(now, last) <= (__s64)NAT_REFRESH_NS) {
 		return last;
 	}
-	got = __sync_val_compare_and_swap(&v->last_seen_ns, last, now);
+	got = atomic_cas64(&v->last_seen_ns, last, now);
 	return got == last ? now : got;
 }
 
@@ -87,15 +87,16 @@ static __always_inline void FAM(nat_pair)(const FAM_T(nat, key) *k, const FAM_T(
  * (NAT_EST_NO_PAIR), as conntrack makes a new entry and decides again. The
  * source's first FIN, before any
  * from the remote, records where it ends (see "Who closed first"). */
-__noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key) *k, FAM_T(nat, val) *v,
+GLOBAL_FUNC int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key) *k, FAM_T(nat, val) *v,
 				    const struct pkt *p, int renew)
 {
 	struct masq_config *cfg;
 	__u8 flags;
-	FAM_T(nat, key) peer;
+	FAM_T(nat, key) peer, *key;
 	FAM_T(nat, val) *r, nr = {};
+	FAM_T(nat, scratch) *s;
 	__u64 now = bpf_ktime_get_ns(), rl;
-	__u32 end;
+	__u32 end, zero = 0;
 
 	if (!skb || !k || !v || !p)
 		return 0;
@@ -108,6 +109,12 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 	 * entry's flags to tell who closed first. */
 	if (!tcp_syn(p) && !(flags & ~v->flags) && nat_age(now, v->last_seen_ns) <= (__s64)NAT_REFRESH_NS)
 		return 0;
+	/* k as a map key, copied (maps.h: nat_scratch_v4) */
+	s = bpf_map_lookup_elem(&FAM(nat_scratch), &zero);
+	if (!s)
+		return 0;
+	s->key = *k;
+	key = &s->key;
 	FAM(nat_pair)(k, v, &peer);
 	r = bpf_map_lookup_elem(&FAM(nat), &peer);
 	if (!r) {
@@ -122,7 +129,7 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 			 * its reply entry: with the reply entry gone, the
 			 * egress entry (v may be a pointer to it, deleted) may
 			 * be gone too, and the rebuilt entry would be alone. */
-			if (!bpf_map_lookup_elem(&FAM(nat), k)) {
+			if (!bpf_map_lookup_elem(&FAM(nat), key)) {
 				FAM(nat_delete)(&peer);
 				return NAT_EST_NO_PAIR;
 			}
@@ -134,7 +141,7 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 			return 0;
 	}
 	if (!FAM_ADDR_EQ(r->addr, k->src) || r->port != k->sport) {
-		FAM(nat_delete)(k);
+		FAM(nat_delete)(key);
 		return NAT_EST_NO_PAIR;
 	}
 	nat_udp_stream(k->proto, &r->flags, r->created_ns);
@@ -151,7 +158,7 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
 		 * pair goes (its egress entry would translate the new flow's
 		 * next packets). */
 		if (renew) {
-			FAM(nat_delete)(k);
+			FAM(nat_delete)(key);
 			FAM(nat_delete)(&peer);
 			return NAT_EST_NO_PAIR;
 		}
@@ -194,16 +201,17 @@ __noinline int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key)
  * is NAT_F_CLOSED_FIRST (its port may go to another source after the
  * linger); crossing FINs leave the remote in TIME_WAIT, and no mark.
  * Returns 0 (a global function returns a scalar). */
-__noinline int FAM(nat_reply_fin)(struct __sk_buff *skb, const FAM_T(nat, key) *k, const FAM_T(nat, val) *v,
+GLOBAL_FUNC int FAM(nat_reply_fin)(struct __sk_buff *skb, const FAM_T(nat, key) *k, const FAM_T(nat, val) *v,
 				   const struct pkt *p)
 {
-	FAM_T(nat, key) peer;
+	FAM_T(nat, key) peer, key;
 	FAM_T(nat, val) *o;
 	__u32 *end, ack;
 
 	if (!skb || !k || !v || !p)
 		return 0;
-	end = bpf_map_lookup_elem(&FAM(nat_fin), k);
+	key = *k; /* a map key (lib/compat.h: "Keys") */
+	end = bpf_map_lookup_elem(&FAM(nat_fin), &key);
 	if (!end)
 		return 0;
 	FAM(nat_pair)(k, v, &peer);
@@ -212,7 +220,7 @@ __noinline int FAM(nat_reply_fin)(struct __sk_buff *skb, const FAM_T(nat, key) *
 	    !((o->flags | v->flags) & NAT_F_RST) && tcp_ack_of(skb, p, &ack) == 0 &&
 	    (__s32)(ack - *end) >= 0)
 		o->flags |= NAT_F_CLOSED_FIRST;
-	bpf_map_delete_elem(&FAM(nat_fin), k);
+	bpf_map_delete_elem(&FAM(nat_fin), &key);
 	return 0;
 }
 
@@ -220,7 +228,7 @@ __noinline int FAM(nat_reply_fin)(struct __sk_buff *skb, const FAM_T(nat, key) *
  * reply entry (key k, value v) of an established pair, ends it: 1 when its
  * sequence number is the one the pod expects or the pair is closing (see
  * "RSTs"), else 0 (counted). Returns a scalar (a global function). */
-__noinline int FAM(nat_reply_rst)(const FAM_T(nat, key) *k, const FAM_T(nat, val) *v, const struct pkt *p)
+GLOBAL_FUNC int FAM(nat_reply_rst)(const FAM_T(nat, key) *k, const FAM_T(nat, val) *v, const struct pkt *p)
 {
 	FAM_T(nat, key) peer;
 	FAM_T(nat, val) *o;
@@ -246,7 +254,7 @@ __noinline int FAM(nat_reply_rst)(const FAM_T(nat, key) *k, const FAM_T(nat, val
  * SYN-ACK acknowledges the pod's SYN (its ACK is the pod's end): a forger
  * must guess the pod's initial sequence number. Returns 0 (a global
  * function returns a scalar). */
-__noinline int FAM(nat_reply_syn)(struct __sk_buff *skb, const FAM_T(nat, key) *k, FAM_T(nat, val) *v,
+GLOBAL_FUNC int FAM(nat_reply_syn)(struct __sk_buff *skb, const FAM_T(nat, key) *k, FAM_T(nat, val) *v,
 				   const struct pkt *p)
 {
 	FAM_T(nat, key) peer;

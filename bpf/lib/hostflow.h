@@ -9,6 +9,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "types.h"
+#include "compat.h"
 #include "counters.h"
 #include "maps.h"
 #include "parse.h"

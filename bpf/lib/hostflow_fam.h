@@ -13,7 +13,7 @@
  * HOST_PASS, HOST_PAIR or HOST_FORMER (see hostflow.h); a later fragment
  * is HOST_PASS here (egress.h hands it to egress_frag_other_*). A node
  * flow's first packet makes its held tuple here. */
-__noinline int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
+GLOBAL_FUNC int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
 {
 	FAM_T(nat, key) k = { .dir = DIR_EGRESS }, out;
 	FAM_T(nat, val) *v, nv = { .flags = NAT_F_HOST };
@@ -29,7 +29,6 @@ __noinline int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
 		return HOST_PASS;
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return HOST_PASS;
-	node = bpf_map_lookup_elem(&FAM(node_addrs), FAM_PTR(FAM_PKT(p).saddr)) != NULL;
 	if (parse_l4(skb, p, DIR_EGRESS) < 0)
 		return HOST_PASS;
 	FAM_ADDR_COPY(k.src, FAM_PKT(p).saddr);
@@ -37,6 +36,9 @@ __noinline int FAM(host_flow)(struct __sk_buff *skb, struct pkt *p)
 	k.sport = p->sport;
 	k.dport = p->dport;
 	k.proto = p->proto;
+	/* The source as copied to the stack: a global function's pointer
+	 * argument is no map key before 6.2 (lib/compat.h: "Keys"). */
+	node = bpf_map_lookup_elem(&FAM(node_addrs), FAM_PTR(k.src)) != NULL;
 	if (bpf_map_lookup_elem(&FAM(nat), &k))
 		/* given another port when it started, or a former masquerade
 		 * source's flow */

@@ -183,6 +183,35 @@ struct {
 	__uint(max_entries, 1);
 } fib_scratch SEC(".maps");
 
+/* A NAT key and value for the map helpers, copied from a global function's
+ * pointer arguments: those are no map key or value before 6.2
+ * (lib/compat.h: "Keys"), and copies on the stack would take the IPv6
+ * egress path's stack over 512 bytes (nat_established). Per CPU: a tc
+ * program runs to its end on its CPU. */
+struct nat_v4_scratch {
+	struct nat_v4_key key;
+	struct nat_v4_val val;
+};
+
+struct nat_v6_scratch {
+	struct nat_v6_key key;
+	struct nat_v6_val val;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct nat_v4_scratch);
+	__uint(max_entries, 1);
+} nat_scratch_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct nat_v6_scratch);
+	__uint(max_entries, 1);
+} nat_scratch_v6 SEC(".maps");
+
 static __always_inline struct masq_config *masq_cfg(void)
 {
 	__u32 zero = 0;

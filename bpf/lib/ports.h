@@ -42,6 +42,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "types.h"
+#include "compat.h"
 #include "counters.h"
 #include "maps.h"
 #include "flow.h"

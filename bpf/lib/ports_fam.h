@@ -4,8 +4,9 @@
  * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers
  * it uses.
  *
- * Defines: node_socket_v4, node_socket_v6, nat_try_v4, nat_try_v6,
- * nat_create_v4, nat_create_v6.
+ * Defines: struct nat_v4_search, struct nat_v6_search, node_socket_v4,
+ * node_socket_v6, nat_try_v4, nat_try_v6, nat_create_v4, nat_create_v6,
+ * nat_search_v4, nat_search_v6.
  */
 
 #include "family.h"
@@ -46,42 +47,65 @@ static __always_inline int FAM(node_socket)(struct __sk_buff *skb, const FAM_T(n
 	return 1;
 }
 
-/* nat_try_v4/v6 tries the walk's next port (into in->dport): PORT_FREE or
- * PORT_REUSED when the reply entry rev (stamped now) is in, PORT_TAKEN,
- * PORT_FULL, or PORT_DONE when the walk is over. The reply entry is looked
- * up first: an insert that fails costs more than a lookup, and a port in
- * use is most of what a busy search meets. Its own frame: the search's
- * loop calls it, and the IPv6 egress stack stays under 512. */
-__noinline int FAM(nat_try)(struct __sk_buff *skb, FAM_T(nat, key) *in, FAM_T(nat, val) *rev,
-			    struct port_walk *w)
+/* The port search's state, per CPU (a tc program runs to its end on its
+ * CPU, and one search at a time): the reply entry's key (in), whose port
+ * nat_try changes, the reply entry (rev) and the walk, then the pair's
+ * egress key and value (out, val). In a map value, not on the stack: the
+ * IPv6 egress chain is near 512 bytes, and nat_try, a global function the
+ * verifier checks once, then takes no pointer (before 5.12 a global
+ * function takes none but its context; before 6.2 none is a map key). */
+FAM_T(nat, search) {
+	FAM_T(nat, key) in;
+	FAM_T(nat, key) out;
+	FAM_T(nat, val) rev;
+	struct port_walk w;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, FAM_T(nat, search));
+	__uint(max_entries, 1);
+} FAM(nat_search) SEC(".maps");
+
+/* nat_try_v4/v6 tries the walk's next port (into in.dport of the search
+ * state): PORT_FREE or PORT_REUSED when the reply entry rev (stamped now)
+ * is in, PORT_TAKEN, PORT_FULL, or PORT_DONE when the walk is over. The
+ * reply entry is looked up first: an insert that fails costs more than a
+ * lookup, and a port in use is most of what a busy search meets. Its own
+ * frame: the search's loop calls it, and the IPv6 egress stack stays under
+ * 512. */
+__noinline int FAM(nat_try)(struct __sk_buff *skb)
 {
 	struct masq_config *cfg = masq_cfg();
+	FAM_T(nat, search) *s;
 	FAM_T(nat, val) *r;
-	__u32 port, harder = 0;
+	__u32 port, harder = 0, zero = 0;
 	long ret;
 
-	if (!skb || !in || !rev || !w || !cfg)
+	s = bpf_map_lookup_elem(&FAM(nat_search), &zero);
+	if (!skb || !s || !cfg)
 		return PORT_DONE;
-	port = port_next(cfg, w, &harder);
+	port = port_next(cfg, &s->w, &harder);
 	if (!port)
 		return PORT_DONE;
 	if (port == PORT_SKIP)
 		return PORT_TAKEN;
-	in->dport = bpf_htons(port);
-	if (FAM(node_socket)(skb, in))
+	s->in.dport = bpf_htons(port);
+	if (FAM(node_socket)(skb, &s->in))
 		return PORT_TAKEN;
-	r = bpf_map_lookup_elem(&FAM(nat), in);
+	r = bpf_map_lookup_elem(&FAM(nat), &s->in);
 	if (r) {
-		if (!FAM(nat_takeover)(in, r, rev->addr, rev->last_seen_ns, harder))
+		if (!FAM(nat_takeover)(&s->in, r, s->rev.addr, s->rev.last_seen_ns, harder))
 			return PORT_TAKEN;
 		/* Claimed: the reply entry is this flow's to replace, with no
 		 * flag of the old pair's (and never left claimed). */
-		if (FAM(nat_replace)(in, rev) == 0)
+		if (FAM(nat_replace)(&s->in, &s->rev) == 0)
 			return PORT_REUSED;
-		FAM(nat_delete)(in);
+		FAM(nat_delete)(&s->in);
 		return PORT_TAKEN;
 	}
-	ret = FAM(nat_insert)(in, rev);
+	ret = FAM(nat_insert)(&s->in, &s->rev);
 	if (ret == 0)
 		return PORT_FREE;
 	return ret == -EEXIST ? PORT_TAKEN : PORT_FULL;
@@ -91,59 +115,52 @@ __noinline int FAM(nat_try)(struct __sk_buff *skb, FAM_T(nat, key) *in, FAM_T(na
  * of ports.h) and inserts both entries of its pair. The reply (dir 1)
  * entry goes in first: its key holds the remote address and port, so a
  * port is taken only toward that destination. res->addr holds the SNAT
- * address on entry (a global function's pointer must point to a whole
- * struct), and again on every failure (the caller may make room and
- * retry). On success *res holds the mapping and the result is
+ * address on entry, and again on every failure (the caller may make room
+ * and retry). On success *res holds the mapping and the result is
  * COUNTER_NAT_NEW (or COUNTER_MASQUERADED when another CPU created the
  * same flow concurrently); otherwise the counter of the drop reason:
  * COUNTER_NAT_FULL when the map is full (the caller may drop a pair that
  * is not assured and retry, see lib/pressure.h), COUNTER_NO_PORT when the
  * search found none. */
-__noinline enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, key) *out, __u8 flags,
-					FAM_T(nat, val) *res)
+GLOBAL_FUNC enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, key) *out, __u8 flags,
+					 FAM_T(nat, val) *res)
 {
-	FAM_T(nat, key) in = {};
-	struct port_walk w;
+	FAM_T(nat, search) *s;
 	FAM_T(nat, val) *cur;
 	struct masq_config *cfg;
 	int got = PORT_DONE;
 	__u64 now;
-	__u32 i;
+	__u32 i, zero = 0;
 	long ret;
 
-	if (!skb || !out || !res)
+	s = bpf_map_lookup_elem(&FAM(nat_search), &zero);
+	if (!skb || !out || !res || !s)
 		return COUNTER_ERROR;
 	cfg = masq_cfg();
 	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
 		return COUNTER_NO_PORT;
 
 	now = bpf_ktime_get_ns();
-	FAM_ADDR_COPY(in.src, out->dst);
-	FAM_ADDR_COPY(in.dst, res->addr);
-	in.sport = out->dport;
-	in.proto = out->proto;
-	in.dir = DIR_INGRESS;
-	/* res is the reply entry until a port is found (stack room) */
-	FAM_ADDR_COPY(res->addr, out->src);
-	res->port = out->sport;
-	res->flags = 0;
-	res->handover = NAT_HANDOVER_NONE;
-#if FAM_IS_V6
-	res->pad[0] = res->pad[1] = res->pad[2] = res->pad[3] = 0;
-#endif
-	res->last_seen_ns = now;
-	res->created_ns = now;
-	res->tcp_end = 0;
-	res->pad2 = 0;
+	__builtin_memset(&s->in, 0, sizeof(s->in));
+	FAM_ADDR_COPY(s->in.src, out->dst);
+	FAM_ADDR_COPY(s->in.dst, res->addr);
+	s->in.sport = out->dport;
+	s->in.proto = out->proto;
+	s->in.dir = DIR_INGRESS;
+	s->out = *out;
+	__builtin_memset(&s->rev, 0, sizeof(s->rev));
+	FAM_ADDR_COPY(s->rev.addr, out->src);
+	s->rev.port = out->sport;
+	s->rev.handover = NAT_HANDOVER_NONE;
+	s->rev.last_seen_ns = now;
+	s->rev.created_ns = now;
 
-	port_walk_init(&w, cfg, out->proto, flags, out->sport);
+	port_walk_init(&s->w, cfg, out->proto, flags, out->sport);
 	for (i = 0; i < PORT_PROBES; i++) {
-		got = FAM(nat_try)(skb, &in, res, &w);
+		got = FAM(nat_try)(skb);
 		if (got != PORT_TAKEN)
 			break;
 	}
-	/* res->addr is the SNAT address again, whatever the outcome */
-	FAM_ADDR_COPY(res->addr, in.dst);
 	if (got == PORT_FULL)
 		return COUNTER_NAT_FULL;
 	if (got != PORT_FREE && got != PORT_REUSED)
@@ -151,24 +168,27 @@ __noinline enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, 
 	if (got == PORT_REUSED)
 		count(COUNTER_NAT_REUSED);
 	cfg = masq_cfg();
-	if (cfg && in.dport == out->sport && keep_port(cfg, out->proto, out->sport))
+	if (cfg && s->in.dport == out->sport && keep_port(cfg, out->proto, out->sport))
 		count(COUNTER_NAT_PORT_KEPT);
 
-	res->port = in.dport;
-	res->flags = flags & NAT_F_STORED;
-	res->last_seen_ns = now;
-	res->created_ns = now;
-	ret = FAM(nat_insert)(out, res);
+	/* s->rev becomes the egress entry's value */
+	FAM_ADDR_COPY(s->rev.addr, s->in.dst);
+	s->rev.port = s->in.dport;
+	s->rev.flags = flags & NAT_F_STORED;
+	s->rev.last_seen_ns = now;
+	s->rev.created_ns = now;
+	ret = FAM(nat_insert)(&s->out, &s->rev);
 	if (ret == 0) {
+		*res = s->rev;
 		/* not assured yet: early drop may take it (evict.h) */
-		FAM(nat_cand_note)(&in, now);
+		FAM(nat_cand_note)(&s->in, now);
 		return COUNTER_NAT_NEW;
 	}
-	FAM(nat_delete)(&in);
+	FAM(nat_delete)(&s->in);
 	if (ret != -EEXIST)
 		return COUNTER_NAT_FULL;
 	/* Lost a race with another CPU translating the same flow: use its pair. */
-	cur = bpf_map_lookup_elem(&FAM(nat), out);
+	cur = bpf_map_lookup_elem(&FAM(nat), &s->out);
 	if (!cur)
 		return COUNTER_ERROR;
 	*res = *cur;

@@ -52,18 +52,22 @@ struct {
  * meanwhile may be judged by that key's flags (at worst a note cleared, or
  * a candidate weighed wrongly), but never dropped: early_drop_victim looks
  * the key up again and claims from the stamp judged, which the key's own
- * entry does not have. A global function: the verifier checks it once.
- * Returns 0. */
-__noinline int FAM(early_drop_slot)(FAM_T(early_drop, ctx) *ctx, __u32 slot)
+ * entry does not have. The search's state is this CPU's
+ * early_drop_scratch. A global function that takes no pointer (every
+ * kernel from 5.10 takes it): the verifier checks it once, not at each of
+ * the search's reads. Returns 0. */
+__noinline int FAM(early_drop_slot)(__u32 slot)
 {
 	struct masq_config *cfg = masq_cfg();
+	FAM_T(early_drop, ctx) *ctx;
 	FAM_T(early_drop, cand) *b;
 	FAM_T(nat, cand) *c;
 	FAM_T(nat, val) *v;
 	__u64 created, seen;
 	__u8 flags, proto, dir;
-	__u32 rank;
+	__u32 rank, zero = 0;
 
+	ctx = bpf_map_lookup_elem(&FAM(early_drop_scratch), &zero);
 	if (!ctx || !cfg)
 		return 0;
 	c = bpf_map_lookup_elem(&FAM(nat_cand), &slot);
@@ -178,14 +182,15 @@ static __noinline int FAM(early_drop_victim)(FAM_T(early_drop, ctx) *ctx, __u32 
 	}
 	return EARLY_DROP_DROPPED;
 unclaim:
-	__sync_val_compare_and_swap(&v->last_seen_ns, NAT_CLAIMED, b->seen);
+	atomic_cas64(&v->last_seen_ns, NAT_CLAIMED, b->seen);
 	return 0;
 }
 
 /* nat_early_drop_v4/v6 drops one pair that may go, both halves (or one
  * inbound record), found among the notes of evict.h, and says whether the
- * caller may try again. */
-static __noinline int FAM(nat_early_drop)(void)
+ * caller may try again. A global function (it takes nothing): the verifier
+ * checks it once, not at each of its callers' tries. */
+__noinline int FAM(nat_early_drop)(void)
 {
 	FAM_T(early_drop, ctx) *ctx;
 	__u32 zero = 0, w, i, start;
@@ -208,7 +213,7 @@ static __noinline int FAM(nat_early_drop)(void)
 		for (i = 0; i < NAT_EARLY_DROP_WINDOW; i++) {
 			if (ctx->found >= NAT_EARLY_DROP_CANDIDATES)
 				break;
-			FAM(early_drop_slot)(ctx, (start + i) % FAM(nat_note_slots));
+			FAM(early_drop_slot)((start + i) % FAM(nat_note_slots));
 		}
 	}
 	if (ctx->found)

@@ -8,6 +8,7 @@
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
 #include "types.h"
+#include "compat.h"
 #include "counters.h"
 #include "maps.h"
 #include "parse.h"
@@ -62,7 +63,7 @@ static __always_inline __u8 unmasq_flags(const struct pkt *p)
  * stamped and judged with this clock only. */
 static __always_inline __u64 unmasq_now(void)
 {
-	return bpf_ktime_get_coarse_ns();
+	return compat_coarse_ns();
 }
 
 #define FAMILY 4

@@ -92,6 +92,7 @@ type sources struct {
 	Links        statedb.Table[*tables.EgressDevice]         `optional:"true"`
 	RuleSources  statedb.Table[*tables.MasqueradeRuleSource] `optional:"true"`
 	Netfilter    statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
+	Variant      tables.DatapathVariant                      `optional:"true"`
 }
 
 func registerCollectors(s sources) error {
@@ -101,6 +102,9 @@ func registerCollectors(s sources) error {
 		g := s.Jobs.NewGroup(s.Health, job.WithLogger(s.Log))
 		g.Add(job.OneShot("count-config-loads", loads.run))
 		cs = append(cs, loads, &configCollector{db: s.DB, table: s.ConfigStatus})
+	}
+	if s.Variant.Variant != "" {
+		cs = append(cs, newDatapathInfo(s.Variant))
 	}
 	if rows := newRowCollector(s); rows != nil {
 		cs = append(cs, rows)

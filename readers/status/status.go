@@ -46,6 +46,7 @@ type sources struct {
 	Netfilter statedb.Table[*tables.NetfilterNATRule]     `optional:"true"`
 	Handover  statedb.Table[*tables.Handover]             `optional:"true"`
 	Readiness *readiness.Checker                          `optional:"true"`
+	Variant   tables.DatapathVariant                      `optional:"true"`
 }
 
 func commands(s sources) hive.ScriptCmdsOut {
@@ -112,6 +113,9 @@ func (s sources) summary() string {
 			att = append(att, fmt.Sprintf("%s [%s]", d.Name, tables.StatusString(d.Status)))
 		}
 		fmt.Fprintf(&b, "Datapath:   attached to %s\n", orNone(strings.Join(att, ", ")))
+	}
+	if s.Variant.Variant != "" {
+		fmt.Fprintf(&b, "Variant:    %s (%s), --tc-attach-mode=%s\n", s.Variant.Variant, s.Variant.Reason, s.Variant.AttachMode)
 	}
 	if s.Sources != nil {
 		fmt.Fprintf(&b, "Sources:    masquerading %s; %s\n", tables.DescribeMasqueradeSources(s.Sources.All(txn)),

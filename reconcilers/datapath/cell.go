@@ -8,6 +8,7 @@ import (
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/settings"
+	"github.com/ipmasq/ipmasq/tables"
 )
 
 // Cell loads the masquerade datapath (package bpf) when the hive starts:
@@ -27,6 +28,7 @@ var Cell = cell.Group(
 		newHandle,
 		scriptCommands,
 		newNATSizing,
+		newVariant,
 	),
 	cell.Invoke(register),
 )
@@ -40,6 +42,7 @@ type params struct {
 	Config    Config
 	Handle    *Handle
 	NATSize   natSizing
+	Variant   tables.DatapathVariant
 }
 
 func register(p params) error {
@@ -77,10 +80,13 @@ func register(p params) error {
 				NATMaxEntriesV4:   natSize.V4(),
 				NATMaxEntriesV6:   natSize.V6(),
 				Logger:            p.Log,
+				Variant:           bpf.Variant(p.Variant.Variant),
 			})
 			if err != nil {
 				return err
 			}
+			p.Log.Info("Datapath loaded", "variant", dp.Variant, "reason", p.Variant.Reason,
+				"kernel", kernelRelease(), "attach-mode", p.Config.TCAttachMode)
 			if err := dp.SetPortRanges(ports.Pairs()); err != nil {
 				dp.Close()
 				return err

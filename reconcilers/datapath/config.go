@@ -37,6 +37,9 @@ type Config struct {
 	NATGCInterval time.Duration `mapstructure:"nat-gc-interval"`
 	// TCAttachMode is how programs are attached: auto, tcx or clsact.
 	TCAttachMode string `mapstructure:"tc-attach-mode"`
+	// DatapathVariant is the build of the programs loaded: auto, full or
+	// compat (bpf.ChooseVariant).
+	DatapathVariant string `mapstructure:"datapath-variant"`
 
 	// Lifetimes of idle NAT pairs per connection state (bpf.Lifetimes).
 	TimeoutTCPSyn         time.Duration `mapstructure:"nat-timeout-tcp-syn"`
@@ -85,6 +88,7 @@ var DefaultConfig = Config{
 	ConntrackMaxPath:  conntrackMaxPath,
 	NATGCInterval:     10 * time.Second,
 	TCAttachMode:      AttachAuto,
+	DatapathVariant:   string(bpf.VariantAuto),
 
 	TimeoutTCPSyn:         bpf.DefaultLifetimes.TCPSyn,
 	TimeoutTCPEstablished: bpf.DefaultLifetimes.TCPEstablished,
@@ -113,6 +117,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.String("nf-conntrack-max-path", def.ConntrackMaxPath, "File holding the node's conntrack limit that --nat-max-entries=0 sizes the NAT maps from (absent: the node has no conntrack)")
 	flags.Duration("nat-gc-interval", def.NATGCInterval, "How often idle NAT entries are expired")
 	flags.String("tc-attach-mode", def.TCAttachMode, "How the programs are attached: auto (tcx where the kernel has it, clsact otherwise), tcx or clsact")
+	flags.String("datapath-variant", def.DatapathVariant, "Build of the programs loaded: auto (full where the kernel has syscall programs and the atomics, 5.14 on; compat otherwise, 5.10 on), full or compat (for tests: the compat build on a newer kernel)")
 	flags.Duration("nat-timeout-tcp-syn", def.TimeoutTCPSyn, "Lifetime of a NAT pair whose TCP SYN is not answered")
 	flags.Duration("nat-timeout-tcp-established", def.TimeoutTCPEstablished, "Lifetime of an idle established TCP flow's NAT pair")
 	flags.Duration("nat-timeout-tcp-closing", def.TimeoutTCPClosing, "Lifetime of a TCP flow's NAT pair after a FIN (covers the server's TIME_WAIT)")
