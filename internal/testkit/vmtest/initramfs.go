@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 )
@@ -104,11 +105,14 @@ func initBinary() ([]byte, error) {
 		}
 		defer os.RemoveAll(dir)
 		out := filepath.Join(dir, "init")
-		build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "github.com/ipmasq/ipmasq/internal/testkit/vmtest/vminit")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
-		if moduleDir, err := moduleRoot(); err == nil {
-			build.Dir = moduleDir
+		src, err := initSource()
+		if err != nil {
+			initErr = err
+			return
 		}
+		build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, ".")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+		build.Dir = src
 		if b, err := build.CombinedOutput(); err != nil {
 			initErr = fmt.Errorf("build vminit: %w\n%s", err, b)
 			return
@@ -118,17 +122,26 @@ func initBinary() ([]byte, error) {
 	return initBin, initErr
 }
 
-// moduleRoot is the directory of the ipmasq module's go.mod.
-func moduleRoot() (string, error) {
+// initSource is vminit's source directory: next to this file's, so that
+// vmrun started from any directory (another worktree's package, to run its
+// test binary there) builds the init of the tree it was built from.
+func initSource() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if ok && filepath.IsAbs(file) {
+		dir := filepath.Join(filepath.Dir(file), "vminit")
+		if _, err := os.Stat(filepath.Join(dir, "main.go")); err == nil {
+			return dir, nil
+		}
+	}
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
+		return "", fmt.Errorf("find vminit's source: go env GOMOD: %w", err)
 	}
 	gomod := strings.TrimSpace(string(out))
 	if gomod == "" || gomod == os.DevNull {
-		return "", fmt.Errorf("not inside the ipmasq module")
+		return "", fmt.Errorf("find vminit's source: not built from source and not inside the ipmasq module")
 	}
-	return filepath.Dir(gomod), nil
+	return filepath.Join(filepath.Dir(gomod), "internal", "testkit", "vmtest", "vminit"), nil
 }
 
 // writeInitramfs writes the initramfs of k to path: an uncompressed newc

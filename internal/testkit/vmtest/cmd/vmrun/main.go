@@ -17,10 +17,24 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/ipmasq/ipmasq/internal/testkit/vmtest"
 )
+
+// envFlags collects -env KEY=VALUE.
+type envFlags []string
+
+func (e *envFlags) String() string { return strings.Join(*e, " ") }
+
+func (e *envFlags) Set(v string) error {
+	if !strings.Contains(v, "=") {
+		return fmt.Errorf("-env %q: want KEY=VALUE", v)
+	}
+	*e = append(*e, v)
+	return nil
+}
 
 func main() {
 	kernel := flag.String("kernel", "6.1", "the guest's kernel: 5.10, 6.1 or 6.12")
@@ -29,6 +43,8 @@ func main() {
 	dir := flag.String("dir", "", "the command's working directory in the guest (default: the current directory)")
 	console := flag.String("console", "", "write the guest's serial console (kernel log) to this file")
 	results := flag.String("results", "", "a host directory the guest may write to, mounted at the same path (default: a temporary one)")
+	var env envFlags
+	flag.Var(&env, "env", "KEY=VALUE added to the command's environment (repeatable); the guest's default is PATH (with Go), HOME=/root, TERM, LANG")
 	timeout := flag.Duration("timeout", 30*time.Minute, "stop the guest after this long")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: vmrun [flags] -- command [args...]\n")
@@ -58,7 +74,7 @@ func main() {
 	ctx, cancel = context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	r, err := vmtest.Run(ctx, vmtest.Options{
-		Kernel: k, Argv: argv, Dir: *dir, CPUs: *cpus, MemoryMiB: *mem,
+		Kernel: k, Argv: argv, Env: append(vmtest.DefaultEnv(), env...), Dir: *dir, CPUs: *cpus, MemoryMiB: *mem,
 		Output: os.Stdout, Console: *console, ResultsDir: *results,
 	})
 	if err != nil {
