@@ -23,6 +23,10 @@ import (
 // agentBin is the ipmasq-agent built once for all tests.
 var agentBin string
 
+// agentBinEnv names an ipmasq-agent binary already built, used instead of
+// building one.
+const agentBinEnv = "IPMASQ_E2E_AGENT"
+
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
 		dir, err := os.MkdirTemp("", "ipmasq-e2e-")
@@ -31,11 +35,22 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		agentBin = filepath.Join(dir, "ipmasq-agent")
-		build := exec.Command("go", "build", "-o", agentBin, "github.com/ipmasq/ipmasq/cmd/ipmasq-agent")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "build ipmasq-agent:", err)
-			os.Exit(1)
+		if prebuilt := os.Getenv(agentBinEnv); prebuilt != "" {
+			// The kernel matrix (internal/testkit/kernelmatrix) runs this
+			// binary in qemu guests, where building the agent under an
+			// emulated CPU would take minutes: it builds it on the host.
+			if _, err := os.Stat(prebuilt); err != nil {
+				fmt.Fprintf(os.Stderr, "%s=%s: %v\n", agentBinEnv, prebuilt, err)
+				os.Exit(1)
+			}
+			agentBin = prebuilt
+		} else {
+			build := exec.Command("go", "build", "-o", agentBin, "github.com/ipmasq/ipmasq/cmd/ipmasq-agent")
+			build.Stdout, build.Stderr = os.Stderr, os.Stderr
+			if err := build.Run(); err != nil {
+				fmt.Fprintln(os.Stderr, "build ipmasq-agent:", err)
+				os.Exit(1)
+			}
 		}
 		code := m.Run()
 		os.RemoveAll(dir)
