@@ -27,12 +27,28 @@ var agentBin string
 // building one.
 const agentBinEnv = "IPMASQ_E2E_AGENT"
 
+// agentWait bounds each wait for the agent (started, attached, maps
+// written). $IPMASQ_E2E_AGENT_WAIT (a duration) sets it for the kernel
+// matrix's qemu guests, where the emulated CPU loads the programs in 10 s
+// and more.
+var agentWait = 15 * time.Second
+
+const agentWaitEnv = "IPMASQ_E2E_AGENT_WAIT"
+
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
 		dir, err := os.MkdirTemp("", "ipmasq-e2e-")
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
+		}
+		if v := os.Getenv(agentWaitEnv); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				fmt.Fprintf(os.Stderr, "%s=%q: want a positive duration\n", agentWaitEnv, v)
+				os.Exit(1)
+			}
+			agentWait = d
 		}
 		agentBin = filepath.Join(dir, "ipmasq-agent")
 		if prebuilt := os.Getenv(agentBinEnv); prebuilt != "" {
@@ -208,7 +224,7 @@ func (a *agent) waitMaps(want string) {
 
 func (a *agent) waitFor(what string, cond func() bool) {
 	a.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(agentWait)
 	for time.Now().Before(deadline) {
 		if cond() {
 			return

@@ -41,8 +41,9 @@ var e2eTests = []string{
 // tcxTests run only where the guest attaches a tcx link.
 var tcxTests = []string{"TestForeignTCProgramsFirst"}
 
-// perKernel bounds one kernel's guest run.
-const perKernel = 9 * time.Minute
+// perKernel bounds one kernel's guest run (the script's steps are bounded
+// to less: 4 + 2.5 + 2.5 + 7 minutes).
+const perKernel = 17 * time.Minute
 
 // TestKernelMatrix boots each kernel of vmtest.Kernels under qemu (TCG)
 // and runs the verifier check, the demo in both attach modes and the e2e
@@ -223,7 +224,7 @@ cd "$REPO/bpf" && step verifier 240 env IPMASQ_VERIFIER_STATS="$R/verifier.json"
 cd / && step demo-auto 150 "$D/ipmasq-demo" --agent "$D/ipmasq-agent" --tc-attach-mode=auto --timeout 60s
 cd / && step demo-clsact 150 "$D/ipmasq-demo" --agent "$D/ipmasq-agent" --tc-attach-mode=clsact --timeout 60s
 if grep -q '"tcx":true' "$R/probe.json"; then E2E="$E2E|$TCXE2E"; fi
-cd "$REPO/internal/testkit/e2e" && step e2e 300 env IPMASQ_E2E_AGENT="$D/ipmasq-agent" "$D/e2e.test" -test.run "^($E2E)\$" -test.v -test.timeout 290s
+cd "$REPO/internal/testkit/e2e" && step e2e 420 env IPMASQ_E2E_AGENT="$D/ipmasq-agent" IPMASQ_E2E_AGENT_WAIT=90s "$D/e2e.test" -test.run "^($E2E)\$" -test.v -test.timeout 410s
 `
 
 // runKernel runs the matrix on one kernel and returns its result; an error
