@@ -135,9 +135,16 @@ func Table(results []*Result) string {
 		if !r.Passed() {
 			lacks = "fails: " + strings.Join(r.Failures, "; ")
 		}
-		fmt.Fprintf(&b, "| %s (%s) | %s | %s | %s | %s, %s | %d/%d | %s |\n",
-			r.Release, r.Package, r.AttachMode, variant, programs,
-			r.Demo["auto"], r.Demo["clsact"], r.E2EPassed(), len(r.E2E), lacks)
+		cells := []string{
+			r.Release + " (" + r.Package + ")", r.AttachMode, variant, programs,
+			r.Demo["auto"] + ", " + r.Demo["clsact"],
+			fmt.Sprintf("%d/%d", r.E2EPassed(), len(r.E2E)), lacks,
+		}
+		for i, c := range cells {
+			// A verifier message or a test pattern may hold a '|'.
+			cells[i] = strings.ReplaceAll(c, "|", `\|`)
+		}
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | "))
 	}
 	return b.String()
 }
