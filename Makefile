@@ -66,11 +66,13 @@ deps:
 	@sh tools/deps.sh
 
 ## test: the Debian packages the tests need (deps), vet, every test (unit,
-## script, privileged) once, uncached, then the
+## script, privileged, and the kernel matrix: Debian's 5.10, 6.1 and 6.12
+## kernels under qemu, about 10 minutes each, hence the timeout) once,
+## uncached, then the
 ## config parser's fuzzer for a fixed number of inputs (a fixed-time run can end in
 ## "context deadline exceeded" when it stops during minimization)
 test: deps vet
-	$(GO) test -count=1 -timeout 30m $(PKGS)
+	$(GO) test -count=1 -timeout 60m $(PKGS)
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./cells/config/
 
 ## demo: run the agent on a built-in config with a private bpffs and show its maps

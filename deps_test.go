@@ -53,14 +53,14 @@ func runDeps(t *testing.T, path string) (stdout, stderr string, code int) {
 	return o.String(), e.String(), code
 }
 
-var testPackages = []string{"make", "iptables", "etcd-server", "containerd", "runc", "containernetworking-plugins", "conntrack", "qemu-user"}
+var testPackages = []string{"make", "iptables", "etcd-server", "containerd", "runc", "containernetworking-plugins", "conntrack", "qemu-user", "qemu-system-x86", "kmod", "xz-utils", "zstd"}
 
 // TestDepsInstallsMissingOnce: as root, the missing packages are installed
 // with one line saying so, and a second run does nothing and says nothing.
 func TestDepsInstallsMissingOnce(t *testing.T) {
 	dir := fakeDebian(t, "0", "make", "iptables", "runc")
 	out, errOut, code := runDeps(t, dir)
-	want := "deps: installing missing Debian packages (once): etcd-server containerd containernetworking-plugins conntrack qemu-user\n"
+	want := "deps: installing missing Debian packages (once): etcd-server containerd containernetworking-plugins conntrack qemu-user qemu-system-x86 kmod xz-utils zstd\n"
 	if code != 0 || out != want || errOut != "" {
 		t.Fatalf("first run: exit %d, stdout %q, stderr %q; want exit 0 and stdout %q", code, out, errOut, want)
 	}
@@ -68,7 +68,7 @@ func TestDepsInstallsMissingOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasSuffix(string(log), "install -y -qq etcd-server containerd containernetworking-plugins conntrack qemu-user\n") {
+	if !strings.HasSuffix(string(log), "install -y -qq etcd-server containerd containernetworking-plugins conntrack qemu-user qemu-system-x86 kmod xz-utils zstd\n") {
 		t.Errorf("apt-get calls:\n%s", log)
 	}
 	out, errOut, code = runDeps(t, dir)
@@ -86,7 +86,7 @@ func TestDepsNotRoot(t *testing.T) {
 	dir := fakeDebian(t, "1000", "make", "iptables")
 	out, errOut, code := runDeps(t, dir)
 	if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 ||
-		!strings.Contains(errOut, "missing Debian packages: etcd-server containerd runc containernetworking-plugins conntrack qemu-user") {
+		!strings.Contains(errOut, "missing Debian packages: etcd-server containerd runc containernetworking-plugins conntrack qemu-user qemu-system-x86 kmod xz-utils zstd") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "apt-get.log")); err == nil {

@@ -15,13 +15,20 @@
 #                                is checked and benchmarked against
 #   qemu-user                    qemu-aarch64: the image's arm64 binary runs
 #                                under it (tools/mkimage)
+#   qemu-system-x86              the kernel matrix (internal/testkit/kernelmatrix):
+#                                Debian's 5.10, 6.1 and 6.12 kernels booted under
+#                                qemu-system-x86_64 (TCG) with qboot
+#   kmod                         depmod for the fetched kernels' modules on the
+#                                host, modprobe in the guests (which run the
+#                                host's root filesystem)
+#   xz-utils, zstd               the uncompressed kernel out of each bzImage
 #
 # As root, what is missing is installed with one line saying so; otherwise
 # one line names the missing packages and the exit status is 1. Nothing is
 # printed when everything is there.
 set -eu
 
-packages="make iptables etcd-server containerd runc containernetworking-plugins conntrack qemu-user"
+packages="make iptables etcd-server containerd runc containernetworking-plugins conntrack qemu-user qemu-system-x86 kmod xz-utils zstd"
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
 	echo "deps: not a Debian system (no dpkg-query): install by hand: $packages" >&2

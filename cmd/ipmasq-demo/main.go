@@ -12,7 +12,11 @@
 // temporary directory that it removes.
 //
 //	go build -o bin/ ./cmd/...
-//	bin/ipmasq-demo --agent bin/ipmasq-agent
+//	bin/ipmasq-demo --agent bin/ipmasq-agent [--tc-attach-mode=clsact]
+//
+// It waits for what the agent reports over its shell socket (its status
+// names the devices the datapath is attached to), so it works in either
+// attach mode; when the agent fails, it prints the end of the agent's log.
 package main
 
 import (
@@ -37,6 +41,7 @@ import (
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/internal/topology"
 	"github.com/ipmasq/ipmasq/ipamapi"
+	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
@@ -47,24 +52,47 @@ const port = 8080
 
 func main() {
 	agentBin := flag.String("agent", "bin/ipmasq-agent", "path of the ipmasq-agent binary")
+	attachMode := flag.String("tc-attach-mode", "auto", "the agent's --tc-attach-mode: auto, tcx or clsact")
+	timeout := flag.Duration("timeout", 60*time.Second, "how long to wait for each thing the agent does (start, config change)")
 	flag.Parse()
-	if err := run(*agentBin); err != nil {
+	switch *attachMode {
+	case "auto", "tcx", "clsact":
+	default:
+		fmt.Fprintf(os.Stderr, "demo: --tc-attach-mode=%q: want auto, tcx or clsact\n", *attachMode)
+		os.Exit(2)
+	}
+	if *timeout <= 0 {
+		fmt.Fprintf(os.Stderr, "demo: --timeout=%v: want a positive duration\n", *timeout)
+		os.Exit(2)
+	}
+	waitTimeout = *timeout
+	if err := run(*agentBin, *attachMode); err != nil {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		os.Exit(1)
 	}
 }
 
+// waitTimeout bounds each wait for the agent (--timeout): under an
+// emulated CPU (the kernel matrix's qemu guests) loading the programs takes
+// several seconds.
+var waitTimeout = 60 * time.Second
+
 type demo struct {
 	topo       *topology.Masquerade
 	agentBin   string
+	attachMode string
 	dir        string
 	bpfRoot    string
 	configPath string
 	logPath    string
 	agent      *exec.Cmd
+	// exited is closed when the running agent's process has ended, with
+	// its Wait's error in exitErr.
+	exited  chan struct{}
+	exitErr error
 }
 
-func run(agentBin string) error {
+func run(agentBin, attachMode string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: it creates network namespaces, mounts a private bpffs and loads BPF programs (try: sudo make demo)")
 	}
@@ -74,12 +102,26 @@ func run(agentBin string) error {
 	}
 	d := &demo{
 		agentBin:   agentBin,
+		attachMode: attachMode,
 		dir:        dir,
 		bpfRoot:    filepath.Join(dir, "bpffs"),
 		configPath: filepath.Join(dir, "config", "ip-masq-agent"),
 		logPath:    filepath.Join(dir, "agent.log"),
 	}
 	defer d.cleanup()
+	if err := d.run(); err != nil {
+		// The log goes with the temporary directory: its end, which says
+		// why the agent did not do what the demo waited for, first.
+		if tail := d.logTail(30); tail != "" {
+			return fmt.Errorf("%w\nthe agent log's last lines (%s):\n%s", err, d.logPath, tail)
+		}
+		return err
+	}
+	return nil
+}
+
+func (d *demo) run() error {
+	var err error
 	if err := os.MkdirAll(d.bpfRoot, 0o700); err != nil {
 		return err
 	}
@@ -156,6 +198,16 @@ func run(agentBin string) error {
 	if err := d.showSources(topology.ExtIP4); err != nil {
 		return err
 	}
+	// The good file back: an agent started on a file it rejects has no
+	// config and attaches nothing (it is not Ready) until one loads.
+	applied := d.countLog(`msg="Config applied"`)
+	if err := d.writeConfig(third); err != nil {
+		return err
+	}
+	if err := d.waitFor("the agent to apply the good file again", func() bool { return d.countLog(`msg="Config applied"`) > applied }); err != nil {
+		return err
+	}
+	fmt.Println("   The good file back: applied again.")
 
 	step("6. The agent is killed (SIGKILL) and restarted under a running TCP stream")
 	if err := d.restartUnderStream(); err != nil {
@@ -220,7 +272,7 @@ func (d *demo) startAgent() error {
 		return err
 	}
 	defer logFile.Close()
-	d.agent = exec.Command(d.agentBin,
+	d.agent = exec.Command(d.agentBin, "--tc-attach-mode="+d.attachMode,
 		"--bpf-root="+d.bpfRoot,
 		"--ip-masq-agent-config-path="+d.configPath,
 		"--state-dir="+filepath.Join(d.dir, "state"),
@@ -231,22 +283,73 @@ func (d *demo) startAgent() error {
 	if err := d.topo.Node.Start(d.agent); err != nil {
 		return fmt.Errorf("start %s: %w", d.agentBin, err)
 	}
-	fmt.Printf("   $ ipmasq-agent --pod-cidr=%s --pod-cidr=%s --enable-ipv6 ...   (in the node namespace)\n", topology.PodCIDR4, topology.PodCIDR6)
-	eth0, err := d.topo.Node.NL.LinkByName("eth0")
+	agent, exited := d.agent, make(chan struct{})
+	d.exited = exited
+	go func() {
+		d.exitErr = agent.Wait()
+		close(exited)
+	}()
+	fmt.Printf("   $ ipmasq-agent --tc-attach-mode=%s --pod-cidr=%s --pod-cidr=%s --enable-ipv6 ...   (in the node namespace)\n", d.attachMode, topology.PodCIDR4, topology.PodCIDR6)
+	// The agent handles SIGTERM only once its hive has started; its shell
+	// answers from then on.
+	if err := d.waitFor("the agent to start", func() bool { return d.countLog(`msg="Started hive"`) > started }); err != nil {
+		return err
+	}
+	// What the agent reports, in either attach mode: its status names the
+	// devices the datapath is attached to and how their attachment went.
+	var status string
+	err = d.waitFor("the agent to report the datapath attached to eth0", func() bool {
+		status = d.agentStatus()
+		return attachedLine(status, "eth0")
+	})
 	if err != nil {
+		if line := datapathLine(status); line != "" {
+			return fmt.Errorf("%w; the agent's status: %s", err, line)
+		}
 		return err
 	}
-	links := filepath.Join(d.bpfRoot, "ipmasq", "links")
-	if err := waitFor("the datapath attached to eth0", func() bool {
-		_, e1 := os.Stat(filepath.Join(links, fmt.Sprintf("%d-egress", eth0.Attrs().Index)))
-		_, e2 := os.Stat(filepath.Join(links, fmt.Sprintf("%d-ingress", eth0.Attrs().Index)))
-		return e1 == nil && e2 == nil
-	}, d.logPath); err != nil {
-		return err
+	fmt.Println("   " + datapathLine(status))
+	return nil
+}
+
+// agentStatus is `ipmasq-agent status`, asked over the agent's shell
+// socket; "" when it does not answer.
+func (d *demo) agentStatus() string {
+	var b strings.Builder
+	if err := shell.Run(filepath.Join(d.dir, "shell.sock"), &b, "ipmasq/status"); err != nil {
+		return ""
 	}
-	// After a restart the pinned links exist already; the agent handles
-	// SIGTERM only once its hive has started.
-	return waitFor("the agent to start", func() bool { return d.countLog(`msg="Started hive"`) > started }, d.logPath)
+	return b.String()
+}
+
+// datapathLine is the status's "Datapath:" line, trimmed.
+func datapathLine(status string) string {
+	for _, l := range strings.Split(status, "\n") {
+		if strings.HasPrefix(l, "Datapath:") {
+			return strings.Join(strings.Fields(l), " ")
+		}
+	}
+	return ""
+}
+
+// attachedLine says whether the status reports dev attached (its
+// attachment reconciled: "eth0 [Done]").
+func attachedLine(status, dev string) bool {
+	line := datapathLine(status)
+	return strings.Contains(line, " "+dev+" [Done]")
+}
+
+// logTail is the agent log's last n lines ("" without a log).
+func (d *demo) logTail(n int) string {
+	data, err := os.ReadFile(d.logPath)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return indent(strings.Join(lines, "\n"))
 }
 
 // countLog counts the agent log lines containing s.
@@ -263,10 +366,10 @@ func (d *demo) stopAgent(sig syscall.Signal) error {
 		return nil
 	}
 	_ = d.agent.Process.Signal(sig)
-	err := d.agent.Wait()
+	<-d.exited
 	d.agent = nil
-	if sig == syscall.SIGTERM && err != nil {
-		return fmt.Errorf("agent exited with %v; log: %s", err, d.logPath)
+	if sig == syscall.SIGTERM && d.exitErr != nil {
+		return fmt.Errorf("agent exited with %v", d.exitErr)
 	}
 	return nil
 }
@@ -280,11 +383,11 @@ func (d *demo) pinDir() string {
 // waitMaps waits until the pinned maps satisfy ok, then prints them.
 func (d *demo) waitMaps(ok func(string) bool) error {
 	var out string
-	err := waitFor("the maps to hold the config", func() bool {
+	err := d.waitFor("the maps to hold the config", func() bool {
 		var err error
 		out, err = nonmasqmaps.Format(bpf.Pinned{Dir: d.pinDir()})
 		return err == nil && ok(out)
-	}, d.logPath)
+	})
 	if err == nil {
 		fmt.Print(indent("$ ipmasq-agent maps\n" + out))
 	}
@@ -321,10 +424,10 @@ func (d *demo) ipamAndRules() error {
 // protocol, then prints them.
 func (d *demo) waitRules(n int) error {
 	var keys []tables.IPRuleKey
-	err := waitFor(fmt.Sprintf("%d ip rules", n), func() bool {
+	err := d.waitFor(fmt.Sprintf("%d ip rules", n), func() bool {
 		keys, _ = iprules.NewNetlinkTarget(d.topo.Node.NL).List()
 		return len(keys) == n
-	}, d.logPath)
+	})
 	if err == nil {
 		fmt.Print(indent("$ ip rule   # in the node namespace, ipmasq's rules only\n" + iprules.Format(keys)))
 	}
@@ -402,21 +505,30 @@ func (d *demo) showCounters() error {
 	return nil
 }
 
-func waitFor(what string, cond func() bool, logPath string) error {
-	deadline := time.Now().Add(10 * time.Second)
+// waitFor polls cond for --timeout; it gives up at once when the agent
+// has exited, with its exit status.
+func (d *demo) waitFor(what string, cond func() bool) error {
+	deadline := time.Now().Add(waitTimeout)
 	for time.Now().Before(deadline) {
 		if cond() {
 			return nil
 		}
+		if d.exited != nil {
+			select {
+			case <-d.exited:
+				return fmt.Errorf("waiting for %s: the agent exited (%v)", what, d.exitErr)
+			default:
+			}
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	return fmt.Errorf("timed out waiting for %s; agent log: %s", what, logPath)
+	return fmt.Errorf("timed out after %v waiting for %s", waitTimeout, what)
 }
 
 // waitLog waits for a log line containing s and returns it.
 func (d *demo) waitLog(s string) (string, error) {
 	var found string
-	err := waitFor(fmt.Sprintf("%q in the agent log", s), func() bool {
+	err := d.waitFor(fmt.Sprintf("%q in the agent log", s), func() bool {
 		f, err := os.Open(d.logPath)
 		if err != nil {
 			return false
@@ -431,14 +543,14 @@ func (d *demo) waitLog(s string) (string, error) {
 			}
 		}
 		return false
-	}, d.logPath)
+	})
 	return found, err
 }
 
 func (d *demo) cleanup() {
 	if d.agent != nil {
 		_ = d.agent.Process.Kill()
-		_ = d.agent.Wait()
+		<-d.exited
 	}
 	if d.topo != nil {
 		d.topo.Close()

@@ -23,6 +23,18 @@ import (
 // agentBin is the ipmasq-agent built once for all tests.
 var agentBin string
 
+// agentBinEnv names an ipmasq-agent binary already built, used instead of
+// building one.
+const agentBinEnv = "IPMASQ_E2E_AGENT"
+
+// agentWait bounds each wait for the agent (started, attached, maps
+// written). $IPMASQ_E2E_AGENT_WAIT (a duration) sets it for the kernel
+// matrix's qemu guests, where the emulated CPU loads the programs in 10 s
+// and more.
+var agentWait = 15 * time.Second
+
+const agentWaitEnv = "IPMASQ_E2E_AGENT_WAIT"
+
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
 		dir, err := os.MkdirTemp("", "ipmasq-e2e-")
@@ -30,12 +42,31 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
+		if v := os.Getenv(agentWaitEnv); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				fmt.Fprintf(os.Stderr, "%s=%q: want a positive duration\n", agentWaitEnv, v)
+				os.Exit(1)
+			}
+			agentWait = d
+		}
 		agentBin = filepath.Join(dir, "ipmasq-agent")
-		build := exec.Command("go", "build", "-o", agentBin, "github.com/ipmasq/ipmasq/cmd/ipmasq-agent")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "build ipmasq-agent:", err)
-			os.Exit(1)
+		if prebuilt := os.Getenv(agentBinEnv); prebuilt != "" {
+			// The kernel matrix (internal/testkit/kernelmatrix) runs this
+			// binary in qemu guests, where building the agent under an
+			// emulated CPU would take minutes: it builds it on the host.
+			if _, err := os.Stat(prebuilt); err != nil {
+				fmt.Fprintf(os.Stderr, "%s=%s: %v\n", agentBinEnv, prebuilt, err)
+				os.Exit(1)
+			}
+			agentBin = prebuilt
+		} else {
+			build := exec.Command("go", "build", "-o", agentBin, "github.com/ipmasq/ipmasq/cmd/ipmasq-agent")
+			build.Stdout, build.Stderr = os.Stderr, os.Stderr
+			if err := build.Run(); err != nil {
+				fmt.Fprintln(os.Stderr, "build ipmasq-agent:", err)
+				os.Exit(1)
+			}
 		}
 		code := m.Run()
 		os.RemoveAll(dir)
@@ -210,7 +241,7 @@ func (a *agent) waitMaps(want string) {
 
 func (a *agent) waitFor(what string, cond func() bool) {
 	a.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(agentWait)
 	for time.Now().Before(deadline) {
 		if cond() {
 			return

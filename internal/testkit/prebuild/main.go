@@ -1,7 +1,8 @@
 // Command prebuild builds, once, every program the tests build from the
 // separate modules under tools/ (kube-apiserver, kubelet, kube-scheduler,
 // kube-controller-manager, kube-proxy, CoreDNS, the Kubernetes
-// ip-masq-agent, ip-masq-agent-v2, promtool) into the user's cache directory, as the tests
+// ip-masq-agent, ip-masq-agent-v2, promtool) into the user's cache directory, and fetches the
+// kernel matrix's Debian kernels (5.10, 6.1, 6.12) there, as the tests
 // themselves would on first use. `.ci/run` runs it before `make test`, so
 // that a cold machine's 20-odd minutes of building count against no test
 // binary's timeout:
@@ -12,11 +13,22 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
 	"github.com/ipmasq/ipmasq/internal/testkit/promtooltest"
+	"github.com/ipmasq/ipmasq/internal/testkit/vmtest"
 )
+
+// kernelNames is "5.10, 6.1, 6.12".
+func kernelNames() string {
+	var names []string
+	for _, k := range vmtest.Kernels {
+		names = append(names, k.Name)
+	}
+	return strings.Join(names, ", ")
+}
 
 func main() {
 	for _, b := range []struct {
@@ -30,6 +42,14 @@ func main() {
 		{"ip-masq-agent", func() error { _, err := kubetest.UpstreamAgentBinary(); return err }},
 		{"ip-masq-agent-v2", func() error { _, err := kubetest.UpstreamV2AgentBinary(); return err }},
 		{"promtool", func() error { _, err := promtooltest.Binary(); return err }},
+		{"kernels " + kernelNames(), func() error {
+			for _, k := range vmtest.Kernels {
+				if _, err := vmtest.Fetch(k.Name); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
 	} {
 		begin := time.Now()
 		if err := b.build(); err != nil {
