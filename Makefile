@@ -84,7 +84,7 @@ generate:
 	$(GO) generate $(PKGS)
 
 ## bench: benchmarks with their same-run baselines (see docs/benchmarks.md);
-## about 33 minutes, most of it the real-kernel scenarios of internal/testkit/e2e
+## about 33 minutes, most of it the real-kernel scenarios of testkit/e2e
 ## (BenchmarkPerDestinationRate sustains 8 conditions for 150 s each: 1 and 50
 ## pods, both close orders, MASQUERADE and ipmasq; BenchmarkDNSBurst 4 for
 ## 100 s each; BenchmarkNATScale about 15 minutes, 20 listings of up to

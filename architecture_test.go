@@ -43,7 +43,7 @@ var layers = []layer{
 	// every owner of a kernel object or file together.
 	{"agent", []string{"agent", "uninstall"}},
 	// The namespace networks of the demo and the end-to-end tests.
-	{"topology", []string{"internal/topology"}},
+	{"topology", []string{"cmd/ipmasq-demo/topology"}},
 	{"cmd", []string{"cmd/"}},
 	// Build tools (the image builder): programs of the module that are
 	// not shipped and link nothing of the agent.
@@ -55,7 +55,7 @@ var layers = []layer{
 // builds) and the end-to-end suites. Every other package under internal/
 // is a production leaf or the topology; a new test package goes under
 // testKit and is recognised without a list to keep.
-const testKit = "internal/testkit/"
+const testKit = "testkit/"
 
 // testTooling are packages that exist for tests only; no production package
 // may import them.
@@ -262,7 +262,7 @@ func TestArchitectureRules(t *testing.T) {
 		{"settings", "tables"},
 		{"bpfmap", "bpf"},
 		{"agent", "cmd/ipmasq-agent"},
-		{"reconcilers/iprules", "internal/topology"},
+		{"reconcilers/iprules", "cmd/ipmasq-demo/topology"},
 		{"cells/devices", "nowhere"},
 		{"cells/k8snode", "cells/podcidrs"},
 		{"cells/podcidrs", "cells/ipam"},
@@ -283,7 +283,7 @@ func TestArchitectureRules(t *testing.T) {
 		{"cells/api", "cells/ipam"},
 		{"readers/metrics", "bpf"},
 		{"agent", "reconcilers/iprules"},
-		{"cmd/ipmasq-demo", "internal/topology"},
+		{"cmd/ipmasq-demo", "cmd/ipmasq-demo/topology"},
 		{"cmd/ipmasq-agent", "agent"},
 	}
 	for _, e := range accepted {
@@ -291,7 +291,7 @@ func TestArchitectureRules(t *testing.T) {
 			t.Errorf("%s -> %s is refused (%s), want accepted", e[0], e[1], why)
 		}
 	}
-	if !matches("testing/fstest", testTooling) || !matches(module+"/internal/testkit/faults", testTooling) {
+	if !matches("testing/fstest", testTooling) || !matches(module+"/testkit/faults", testTooling) {
 		t.Error("test tooling is not recognised")
 	}
 }

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/internal/testkit/iprulestest"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/iprulestest"
 )
 
 // BenchmarkEndpointsStart measures the control plane alone at 10 000
@@ -18,7 +18,7 @@ import (
 // restored from the state file and the seed config (10.0.0.0/8 and
 // link-local), and the benchmark waits until the rule reconciler has made
 // all 20 000 writes into an in-memory target, so that the kernel's own
-// cost (BenchmarkAgentMemory in internal/testkit/e2e has it) does not hide ours.
+// cost (BenchmarkAgentMemory in testkit/e2e has it) does not hide ours.
 // The work happens once, whatever b.N; run it with -cpuprofile or
 // -memprofile for the profile of the 10 000-endpoint case.
 func BenchmarkEndpointsStart(b *testing.B) {

@@ -23,13 +23,13 @@ import (
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/internal/testkit/bpftest"
-	"github.com/ipmasq/ipmasq/internal/testkit/iprulestest"
-	"github.com/ipmasq/ipmasq/internal/testkit/netnstest"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/bpftest"
+	"github.com/ipmasq/ipmasq/testkit/iprulestest"
+	"github.com/ipmasq/ipmasq/testkit/netnstest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // benchAgent is a running agent hive with hooks to wait for convergence.

@@ -33,14 +33,14 @@ import (
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/ipam"
-	"github.com/ipmasq/ipmasq/internal/testkit/faults"
-	"github.com/ipmasq/ipmasq/internal/testkit/iprulestest"
-	"github.com/ipmasq/ipmasq/internal/testkit/netnstest"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
-	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
 	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/faults"
+	"github.com/ipmasq/ipmasq/testkit/iprulestest"
+	"github.com/ipmasq/ipmasq/testkit/netnstest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 var debug = flag.Bool("debug", false, "log the agent at debug level in script tests")

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 
 	"github.com/cilium/ebpf"
 )

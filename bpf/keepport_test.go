@@ -8,7 +8,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // The source-port tests run their packets inside a network namespace of

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 func TestLPMKeyRoundTrip(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // TestStateOfIsNatState holds StateOf, the collector's reading of a pair's

@@ -8,7 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // BenchmarkLPMWrite compares filling an empty IPv4 LPM trie through Map.Put

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // TestManifestsAgainstAPIServer runs against one real kube-apiserver:

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/testkit/kubetest"
 )
 
 // Network configs of common CNIs, as they name them in /etc/cni/net.d. The

@@ -27,8 +27,8 @@ import (
 
 	"github.com/ipmasq/ipmasq/agent"
 	"github.com/ipmasq/ipmasq/cells/config"
-	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
 	"github.com/ipmasq/ipmasq/readers/metrics"
+	"github.com/ipmasq/ipmasq/testkit/kubetest"
 )
 
 // object is one Kubernetes object as decoded from YAML.

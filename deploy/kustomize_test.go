@@ -10,7 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/testkit/kubetest"
 )
 
 // kustomizations are the directories an operator renders and applies:

@@ -3,7 +3,7 @@ package deploy_test
 import (
 	"testing"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/testkit/kubetest"
 )
 
 // TestRunsOnLinuxNodesOnly: the DaemonSet `kubectl apply -k deploy/`

@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/pflag"
 	batchv1 "k8s.io/api/batch/v1"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/testkit/kubetest"
 	"github.com/ipmasq/ipmasq/uninstall"
 )
 

@@ -9,13 +9,13 @@
 #                                Kubernetes agent's rules run first
 #   etcd-server                  storage of the real kube-apiserver the
 #                                Kubernetes tests start on loopback
-#   containerd, runc,            the real node (internal/testkit/kubetest): a
+#   containerd, runc,            the real node (testkit/kubetest): a
 #   containernetworking-plugins  container runtime and CNI plugins
 #   conntrack                    conntrack -L, the reference the NAT listing
 #                                is checked and benchmarked against
 #   qemu-user                    qemu-aarch64: the image's arm64 binary runs
 #                                under it (tools/mkimage)
-#   qemu-system-x86              the kernel matrix (internal/testkit/kernelmatrix):
+#   qemu-system-x86              the kernel matrix (testkit/kernelmatrix):
 #                                Debian's 5.10, 6.1 and 6.12 kernels booted under
 #                                qemu-system-x86_64 (TCG) with qboot
 #   kmod                         depmod for the fetched kernels' modules on the

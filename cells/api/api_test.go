@@ -375,7 +375,7 @@ func TestClientAnswersOutliveTheNext(t *testing.T) {
 // hostPath volume after `rm -rf /run/ipmasq` on the node) can never be
 // reached by the CNI plugin again, however often the agent binds: the
 // agent stops with an error that says so, and the kubelet's restart brings
-// the directory back (internal/testkit/nodee2e TestFleet checks that part
+// the directory back (testkit/nodee2e TestFleet checks that part
 // on a real node). The bind mount's view is made by a /proc/self/fd link.
 func TestSocketDirectoryRemovedStopsTheAgent(t *testing.T) {
 	dir := t.TempDir()

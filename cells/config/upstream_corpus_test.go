@@ -20,9 +20,9 @@ import (
 	"github.com/cilium/statedb"
 	"github.com/spf13/pflag"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/kubetest"
 )
 
 // The differential corpus: every case of testdata/upstream-corpus/CASES

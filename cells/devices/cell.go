@@ -29,7 +29,7 @@ func (def Config) Flags(flags *pflag.FlagSet) {
 
 // Netns is the network namespace whose devices the cell lists. Without one
 // in the hive the cell lists the agent's own namespace (tests provide one
-// with internal/testkit/netnstest). The provider keeps ownership of the handle and
+// with testkit/netnstest). The provider keeps ownership of the handle and
 // must keep it open until the hive has stopped.
 type Netns struct {
 	Handle netns.NsHandle

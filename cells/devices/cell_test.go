@@ -22,9 +22,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/cells/devices"
-	"github.com/ipmasq/ipmasq/internal/testkit/netnstest"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/netnstest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // waitTimeout bounds every wait for the table to catch up with the kernel.

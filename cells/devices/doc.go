@@ -53,7 +53,7 @@
 // datapath does not masquerade that family on it.
 //
 // The cell watches the agent's own network namespace. A test or an embedder
-// watching another namespace provides a *Netns (tests: internal/testkit/netnstest).
+// watching another namespace provides a *Netns (tests: testkit/netnstest).
 //
 // Try it on a running agent:
 //

@@ -19,8 +19,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ipmasq/ipmasq/cells/devices"
-	"github.com/ipmasq/ipmasq/internal/testkit/netnstest"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/netnstest"
 )
 
 // TestScript runs testdata/*.txtar: each script gets a devices cell

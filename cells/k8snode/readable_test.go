@@ -20,10 +20,10 @@ import (
 	"github.com/ipmasq/ipmasq/cells/k8snode"
 	"github.com/ipmasq/ipmasq/cells/podcidrs"
 	"github.com/ipmasq/ipmasq/internal/kubeclient"
-	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
 	"github.com/ipmasq/ipmasq/readers/readiness"
 	"github.com/ipmasq/ipmasq/settings"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/kubetest"
 )
 
 // TestNodeReadability runs the Node's writer and the readiness reader

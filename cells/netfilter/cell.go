@@ -30,7 +30,7 @@ const ScanInterval = 30 * time.Second
 
 // Scanner reads the NAT rules that decide before ipmasq for the given
 // masquerade sources. The agent's is Scan in its own namespace; tests run
-// it in theirs (internal/testkit/netnstest).
+// it in theirs (testkit/netnstest).
 type Scanner func(sources []netip.Prefix) ([]*tables.NetfilterNATRule, error)
 
 // Cell provides table netfilter-nat-rules and keeps it in step with the

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
-	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 var podCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:244::/64")}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // build compiles pkg into dir and returns the binary's path.

@@ -39,7 +39,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
 	"github.com/ipmasq/ipmasq/ipamapi"
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"

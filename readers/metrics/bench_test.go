@@ -8,8 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/natfill"
-	"github.com/ipmasq/ipmasq/internal/testkit/netnstest"
+	"github.com/ipmasq/ipmasq/testkit/natfill"
+	"github.com/ipmasq/ipmasq/testkit/netnstest"
 )
 
 // BenchmarkScrapeScale: a scrape of the datapath metrics (counters,

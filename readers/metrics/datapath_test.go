@@ -13,7 +13,7 @@ import (
 )
 
 // fakeDatapath stands for bpf.Pinned (the real pins are read by the
-// end-to-end tests, internal/testkit/e2e TestMetrics).
+// end-to-end tests, testkit/e2e TestMetrics).
 type fakeDatapath struct {
 	counters         []uint64
 	devs             []bpf.DevCounters

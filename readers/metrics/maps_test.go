@@ -14,10 +14,10 @@ import (
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cells/config"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
 	"github.com/ipmasq/ipmasq/reconcilers/nonmasqmaps"
 	"github.com/ipmasq/ipmasq/settings"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // TestMapsCollectorNotStarted: no map metrics before the maps are open.

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/natfill"
-	"github.com/ipmasq/ipmasq/internal/testkit/netnstest"
+	"github.com/ipmasq/ipmasq/testkit/natfill"
+	"github.com/ipmasq/ipmasq/testkit/netnstest"
 )
 
 // BenchmarkNATScale: nat -C and the listing of n idle pairs against

@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // pinnedNAT loads the datapath with its maps pinned in a private bpffs and

@@ -23,10 +23,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ipmasq/ipmasq/agent"
-	"github.com/ipmasq/ipmasq/internal/testkit/iprulestest"
 	"github.com/ipmasq/ipmasq/readers/shell"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/iprulestest"
 )
 
 // TestEveryCommandDecided fails when the agent registers a command (or the

@@ -7,7 +7,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // TestLoadedMap: the Handle finds the loaded datapath's maps by the names

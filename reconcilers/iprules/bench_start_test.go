@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // maxStartRounds caps BenchmarkRulesStart's rounds: one is ~20 s on the

@@ -3,7 +3,7 @@ package iprules_test
 import (
 	"errors"
 	"fmt"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 	"os"
 	"runtime"
 	"sync/atomic"

@@ -12,9 +12,9 @@ import (
 	"github.com/cilium/statedb"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/iprulestest"
 	"github.com/ipmasq/ipmasq/reconcilers/iprules"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/iprulestest"
 )
 
 // rule parses "from to" into a priority 111 rule with table 11, the shape

@@ -10,8 +10,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"github.com/ipmasq/ipmasq/tables"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // The kernel refuses one request in the middle of a pipelined batch: its

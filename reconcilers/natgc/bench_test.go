@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/internal/testkit/natfill"
+	"github.com/ipmasq/ipmasq/testkit/natfill"
 )
 
 // BenchmarkIdleScale: the collector's CPU for one round (one

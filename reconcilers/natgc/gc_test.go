@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/ipmasq/ipmasq/bpf"
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // pairV4Entries returns both entries of a NAT pair pod:sport → dst:dport

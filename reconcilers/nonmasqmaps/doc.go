@@ -20,7 +20,7 @@
 // prune when the table is initialized, hourly, every resyncInterval of the
 // applied config (resyncLoop) and on request (maps/resync), and the
 // Operations/BatchOperations taken from the hive so that tests decorate
-// them (internal/testkit/faults). Its rounds take up to 4 × max-nonmasq-
+// them (testkit/faults). Its rounds take up to 4 × max-nonmasq-
 // cidrs rows, so that a new config of 16 384 prefixes, every old one
 // deleted and every new one written, is one batch write per map and one
 // status commit. Within a round the new prefixes are written before the

@@ -1,5 +1,5 @@
 // Module coredns builds CoreDNS for the real-node test's cluster DNS
-// (internal/testkit/nodee2e). It is a module of its own so that the
+// (testkit/nodee2e). It is a module of its own so that the
 // product's go.mod does not carry CoreDNS and its dependencies.
 module github.com/ipmasq/ipmasq/tools/coredns
 

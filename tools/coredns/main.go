@@ -1,6 +1,6 @@
 // Command coredns is CoreDNS (github.com/coredns/coredns) with the plugins
 // of a Kubernetes cluster's default Corefile (kubeadm's) and no others: the
-// real-node test's cluster DNS (internal/testkit/nodee2e) runs it as the
+// real-node test's cluster DNS (testkit/nodee2e) runs it as the
 // kube-dns Deployment. It is CoreDNS' own main (coremain.Run) with a
 // shorter plugin list, the way CoreDNS documents custom builds; the full
 // list would pull in every cloud SDK for nothing.

@@ -9,7 +9,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/testkit/kubetest"
 )
 
 // TestMakeImageTagsWhatDeployNames: `make image` with no IMAGE names the

@@ -23,8 +23,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
-	"github.com/ipmasq/ipmasq/internal/topology"
+	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // testVersion is stamped into the agent the tests build, the way `make

@@ -1,0 +1,261 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
+)
+
+// The migration of docs/migrate.md on one node, item 7 of issue 30: from
+// the Kubernetes ip-masq-agent's rules (upstreamRules: the chain its first
+// sync writes, iptables-nft in the node namespace) to ipmasq, and back,
+// with a TCP stream started under each agent and a burst of UDP queries
+// (each its own flow) running throughout. Every stream stays one
+// connection, every query is answered from the node's address, and no
+// packet reaches ext with a pod address.
+
+// migrationConfig is the file of both agents: the remotes are masqueraded,
+// the node's own subnet is not.
+const migrationConfig = "nonMasqueradeCIDRs: [10.0.0.0/8]\nmasqLinkLocal: false\n"
+
+var migrationCase = upstreamCase{name: "migration", file: file(migrationConfig)}
+
+// upstreamChain installs the Kubernetes agent's IPv4 rules in node.
+func upstreamChain(t *testing.T, node *topology.Netns) {
+	t.Helper()
+	for _, rule := range upstreamRules(migrationCase, false) {
+		if err := node.Iptables(false, rule...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// removeUpstreamChain is docs/migrate.md's removal of the chain (the
+// POSTROUTING jump, then the chain flushed and deleted).
+func removeUpstreamChain(t *testing.T, node *topology.Netns) {
+	t.Helper()
+	for _, rule := range [][]string{
+		{"-t", "nat", "-D", "POSTROUTING", "-m", "addrtype", "!", "--dst-type", "LOCAL", "-j", "IP-MASQ-AGENT"},
+		{"-t", "nat", "-F", "IP-MASQ-AGENT"},
+		{"-t", "nat", "-X", "IP-MASQ-AGENT"},
+	} {
+		if err := node.Iptables(false, rule...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// queryBurst asks the remote over UDP from a new pod socket every 20 ms
+// until stopped, and counts the queries not answered (one try, 2 s) or
+// answered with another source than the node's.
+type queryBurst struct {
+	stopc chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	asked int
+	bad   []string
+}
+
+func startQueryBurst(pod *topology.Netns, dst netip.Addr) *queryBurst {
+	q := &queryBurst{stopc: make(chan struct{})}
+	q.wg.Add(1)
+	go func() {
+		defer q.wg.Done()
+		var inflight sync.WaitGroup
+		defer inflight.Wait()
+		for i := 0; ; i++ {
+			select {
+			case <-q.stopc:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			inflight.Add(1)
+			go func() {
+				defer inflight.Done()
+				seen, err := udpAsk(pod, dst, 1, 2*time.Second)
+				q.mu.Lock()
+				defer q.mu.Unlock()
+				q.asked++
+				if err != nil || seen != topology.NodeIP4.String() {
+					q.bad = append(q.bad, fmt.Sprintf("query %d: answer %q, %v", i, seen, err))
+				}
+			}()
+		}
+	}()
+	return q
+}
+
+func (q *queryBurst) stop(t *testing.T) {
+	t.Helper()
+	close(q.stopc)
+	q.wg.Wait()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.bad) > 0 {
+		t.Errorf("%d of %d UDP queries not answered from the node's address; first: %s", len(q.bad), q.asked, q.bad[0])
+	}
+	t.Logf("%d UDP queries, all answered from the node's address", q.asked)
+}
+
+// broken says whether s broke or stalled within d.
+func (s *stream) broken(d time.Duration) bool {
+	start := s.echoed.Load()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.errc:
+			return true
+		default:
+		}
+		if s.echoed.Load() > start+256<<10 {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// kubeProxyConntrackRule is what kube-proxy (iptables mode) writes on
+// every node, and what keeps conntrack tracking the node namespace's
+// packets whatever else is removed: KUBE-FORWARD's drop of INVALID
+// packets. Without any rule that uses conntrack, the kernel stops tracking
+// the namespace's packets when the last one goes (the Kubernetes agent's
+// chain), and the flows conntrack translated leave untranslated.
+func kubeProxyConntrackRule(t *testing.T, node *topology.Netns) {
+	t.Helper()
+	for _, rule := range [][]string{
+		{"-N", "KUBE-FORWARD"},
+		{"-A", "FORWARD", "-m", "comment", "--comment", "kubernetes forwarding rules", "-j", "KUBE-FORWARD"},
+		{"-A", "KUBE-FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"},
+	} {
+		if err := node.Iptables(false, rule...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestMigrationKeepsFlows runs docs/migrate.md's order on a node with
+// kube-proxy's conntrack rule: ipmasq started beside the Kubernetes
+// agent's chain, the chain removed, then the way back (the chain
+// installed again, ipmasq uninstalled). With --conntrack-handover=false
+// the same run must break (the stream ipmasq translated leaves with the
+// pod's address, or breaks, once ipmasq is gone): the reference that shows
+// the run detects what the handover prevents.
+func TestMigrationKeepsFlows(t *testing.T) {
+	t.Run("handover", func(t *testing.T) { testMigration(t, true) })
+	t.Run("no-handover", func(t *testing.T) { testMigration(t, false) })
+}
+
+func testMigration(t *testing.T, handover bool) {
+	topo, err := topology.NewMasquerade()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { topo.Close() })
+	startServers(t, topo.Ext, topology.RemoteIP4)
+	kubeProxyConntrackRule(t, topo.Node)
+	leaks := watchLeaks(t, topo.Ext, "eth0", topology.PodCIDR4)
+
+	// 1. The Kubernetes agent decides: a stream and queries under it.
+	upstreamChain(t, topo.Node)
+	underUpstream := startStream(t, topo.Pod, topology.RemoteIP4)
+	underUpstream.progress(t, 64<<10, "under the Kubernetes agent's chain")
+	queries := startQueryBurst(topo.Pod, topology.RemoteIP4)
+
+	// 2. ipmasq starts beside the chain and adopts conntrack's bindings.
+	a := newAgent(t, topo.Node, migrationConfig)
+	if !handover {
+		a.args = []string{"--conntrack-handover=false"}
+	}
+	a.start()
+	if handover {
+		a.waitHandover("active", func(s string) bool {
+			return strings.HasPrefix(s, "active") && !strings.Contains(s, " 0 flow(s) adopted")
+		})
+	}
+	underUpstream.progress(t, 64<<10, "with ipmasq beside the chain")
+
+	// 3. The chain goes: conntrack keeps translating the flows it has,
+	// ipmasq masquerades the new ones.
+	removeUpstreamChain(t, topo.Node)
+	underUpstream.progress(t, 256<<10, "after the upstream chain was removed")
+	if handover {
+		a.waitHandover("idle", func(s string) bool { return strings.HasPrefix(s, "idle") })
+	}
+	underIPMasq := startStream(t, topo.Pod, topology.RemoteIP4)
+	underIPMasq.progress(t, 64<<10, "under ipmasq")
+	underUpstream.progress(t, 64<<10, "under ipmasq")
+	time.Sleep(2 * time.Second) // queries under ipmasq alone
+
+	// 4. The way back: the chain again (the agent reads netfilter a second
+	// after nftables tells of the change); ipmasq hands its pairs to
+	// conntrack.
+	upstreamChain(t, topo.Node)
+	underIPMasq.progress(t, 64<<10, "with the upstream chain back beside ipmasq")
+	if handover {
+		a.waitHandover("pairs handed back", func(s string) bool {
+			return strings.HasPrefix(s, "active") && !strings.Contains(s, " 0 handed back")
+		})
+	} else {
+		time.Sleep(3 * time.Second)
+	}
+	underIPMasq.progress(t, 64<<10, "after the hand-back")
+	underUpstream.progress(t, 64<<10, "after the hand-back")
+
+	// 5. ipmasq goes: stopped and uninstalled (programs detached, maps
+	// gone); conntrack translates every flow.
+	a.stop(syscall.SIGTERM)
+	flags := []string{
+		"--bpf-root=" + a.bpfRoot,
+		"--state-dir=" + filepath.Join(a.dir, "state"),
+		"--api-socket=" + filepath.Join(a.dir, "api.sock"),
+		"--shell-sock-path=" + filepath.Join(a.dir, "shell.sock"),
+	}
+	if out, errOut, err := runUninstall(topo.Node, flags); err != nil {
+		t.Fatalf("uninstall: %v\n%s%s", err, out, errOut)
+	}
+	if !handover {
+		if !underIPMasq.broken(5*time.Second) && leaks.count() == 0 {
+			t.Fatal("without the handover, the stream ipmasq translated survived its uninstall without a leak: the test would prove nothing")
+		}
+		t.Logf("without the handover: the stream ipmasq translated broke when ipmasq went (%d packet(s) reached ext with the pod's address)", leaks.count())
+		return
+	}
+	underIPMasq.progress(t, 256<<10, "after ipmasq was uninstalled")
+	underUpstream.progress(t, 256<<10, "after ipmasq was uninstalled")
+	time.Sleep(2 * time.Second) // queries under the chain alone
+
+	queries.stop(t)
+	underIPMasq.stop(t)
+	underUpstream.stop(t)
+	leaks.check(t)
+}
+
+// waitHandover waits (up to the netfilter scan's interval and some) until
+// the status's Handover line satisfies ok.
+func (a *agent) waitHandover(what string, ok func(line string) bool) {
+	a.t.Helper()
+	t, _ := a.t.(*testing.T)
+	deadline := time.Now().Add(45 * time.Second)
+	var line string
+	for time.Now().Before(deadline) {
+		for l := range strings.SplitSeq(a.status(t), "\n") {
+			if v, found := strings.CutPrefix(l, "Handover:"); found {
+				line = strings.TrimSpace(v)
+			}
+		}
+		if ok(line) {
+			a.t.Logf("handover %s: %s", what, line)
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	a.t.Fatalf("handover not %s within 45 s: %q", what, line)
+}

@@ -1,0 +1,467 @@
+package kernelmatrix
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ipmasq/ipmasq/testkit/privtest"
+	"github.com/ipmasq/ipmasq/testkit/vmtest"
+)
+
+var update = flag.Bool("update", false, "write the kernels' results to testdata/ and docs/deploy.md's table from them")
+
+// e2eTests are the datapath e2e tests the matrix runs in each guest (each
+// runs its scenario under Linux MASQUERADE first): masquerade v4/v6,
+// restart keeps streams, clsact attach (and the switch to tcx), ICMP
+// errors, the early drop at a full table, the conntrack handover.
+var e2eTests = []string{
+	"TestMasqueradeIPv4",
+	"TestMasqueradeIPv6",
+	"TestRestartKeepsStreams",
+	"TestClsactAttach",
+	"TestPodPortUnreachable",
+	"TestFullTableSparesEstablished",
+	"TestMigrationKeepsFlows",
+}
+
+// tcxTests run only where the guest attaches a tcx link.
+var tcxTests = []string{"TestForeignTCProgramsFirst"}
+
+// perKernel bounds one kernel's guest run (the script's steps are bounded
+// to less: 4 + 2.5 + 2.5 + 9 minutes). 6.12, where everything passes, took
+// 9.6 minutes on a 2-core machine shared with other work (load average
+// 13), the e2e step 6 of them.
+const perKernel = 20 * time.Minute
+
+// TestKernelMatrix boots each kernel of vmtest.Kernels under qemu (TCG)
+// and runs the verifier check, the demo in both attach modes and the e2e
+// tests in the guest. A kernel where anything fails fails the test; each
+// kernel's results are written as JSON to $IPMASQ_KERNEL_RESULTS (or a
+// directory in the temporary directory, named in the log), and with
+// -update to testdata/ as well. Without -update, a kernel whose attach
+// mode, variant or outcome differs from testdata/ fails too: the docs'
+// table (from testdata/) would no longer be true.
+func TestKernelMatrix(t *testing.T) {
+	privtest.Require(t)
+	if _, err := exec.LookPath(vmtest.QEMU); err != nil {
+		t.Fatalf("%s is not installed (Debian package qemu-system-x86; tools/deps.sh installs it): %v", vmtest.QEMU, err)
+	}
+	begin := time.Now()
+	repo := moduleRoot(t)
+	bins := buildBinaries(t, repo)
+	out := os.Getenv("IPMASQ_KERNEL_RESULTS")
+	if out == "" {
+		out = filepath.Join(os.TempDir(), "ipmasq-kernel-matrix")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("results: %s", out)
+	if host, err := hostProbe(bins); err == nil {
+		writeJSON(t, filepath.Join(out, "host.json"), host)
+		t.Logf("host kernel %s (the whole suite runs on it): tcx %v", host.Release, host.TCX)
+	} else {
+		t.Errorf("probe the host's kernel: %v", err)
+	}
+	committed, err := readCommitted(testdataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byKernel := map[string]*Result{}
+	for _, r := range committed {
+		byKernel[r.Kernel] = r
+	}
+	// One kernel at a time: TCG's two vCPU threads use both of the CI
+	// machine's cores.
+	for _, spec := range vmtest.Kernels {
+		t.Run(spec.Name, func(t *testing.T) {
+			r := runKernel(t, spec, repo, bins)
+			writeJSON(t, filepath.Join(out, spec.Name+".json"), r)
+			t.Logf("kernel %s (%s): attach %s, verifier %v (%d programs, max %d insns in %s), demo %v, e2e %d/%d, boot %.1fs, %.0fs",
+				r.Kernel, r.Release, r.AttachMode, r.VerifierPassed, r.ProgramsLoaded, r.MaxVerifierInsns, r.MaxVerifierProgram,
+				r.Demo, r.E2EPassed(), len(r.E2E), r.BootSeconds, r.Seconds)
+			if *update {
+				writeJSON(t, filepath.Join(testdataDir, spec.Name+".json"), r)
+			} else if c := byKernel[spec.Name]; c == nil {
+				t.Errorf("no testdata/%s.json: run go test -run TestKernelMatrix -update ./testkit/kernelmatrix/ and commit it", spec.Name)
+			} else if diff := documentedDiff(c, r); diff != "" {
+				t.Errorf("kernel %s no longer matches testdata/%s.json (docs/deploy.md's table): %s; rerun with -update and commit", spec.Name, spec.Name, diff)
+			}
+			for _, f := range r.Failures {
+				t.Errorf("kernel %s: %s", spec.Name, f)
+			}
+		})
+	}
+	if *update {
+		results, err := readCommitted(testdataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rewriteDeployTable(filepath.Join(repo, deployDoc), Table(results)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("matrix: %v", time.Since(begin).Round(time.Second))
+}
+
+// documentedDiff names what docs/deploy.md's table shows that differs
+// between the committed result c and this run's r.
+func documentedDiff(c, r *Result) string {
+	var d []string
+	if c.AttachMode != r.AttachMode {
+		d = append(d, fmt.Sprintf("attach mode %s, was %s", r.AttachMode, c.AttachMode))
+	}
+	if c.Variant != r.Variant {
+		d = append(d, fmt.Sprintf("variant %q, was %q", r.Variant, c.Variant))
+	}
+	if c.VerifierPassed != r.VerifierPassed || c.ProgramsLoaded != r.ProgramsLoaded {
+		d = append(d, fmt.Sprintf("programs loaded %v/%d, was %v/%d", r.VerifierPassed, r.ProgramsLoaded, c.VerifierPassed, c.ProgramsLoaded))
+	}
+	if c.Passed() != r.Passed() {
+		d = append(d, fmt.Sprintf("passed %v, was %v", r.Passed(), c.Passed()))
+	}
+	return strings.Join(d, "; ")
+}
+
+// binaries are the host-built programs the guests run.
+type binaries struct {
+	dir                                  string
+	bpfTest, e2eTest, agent, demo, probe string
+	// verifierTest is the bpf test the verifier check runs.
+	verifierTest string
+}
+
+func moduleRoot(t *testing.T) string {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("go env GOMOD: %v", err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+// buildBinaries builds, on the host, the test binaries and programs the
+// guests run: building under TCG would take minutes per kernel.
+func buildBinaries(t *testing.T, repo string) binaries {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ipmasq-kernelmatrix-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	b := binaries{
+		dir:     dir,
+		bpfTest: filepath.Join(dir, "bpf.test"),
+		e2eTest: filepath.Join(dir, "e2e.test"),
+		agent:   filepath.Join(dir, "ipmasq-agent"),
+		demo:    filepath.Join(dir, "ipmasq-demo"),
+		probe:   filepath.Join(dir, "probe"),
+	}
+	for _, args := range [][]string{
+		{"test", "-c", "-o", b.bpfTest, "./bpf/"},
+		{"test", "-c", "-o", b.e2eTest, "./testkit/e2e/"},
+		{"build", "-o", dir + "/", "./cmd/ipmasq-agent", "./cmd/ipmasq-demo", "./testkit/kernelmatrix/probe"},
+	} {
+		cmd := exec.Command("go", args...)
+		cmd.Dir = repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	list, err := exec.Command(b.bpfTest, "-test.list", "^TestVerifierComplexity$").Output()
+	if err != nil {
+		t.Fatalf("%s -test.list: %v", b.bpfTest, err)
+	}
+	b.verifierTest = "^TestVerifierComplexity$"
+	if !bytes.Contains(list, []byte("TestVerifierComplexity")) {
+		// Until package bpf has its verifier-complexity test, the load
+		// tests load every program of the object.
+		b.verifierTest = "TestLoad|TestPin"
+	}
+	return b
+}
+
+type probeReport struct {
+	Release  string `json:"release"`
+	TCX      bool   `json:"tcx"`
+	TCXError string `json:"tcx_error"`
+}
+
+func hostProbe(b binaries) (*probeReport, error) {
+	out, err := exec.Command(b.probe).Output()
+	if err != nil {
+		return nil, err
+	}
+	var p probeReport
+	return &p, json.Unmarshal(out, &p)
+}
+
+// script is the guest's command: each step's output and exit status go to
+// the results directory; one boot runs them all.
+const script = `
+R=$1; D=$2; REPO=$3; VERIFIER=$4; E2E=$5; TCXE2E=$6
+step() {
+	name=$1; limit=$2; shift 2
+	start=$(date +%s)
+	timeout -k 10 "$limit" "$@" >"$R/$name.log" 2>&1
+	rc=$?
+	echo $rc >"$R/$name.rc"
+	echo "step $name: exit $rc in $(( $(date +%s) - start ))s"
+}
+"$D/probe" >"$R/probe.json" 2>"$R/probe.err"
+cd "$REPO/bpf" && step verifier 240 env IPMASQ_VERIFIER_STATS="$R/verifier.json" "$D/bpf.test" -test.run "$VERIFIER" -test.v -test.timeout 230s
+cd / && step demo-auto 150 "$D/ipmasq-demo" --agent "$D/ipmasq-agent" --tc-attach-mode=auto --timeout 60s
+cd / && step demo-clsact 150 "$D/ipmasq-demo" --agent "$D/ipmasq-agent" --tc-attach-mode=clsact --timeout 60s
+if grep -q '"tcx":true' "$R/probe.json"; then E2E="$E2E|$TCXE2E"; fi
+cd "$REPO/testkit/e2e" && step e2e 540 env IPMASQ_E2E_AGENT="$D/ipmasq-agent" IPMASQ_E2E_AGENT_WAIT=90s "$D/e2e.test" -test.run "^($E2E)\$" -test.v -test.timeout 530s
+`
+
+// runKernel runs the matrix on one kernel and returns its result; an error
+// of the harness itself (no kernel, no guest status) is fatal.
+func runKernel(t *testing.T, spec vmtest.Spec, repo string, b binaries) *Result {
+	begin := time.Now()
+	k, err := vmtest.Fetch(spec.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := os.MkdirTemp("", "ipmasq-kernelmatrix-"+spec.Name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(res) })
+	ctx, cancel := context.WithTimeout(context.Background(), perKernel)
+	defer cancel()
+	logw := &lineLogger{t: t}
+	vr, err := vmtest.Run(ctx, vmtest.Options{
+		Kernel: k,
+		Argv: []string{"sh", "-c", script, "matrix", res, b.dir, repo, b.verifierTest,
+			strings.Join(e2eTests, "|"), strings.Join(tcxTests, "|")},
+		Output:     logw,
+		ResultsDir: res,
+	})
+	logw.flush()
+	if err != nil {
+		t.Fatalf("kernel %s: %v", spec.Name, err)
+	}
+	r := &Result{
+		Kernel: spec.Name, Package: k.Package, Release: k.Release,
+		ProgramsLoaded: -1,
+		Demo:           map[string]string{},
+		E2E:            map[string]string{},
+		BootSeconds:    round1(vr.BootSeconds),
+	}
+	var p probeReport
+	if b, err := os.ReadFile(filepath.Join(res, "probe.json")); err != nil || json.Unmarshal(b, &p) != nil {
+		errText, _ := os.ReadFile(filepath.Join(res, "probe.err"))
+		r.Failures = append(r.Failures, fmt.Sprintf("the attach probe failed: %s", errText))
+	}
+	if p.Release != "" {
+		r.Release = p.Release
+	}
+	r.AttachMode, r.TCXError = "clsact", p.TCXError
+	if p.TCX {
+		r.AttachMode = "tcx"
+	}
+
+	r.VerifierCheck = strings.Trim(b.verifierTest, "^$")
+	r.VerifierPassed = stepRC(res, "verifier") == 0
+	if !r.VerifierPassed {
+		r.Failures = append(r.Failures, "programs rejected ("+r.VerifierCheck+": "+firstVerifierError(filepath.Join(res, "verifier.log"))+")")
+	}
+	if err := readVerifierStats(filepath.Join(res, "verifier.json"), r); err != nil {
+		t.Logf("kernel %s: verifier statistics: %v", spec.Name, err)
+	}
+	for _, mode := range []string{"auto", "clsact"} {
+		r.Demo[mode] = "pass"
+		if stepRC(res, "demo-"+mode) != 0 {
+			r.Demo[mode] = "fail"
+			r.Failures = append(r.Failures, "demo --tc-attach-mode="+mode+" fails")
+			t.Logf("kernel %s: demo --tc-attach-mode=%s:\n%s", spec.Name, mode, tailOf(filepath.Join(res, "demo-"+mode+".log"), 3000))
+		}
+	}
+	want := append([]string(nil), e2eTests...)
+	if r.AttachMode == "tcx" {
+		want = append(want, tcxTests...)
+	}
+	outcomes := e2eOutcomes(filepath.Join(res, "e2e.log"))
+	var failed []string
+	for _, name := range want {
+		o, ok := outcomes[name]
+		if !ok {
+			o = "not run"
+		}
+		r.E2E[name] = o
+		if o != "pass" {
+			failed = append(failed, name)
+		}
+	}
+	if len(failed) > 0 {
+		sort.Strings(failed)
+		r.Failures = append(r.Failures, "e2e "+strings.Join(failed, ", "))
+		t.Logf("kernel %s: e2e log's end:\n%s", spec.Name, tailOf(filepath.Join(res, "e2e.log"), 4000))
+	}
+	r.Seconds = round1(time.Since(begin).Seconds())
+	return r
+}
+
+// stepRC is a script step's exit status (-1 when it did not run).
+func stepRC(res, name string) int {
+	b, err := os.ReadFile(filepath.Join(res, name+".rc"))
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+var outcomeLine = regexp.MustCompile(`^--- (PASS|FAIL|SKIP): (Test\w+) `)
+
+// e2eOutcomes reads the top-level tests' outcomes from go test -v output.
+func e2eOutcomes(path string) map[string]string {
+	out := map[string]string{}
+	f, err := os.Open(path)
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 1<<20), 1<<20)
+	for s.Scan() {
+		if m := outcomeLine.FindStringSubmatch(s.Text()); m != nil {
+			out[m[2]] = strings.ToLower(m[1])
+		}
+	}
+	return out
+}
+
+// firstVerifierError is the first line of the check's output that says why
+// a load failed.
+func firstVerifierError(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "no output"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		if strings.Contains(l, "load program") || strings.Contains(l, "verifier") || strings.Contains(l, "invalid argument") || strings.Contains(l, "permission denied") {
+			if len(l) > 240 {
+				l = l[:240] + "..."
+			}
+			return l
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// readVerifierStats reads IPMASQ_VERIFIER_STATS's file: a JSON array of
+// per-program objects (or an object holding one under "programs"), each
+// with the program's name ("program" or "name"), the verifier's processed
+// instruction count ("insns", "verified_insns" or "verified_instructions")
+// and, optionally, "variant" and "loaded".
+func readVerifierStats(path string, r *Result) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var progs []map[string]any
+	if err := json.Unmarshal(b, &progs); err != nil {
+		var wrapped struct {
+			Variant  string           `json:"variant"`
+			Programs []map[string]any `json:"programs"`
+		}
+		if err2 := json.Unmarshal(b, &wrapped); err2 != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		progs, r.Variant = wrapped.Programs, wrapped.Variant
+	}
+	loaded := 0
+	for _, p := range progs {
+		if l, ok := p["loaded"].(bool); ok && !l {
+			continue
+		}
+		loaded++
+		name, _ := p["program"].(string)
+		if name == "" {
+			name, _ = p["name"].(string)
+		}
+		if obj, ok := p["object"].(string); ok && obj != "" {
+			name = obj + "/" + name
+		}
+		for _, key := range []string{"insns", "verified_insns", "verified_instructions"} {
+			if n, ok := p[key].(float64); ok && int(n) > r.MaxVerifierInsns {
+				r.MaxVerifierInsns, r.MaxVerifierProgram = int(n), name
+			}
+		}
+		if v, ok := p["variant"].(string); ok && v != "" && r.Variant == "" {
+			r.Variant = v
+		}
+	}
+	r.ProgramsLoaded = loaded
+	return nil
+}
+
+func writeJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func tailOf(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+func round1(f float64) float64 { return float64(int(f*10+0.5)) / 10 }
+
+// lineLogger logs the guest's output a line at a time.
+type lineLogger struct {
+	t   *testing.T
+	buf bytes.Buffer
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.buf.Write(p)
+	for {
+		line, err := l.buf.ReadString('\n')
+		if err == io.EOF {
+			l.buf.WriteString(line)
+			return len(p), nil
+		}
+		l.t.Log(strings.TrimRight(line, "\n"))
+	}
+}
+
+func (l *lineLogger) flush() {
+	if l.buf.Len() > 0 {
+		l.t.Log(l.buf.String())
+		l.buf.Reset()
+	}
+}
