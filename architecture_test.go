@@ -30,11 +30,14 @@ type layer struct {
 }
 
 // layers, lowest first. Leaves (shared settings, the generic map library,
-// the API's wire types and client, the socket helper, the Kubernetes API
-// connection) import no other package
-// of the module and may be imported by all.
+// the API's wire types and client, and every package under internal/: the
+// socket helper, the Kubernetes API connection, the build stamp, the state
+// lock, the cgroup memory limit) import no other package of the module and
+// may be imported by all. internal/ is a leaf folder as a whole, so that a
+// package placed there cannot reach up into the layers (the test kit did,
+// when it lived there).
 var layers = []layer{
-	{"leaf", []string{"settings", "bpfmap", "ipamapi", "internal/unixsock", "internal/kubeclient", "internal/buildinfo", "internal/agentlock", "internal/cgroupmem"}},
+	{"leaf", []string{"settings", "bpfmap", "ipamapi", "internal/"}},
 	{"tables", []string{"tables"}},
 	{"bpf", []string{"bpf"}},
 	{"reconcilers", []string{"reconcilers/"}},
@@ -42,7 +45,9 @@ var layers = []layer{
 	// The composition root, and uninstall: the other package that needs
 	// every owner of a kernel object or file together.
 	{"agent", []string{"agent", "uninstall"}},
-	// The namespace networks of the demo and the end-to-end tests.
+	// The namespace networks of the demo, beside it (the end-to-end tests
+	// use them too): above the agent, so that no production package can
+	// import them, below the commands.
 	{"topology", []string{"cmd/ipmasq-demo/topology"}},
 	{"cmd", []string{"cmd/"}},
 	// Build tools (the image builder): programs of the module that are
@@ -52,9 +57,9 @@ var layers = []layer{
 
 // testKit is the folder of everything that exists for tests only: tooling
 // (faults, private bpffs mounts, the real API server and node, tool
-// builds) and the end-to-end suites. Every other package under internal/
-// is a production leaf or the topology; a new test package goes under
-// testKit and is recognised without a list to keep.
+// builds) and the end-to-end suites. It stands above every layer (it may
+// import them all) and no production package imports it; a new test
+// package goes under testKit and is recognised without a list to keep.
 const testKit = "testkit/"
 
 // testTooling are packages that exist for tests only; no production package
@@ -267,6 +272,12 @@ func TestArchitectureRules(t *testing.T) {
 		{"cells/k8snode", "cells/podcidrs"},
 		{"cells/podcidrs", "cells/ipam"},
 		{"cells/ipam", "cells/api"},
+		// internal/ holds leaves only: no test kit or demo network there
+		// that reaches up (netnstest did, into the writers).
+		{"internal/netnstest", "cells/devices"},
+		{"internal/cgroupmem", "reconcilers/datapath"},
+		{"internal/unixsock", "settings"},
+		{"cmd/ipmasq-demo/topology", "cmd/ipmasq-demo"},
 	}
 	for _, e := range refused {
 		if importAllowed(e[0], e[1]) == "" {
@@ -285,6 +296,8 @@ func TestArchitectureRules(t *testing.T) {
 		{"agent", "reconcilers/iprules"},
 		{"cmd/ipmasq-demo", "cmd/ipmasq-demo/topology"},
 		{"cmd/ipmasq-agent", "agent"},
+		{"reconcilers/datapath", "internal/cgroupmem"},
+		{"cells/k8snode", "internal/kubeclient"},
 	}
 	for _, e := range accepted {
 		if why := importAllowed(e[0], e[1]); why != "" {
