@@ -1,13 +1,23 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ipmasq/ipmasq/internal/testkit/kubetest"
+	"github.com/ipmasq/ipmasq/internal/testkit/privtest"
 	"github.com/ipmasq/ipmasq/internal/topology"
 )
 
@@ -108,16 +118,22 @@ func TestPodCIDRsOnlyNotReadyWithoutPodCIDR(t *testing.T) {
 func expectNotReadyWithoutSource(t *testing.T, node *topology.Netns, status func() string) {
 	t.Helper()
 	const why = "sources: no source is masqueraded: --masquerade-pod-cidrs-only and no pod CIDR is known"
-	// The server may not listen yet: wait for its first answer.
+	// While the agent starts, other conditions hold too (programs not
+	// attached yet, Node not read yet): wait until the missing source is
+	// the one reason left.
 	var code int
 	var body string
 	var err error
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if code, body, err = httpGet(node, metricsAddr, "/readyz"); err == nil {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		code, body, err = httpGet(node, metricsAddr, "/readyz")
+		if err == nil && code == http.StatusServiceUnavailable && strings.HasPrefix(body, "not ready: 1 conditions\n"+why) {
 			break
 		}
+		if err == nil && code == http.StatusOK {
+			t.Fatalf("/readyz with --masquerade-pod-cidrs-only and no pod CIDR: %d %q, want not 200 naming %q", code, body, why)
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("/readyz never answered: %v", err)
+			t.Fatalf("/readyz never named the missing source as the one reason in 30 s: %d %q (%v)", code, body, err)
 		}
 	}
 	checks := 0
@@ -146,5 +162,117 @@ func expectNotReadyWithoutSource(t *testing.T, node *topology.Netns, status func
 	}
 	if strings.Contains(st, "remove the old chain") {
 		t.Errorf("status tells to remove the old chain on a node that is not ready:\n%s", st)
+	}
+}
+
+// TestPodCIDRsOnlyReadyWhenNodeGetsPodCIDRs is the same case on a
+// Kubernetes node: the agent runs as the DaemonSet runs it, with
+// --masquerade-pod-cidrs-only added, against a real API server, and its
+// Node has no spec.podCIDRs yet (a node the node IPAM controller has not
+// given a range to, or a CNI that allocates without them). The agent is
+// not ready while nothing is masqueraded (the pod's connection reaches the
+// far side from the pod's own address); once the Node gets its podCIDRs it
+// becomes ready without a restart, and the pod's connection is seen from
+// the node's address, as on the reference node: Linux MASQUERADE
+// (-s <pod CIDR> ! -d 10.244.0.0/16, the ip-masq-agent's rule) on another
+// node of the same cluster.
+func TestPodCIDRsOnlyReadyWhenNodeGetsPodCIDRs(t *testing.T) {
+	privtest.Require(t)
+	server := kubetest.Start(t)
+	cl, err := topology.NewCluster(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	if err := cl.ConnectAPI(server.Netns, kubetest.Addr); err != nil {
+		t.Fatal(err)
+	}
+	admin := server.Client(kubetest.AdminToken)
+	kubetest.ApplyFiles(t, admin, "../../../deploy/rbac.yaml")
+	for _, obj := range kubetest.Decode(t, "../../../deploy/daemonset.yaml") {
+		if sa, ok := obj.(*corev1.ServiceAccount); ok {
+			if err := kubetest.Create(admin, sa, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	server.WriteKubeconfig(kubeconfig, kubetest.AgentToken)
+	serveSource(t, cl.Ext)
+
+	// Reference first: node2 masquerades its pod with iptables.
+	ref := cl.Nodes[1]
+	refPod := ref.PodCIDR4.Addr().Next().Next()
+	if err := cl.AddPodAddr(ref, refPod); err != nil {
+		t.Fatal(err)
+	}
+	ipt := exec.Command("iptables", "-t", "nat", "-A", "POSTROUTING", "-s", ref.PodCIDR4.String(),
+		"!", "-d", "10.244.0.0/16", "-j", "MASQUERADE")
+	if out, err := startAndWait(ref.Node, ipt); err != nil {
+		t.Fatalf("iptables (the reference) in %s: %v: %s", ref.Name, err, out)
+	}
+	expectSource(t, "reference: pod2 → external", ref.Pod, netip.Addr{}, topology.ClusterRemoteIP4, ref.IP4)
+
+	// node1's Node has no podCIDRs: the IPAM has no pool, so the pod's
+	// address is set by hand, where its range will be.
+	cn := cl.Nodes[0]
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cn.Name}}
+	if _, err := admin.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create Node %s: %v", cn.Name, err)
+	}
+	pod := cn.PodCIDR4.Addr().Next().Next()
+	if err := cl.AddPodAddr(cn, pod); err != nil {
+		t.Fatal(err)
+	}
+	ds := loadDaemonSet(t)
+	if !slices.Contains(ds.args, "--prometheus-serve-addr=:9464") {
+		t.Fatalf("deploy/daemonset.yaml no longer serves /readyz on :9464 (the address this test asks): %q", ds.args)
+	}
+	ds.args = append(ds.args, "--masquerade-pod-cidrs-only")
+	a := newK8sAgent(t, ds, cn, kubeconfig)
+	a.start()
+	expectNotReadyWithoutSource(t, cn.Node, a.status)
+	expectSource(t, "node1 with no pod CIDR: pod → external", cn.Pod, netip.Addr{}, topology.ClusterRemoteIP4, pod)
+
+	// The Node gets its range (an empty podCIDRs may be set once).
+	got, err := admin.CoreV1().Nodes().Get(context.Background(), cn.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Spec.PodCIDR, got.Spec.PodCIDRs = cn.PodCIDR4.String(), []string{cn.PodCIDR4.String()}
+	if _, err := admin.CoreV1().Nodes().Update(context.Background(), got, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("give Node %s podCIDRs %s: %v", cn.Name, cn.PodCIDR4, err)
+	}
+	waitReadyIn(t, cn.Node, 30*time.Second)
+	if st := a.status(); !strings.Contains(st, "Readiness:  ready\n") {
+		t.Errorf("with the Node's podCIDRs, status does not say ready:\n%s", st)
+	}
+	expectSource(t, "node1 with its Node's podCIDRs: pod → external", cn.Pod, netip.Addr{}, topology.ClusterRemoteIP4, cn.IP4)
+}
+
+// status is "ipmasq-agent status" of the node's agent.
+func (a *k8sAgent) status() string {
+	a.t.Helper()
+	out, err := exec.Command(agentBin, "status", "--shell-sock-path="+filepath.Join(a.dir, "shell.sock")).CombinedOutput()
+	if err != nil {
+		a.t.Fatalf("%s: status: %v\n%s", a.cn.Name, err, out)
+	}
+	return string(out)
+}
+
+// waitReadyIn waits until /readyz at metricsAddr in node answers 200.
+func waitReadyIn(t *testing.T, node *topology.Netns, timeout time.Duration) {
+	t.Helper()
+	var last string
+	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
+		code, body, err := httpGet(node, metricsAddr, "/readyz")
+		if err == nil && code == http.StatusOK {
+			t.Logf("/readyz: %d %q", code, body)
+			return
+		}
+		last = fmt.Sprintf("%d %q (%v)", code, body, err)
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never answered 200 in %v; last: %s", timeout, last)
+		}
 	}
 }
