@@ -77,7 +77,7 @@ func TestPodCIDRsOnlyNotReadyWithoutPodCIDR(t *testing.T) {
 		}
 		startServers(t, topo.Ext, topology.RemoteIP4, topology.RemoteIP6)
 		if a != nil {
-			expectNotReadyWithoutSource(t, topo.Node, func() string { return a.status(t) })
+			expectNotReadyWithoutSource(t, topo.Node, filepath.Join(a.dir, "shell.sock"))
 			// Not ready for a reason: the pod's connections leave
 			// unmasqueraded (ext routes them back).
 			for _, c := range []struct{ dst, pod netip.Addr }{{topology.RemoteIP4, topology.PodIP4}, {topology.RemoteIP6, topology.PodIP6}} {
@@ -91,7 +91,7 @@ func TestPodCIDRsOnlyNotReadyWithoutPodCIDR(t *testing.T) {
 			a.noPodCIDR = false
 			a.start()
 			a.waitReady()
-			if status := a.status(t); !strings.Contains(status, "Readiness:  ready\n") {
+			if status := statusOnceUp(t, filepath.Join(a.dir, "shell.sock")); !strings.Contains(status, "Readiness:  ready\n") {
 				t.Errorf("with --pod-cidr, status does not say ready:\n%s", status)
 			}
 		}
@@ -113,9 +113,9 @@ func TestPodCIDRsOnlyNotReadyWithoutPodCIDR(t *testing.T) {
 
 // expectNotReadyWithoutSource checks, for notReadyFor, that the agent in
 // node (serving on metricsAddr, with --masquerade-pod-cidrs-only and no
-// pod CIDR) is not ready, and that /readyz, /healthz and status (its
-// `ipmasq-agent status`) say why.
-func expectNotReadyWithoutSource(t *testing.T, node *topology.Netns, status func() string) {
+// pod CIDR) is not ready, and that /readyz, /healthz and `ipmasq-agent
+// status` (asked at shellSock) say why.
+func expectNotReadyWithoutSource(t *testing.T, node *topology.Netns, shellSock string) {
 	t.Helper()
 	const why = "sources: no source is masqueraded: --masquerade-pod-cidrs-only and no pod CIDR is known"
 	// While the agent starts, other conditions hold too (programs not
@@ -156,7 +156,7 @@ func expectNotReadyWithoutSource(t *testing.T, node *topology.Netns, status func
 	} else {
 		t.Logf("/healthz: %d %q", c, b)
 	}
-	st := status()
+	st := statusOnceUp(t, shellSock)
 	if !strings.Contains(st, "Readiness:  NOT READY: ") || !strings.Contains(st, why) {
 		t.Errorf("status with no source does not say NOT READY and why (%q):\n%s", why, st)
 	}
@@ -200,29 +200,35 @@ func TestPodCIDRsOnlyReadyWhenNodeGetsPodCIDRs(t *testing.T) {
 	server.WriteKubeconfig(kubeconfig, kubetest.AgentToken)
 	serveSource(t, cl.Ext)
 
-	// Reference first: node2 masquerades its pod with iptables.
+	// node1's pod: with no pool, the IPAM allocates nothing, so its
+	// address is set by hand, where its Node's range will be.
+	cn := cl.Nodes[0]
+	pod := cn.PodCIDR4.Addr().Next().Next()
+	if err := cl.AddPodAddr(cn, pod); err != nil {
+		t.Fatal(err)
+	}
+	serveSource(t, cn.Pod)
+
+	// Reference first: node2 masquerades its pod with iptables, except
+	// to the cluster's pod range.
 	ref := cl.Nodes[1]
 	refPod := ref.PodCIDR4.Addr().Next().Next()
 	if err := cl.AddPodAddr(ref, refPod); err != nil {
 		t.Fatal(err)
 	}
+	serveSource(t, ref.Pod)
 	ipt := exec.Command("iptables", "-t", "nat", "-A", "POSTROUTING", "-s", ref.PodCIDR4.String(),
 		"!", "-d", "10.244.0.0/16", "-j", "MASQUERADE")
 	if out, err := startAndWait(ref.Node, ipt); err != nil {
 		t.Fatalf("iptables (the reference) in %s: %v: %s", ref.Name, err, out)
 	}
 	expectSource(t, "reference: pod2 → external", ref.Pod, netip.Addr{}, topology.ClusterRemoteIP4, ref.IP4)
+	expectSource(t, "reference: pod2 → pod1", ref.Pod, netip.Addr{}, pod, refPod)
 
-	// node1's Node has no podCIDRs: the IPAM has no pool, so the pod's
-	// address is set by hand, where its range will be.
-	cn := cl.Nodes[0]
+	// node1's Node has no podCIDRs.
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cn.Name}}
 	if _, err := admin.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create Node %s: %v", cn.Name, err)
-	}
-	pod := cn.PodCIDR4.Addr().Next().Next()
-	if err := cl.AddPodAddr(cn, pod); err != nil {
-		t.Fatal(err)
 	}
 	ds := loadDaemonSet(t)
 	if !slices.Contains(ds.args, "--prometheus-serve-addr=:9464") {
@@ -231,7 +237,7 @@ func TestPodCIDRsOnlyReadyWhenNodeGetsPodCIDRs(t *testing.T) {
 	ds.args = append(ds.args, "--masquerade-pod-cidrs-only")
 	a := newK8sAgent(t, ds, cn, kubeconfig)
 	a.start()
-	expectNotReadyWithoutSource(t, cn.Node, a.status)
+	expectNotReadyWithoutSource(t, cn.Node, filepath.Join(a.dir, "shell.sock"))
 	expectSource(t, "node1 with no pod CIDR: pod → external", cn.Pod, netip.Addr{}, topology.ClusterRemoteIP4, pod)
 
 	// The Node gets its range (an empty podCIDRs may be set once).
@@ -244,30 +250,39 @@ func TestPodCIDRsOnlyReadyWhenNodeGetsPodCIDRs(t *testing.T) {
 		t.Fatalf("give Node %s podCIDRs %s: %v", cn.Name, cn.PodCIDR4, err)
 	}
 	waitReadyIn(t, cn.Node, 30*time.Second)
-	if st := a.status(); !strings.Contains(st, "Readiness:  ready\n") {
+	if st := statusOnceUp(t, filepath.Join(a.dir, "shell.sock")); !strings.Contains(st, "Readiness:  ready\n") {
 		t.Errorf("with the Node's podCIDRs, status does not say ready:\n%s", st)
 	}
 	expectSource(t, "node1 with its Node's podCIDRs: pod → external", cn.Pod, netip.Addr{}, topology.ClusterRemoteIP4, cn.IP4)
+	expectSource(t, "node1 with its Node's podCIDRs: pod → pod2 (not masqueraded)", cn.Pod, netip.Addr{}, refPod, pod)
 }
 
-// status is "ipmasq-agent status" of the node's agent.
-func (a *k8sAgent) status() string {
-	a.t.Helper()
-	out, err := exec.Command(agentBin, "status", "--shell-sock-path="+filepath.Join(a.dir, "shell.sock")).CombinedOutput()
-	if err != nil {
-		a.t.Fatalf("%s: status: %v\n%s", a.cn.Name, err, out)
+// statusOnceUp is `ipmasq-agent status` asked at sock, retried while the
+// agent's shell is not listening yet: its start hook runs after every
+// other (the datapath's, which loads the programs, can take seconds on a
+// loaded machine), while /readyz is served early.
+func statusOnceUp(t *testing.T, sock string) string {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		out, err := exec.Command(agentBin, "status", "--shell-sock-path="+sock).CombinedOutput()
+		if err == nil {
+			return string(out)
+		}
+		if !strings.Contains(string(out), "no agent shell at") || time.Now().After(deadline) {
+			t.Fatalf("status: %v\n%s", err, out)
+		}
 	}
-	return string(out)
 }
 
 // waitReadyIn waits until /readyz at metricsAddr in node answers 200.
 func waitReadyIn(t *testing.T, node *topology.Netns, timeout time.Duration) {
 	t.Helper()
 	var last string
-	for deadline := time.Now().Add(timeout); ; time.Sleep(50 * time.Millisecond) {
+	start := time.Now()
+	for deadline := start.Add(timeout); ; time.Sleep(50 * time.Millisecond) {
 		code, body, err := httpGet(node, metricsAddr, "/readyz")
 		if err == nil && code == http.StatusOK {
-			t.Logf("/readyz: %d %q", code, body)
+			t.Logf("/readyz after %v: %d %q", time.Since(start).Round(time.Millisecond), code, body)
 			return
 		}
 		last = fmt.Sprintf("%d %q (%v)", code, body, err)
