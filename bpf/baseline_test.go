@@ -32,8 +32,8 @@ func loadObject(tb testing.TB, path string, natMax uint32) *Datapath {
 		tb.Fatalf("load %s: %v", path, err)
 	}
 	tb.Cleanup(coll.Close)
-	d := &Datapath{Egress: coll.Programs["ipmasq_egress"], Ingress: coll.Programs["ipmasq_ingress"],
-		EgressL3: coll.Programs["ipmasq_egress_l3"], IngressL3: coll.Programs["ipmasq_ingress_l3"]}
+	d := &Datapath{Egress: coll.Programs["ipmasq_egress"], Ingress: coll.Programs["ipmasq_ingress"]}
+	d.l3.egress, d.l3.ingress = coll.Programs["ipmasq_egress_l3"], coll.Programs["ipmasq_ingress_l3"]
 	maps := reflect.ValueOf(&d.objs.masqMaps).Elem()
 	for i := range maps.NumField() {
 		if m, ok := coll.Maps[maps.Type().Field(i).Tag.Get("ebpf")]; ok {

@@ -4,7 +4,8 @@
 //
 // The agent loads the datapath with [Load], attaches [Datapath.Egress] and
 // [Datapath.Ingress] with tcx on each selected Ethernet egress device (the
-// *L3 variants on devices without a link-layer header), and fills the
+// L3 variants, [Datapath.ProgramsL3], on devices without a link-layer
+// header), and fills the
 // maps: masquerade sources (masq_src_*), user masquerade rules for other
 // sources per egress device (masq_rules_*), node addresses (node_addrs_*),
 // the SNAT address per device (egress_devs) and the NAT port range (config).
@@ -30,8 +31,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 
@@ -94,10 +97,6 @@ type Datapath struct {
 	Egress *ebpf.Program
 	// Ingress is ipmasq_ingress, for tcx ingress of the same devices.
 	Ingress *ebpf.Program
-	// EgressL3 and IngressL3 are the same programs for devices without a
-	// link-layer header (tun, WireGuard, ipip, ...), whose packets start
-	// at the network header.
-	EgressL3, IngressL3 *ebpf.Program
 	// Maps are the maps the programs use.
 	Maps Maps
 	// Variant is the build of the object loaded, and VariantReason why
@@ -106,6 +105,65 @@ type Datapath struct {
 	VariantReason string
 
 	objs masqObjects
+	// coll holds what Load loaded (objs' programs and maps, and the
+	// global variables' maps), for the L3 programs' later load.
+	coll *ebpf.Collection
+	// l3 loads the L3 programs once, at the first call of ProgramsL3.
+	l3 struct {
+		sync.Mutex
+		spec            *ebpf.CollectionSpec
+		opts            ebpf.ProgramOptions
+		egress, ingress *ebpf.Program
+	}
+}
+
+// l3Programs are the programs for devices without a link-layer header:
+// loaded when the first such device is attached (ProgramsL3), as most
+// nodes have none, and each load costs the verifier as much as its
+// Ethernet twin's (the longest part of a start on an old kernel).
+var l3Programs = []string{"ipmasq_egress_l3", "ipmasq_ingress_l3"}
+
+// ProgramsL3 returns ipmasq_egress_l3 and ipmasq_ingress_l3, the programs
+// for devices without a link-layer header (tun, WireGuard, ipip, ...),
+// whose packets start at the network header. They are loaded at the first
+// call, with the maps of the loaded datapath; an error is returned again
+// at the next call's retry.
+func (d *Datapath) ProgramsL3() (egress, ingress *ebpf.Program, err error) {
+	d.l3.Lock()
+	defer d.l3.Unlock()
+	if d.l3.egress != nil {
+		return d.l3.egress, d.l3.ingress, nil
+	}
+	if d.l3.spec == nil || d.coll == nil {
+		return nil, nil, errors.New("the datapath's L3 programs: not loaded by bpf.Load")
+	}
+	spec := d.l3.spec.Copy()
+	for name := range spec.Programs {
+		if !slices.Contains(l3Programs, name) {
+			delete(spec.Programs, name)
+		}
+	}
+	// Every map is the loaded datapath's (the global variables' too).
+	replacements := map[string]*ebpf.Map{}
+	for name := range spec.Maps {
+		m, ok := d.coll.Maps[name]
+		if !ok {
+			return nil, nil, fmt.Errorf("the datapath's L3 programs: map %s not loaded", name)
+		}
+		replacements[name] = m
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replacements, Programs: d.l3.opts})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, nil, fmt.Errorf("load the datapath's L3 programs (%s variant): %+v", d.Variant, ve)
+		}
+		return nil, nil, fmt.Errorf("load the datapath's L3 programs (%s variant): %w", d.Variant, err)
+	}
+	d.l3.egress = coll.DetachProgram(l3Programs[0])
+	d.l3.ingress = coll.DetachProgram(l3Programs[1])
+	coll.Close()
+	return d.l3.egress, d.l3.ingress, nil
 }
 
 // LoadOptions configure [Load].
@@ -219,7 +277,11 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	}
 
 	d := &Datapath{Variant: choice.Variant, VariantReason: choice.Reason}
-	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{MapReplacements: replacements, Programs: opts.programs})
+	d.l3.spec, d.l3.opts = spec.Copy(), opts.programs
+	for _, name := range l3Programs {
+		delete(spec.Programs, name)
+	}
+	d.coll, err = ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replacements, Programs: opts.programs})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -227,10 +289,12 @@ func Load(opts LoadOptions) (*Datapath, error) {
 		}
 		return nil, fmt.Errorf("load ipmasq datapath (%s variant): %w", choice.Variant, err)
 	}
+	if err := assignLoaded(d.coll, &d.objs); err != nil {
+		d.coll.Close()
+		return nil, err
+	}
 	d.Egress = d.objs.IpmasqEgress
 	d.Ingress = d.objs.IpmasqIngress
-	d.EgressL3 = d.objs.IpmasqEgressL3
-	d.IngressL3 = d.objs.IpmasqIngressL3
 	d.Maps = d.objs.masqMaps
 	if opts.PinDir != "" {
 		if err := recountNAT(d, pinnedBefore); err != nil {
@@ -313,7 +377,42 @@ func pinnedMaps(spec *ebpf.CollectionSpec) []string {
 	return names
 }
 
+// assignLoaded points objs' fields (tagged `ebpf:"name"`, as bpf2go
+// writes them) at coll's programs and maps of those names; the L3
+// programs' stay nil (ProgramsL3). coll keeps owning them.
+func assignLoaded(coll *ebpf.Collection, objs *masqObjects) error {
+	for _, group := range []reflect.Value{reflect.ValueOf(&objs.masqPrograms).Elem(), reflect.ValueOf(&objs.masqMaps).Elem()} {
+		for i := range group.NumField() {
+			name := group.Type().Field(i).Tag.Get("ebpf")
+			var v reflect.Value
+			if p, ok := coll.Programs[name]; ok {
+				v = reflect.ValueOf(p)
+			} else if m, ok := coll.Maps[name]; ok {
+				v = reflect.ValueOf(m)
+			} else if slices.Contains(l3Programs, name) {
+				continue
+			} else {
+				return fmt.Errorf("load ipmasq datapath: %s not in the object", name)
+			}
+			group.Field(i).Set(v)
+		}
+	}
+	return nil
+}
+
 // Close releases the programs and maps; pins and attachments stay.
 func (d *Datapath) Close() error {
+	d.l3.Lock()
+	for _, p := range []*ebpf.Program{d.l3.egress, d.l3.ingress} {
+		if p != nil {
+			p.Close()
+		}
+	}
+	d.l3.egress, d.l3.ingress = nil, nil
+	d.l3.Unlock()
+	if d.coll != nil {
+		d.coll.Close()
+		return nil
+	}
 	return d.objs.Close()
 }

@@ -344,6 +344,7 @@ type masqNatV4Search struct {
 	In  masqNatV4Key
 	Out masqNatV4Key
 	Rev masqNatV4Val
+	Res masqNatV4Val
 	W   struct {
 		_     structs.HostLayout
 		Min   uint32
@@ -398,6 +399,7 @@ type masqNatV6Search struct {
 	In  masqNatV6Key
 	Out masqNatV6Key
 	Rev masqNatV6Val
+	Res masqNatV6Val
 	W   struct {
 		_     structs.HostLayout
 		Min   uint32

@@ -352,6 +352,7 @@ type masqcompatNatV4Search struct {
 	In  masqcompatNatV4Key
 	Out masqcompatNatV4Key
 	Rev masqcompatNatV4Val
+	Res masqcompatNatV4Val
 	W   struct {
 		_     structs.HostLayout
 		Min   uint32
@@ -406,6 +407,7 @@ type masqcompatNatV6Search struct {
 	In  masqcompatNatV6Key
 	Out masqcompatNatV6Key
 	Rev masqcompatNatV6Val
+	Res masqcompatNatV6Val
 	W   struct {
 		_     structs.HostLayout
 		Min   uint32

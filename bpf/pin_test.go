@@ -24,7 +24,11 @@ func TestLoadPinsEveryMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	used := map[ebpf.MapID]bool{}
-	for _, prog := range []*ebpf.Program{e.dp.Egress, e.dp.Ingress, e.dp.EgressL3, e.dp.IngressL3} {
+	egressL3, ingressL3, err := e.dp.ProgramsL3()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, prog := range []*ebpf.Program{e.dp.Egress, e.dp.Ingress, egressL3, ingressL3} {
 		info, err := prog.Info()
 		if err != nil {
 			t.Fatal(err)

@@ -69,10 +69,21 @@ func TestVerifierComplexity(t *testing.T) {
 		if d.Variant != v {
 			t.Errorf("Load(Variant: %s) loaded %s", v, d.Variant)
 		}
+		// The L3 programs too: loaded at their first use.
+		egressL3, ingressL3, err := d.ProgramsL3()
+		if err != nil {
+			t.Errorf("kernel %s, %s variant: %v", f.Release, v, err)
+		}
 		progs := reflect.ValueOf(d.objs.masqPrograms)
 		for i := range progs.NumField() {
 			name := progs.Type().Field(i).Tag.Get("ebpf")
 			p := progs.Field(i).Interface().(*ebpf.Program)
+			switch name {
+			case "ipmasq_egress_l3":
+				p = egressL3
+			case "ipmasq_ingress_l3":
+				p = ingressL3
+			}
 			if p == nil {
 				t.Errorf("%s variant: program %s not loaded", v, name)
 				continue

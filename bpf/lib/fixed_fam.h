@@ -6,7 +6,8 @@
  *
  * Defines: nat_create_fixed_v4, nat_create_fixed_v6, fixed_unassure_v4,
  * fixed_unassure_v6, egress_fixed_v4, egress_fixed_v6, ingress_fixed_v4,
- * ingress_fixed_v6, egress_untranslatable_v4, egress_untranslatable_v6.
+ * ingress_fixed_v6, egress_untranslatable_v4, egress_untranslatable_v6,
+ * fixed_scratch_v4, fixed_scratch_v6.
  */
 
 #include "family.h"

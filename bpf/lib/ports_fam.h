@@ -6,7 +6,7 @@
  *
  * Defines: struct nat_v4_search, struct nat_v6_search, node_socket_v4,
  * node_socket_v6, nat_try_v4, nat_try_v6, nat_create_v4, nat_create_v6,
- * nat_search_v4, nat_search_v6.
+ * nat_new_pair_v4, nat_new_pair_v6, nat_search_v4, nat_search_v6.
  */
 
 #include "family.h"
@@ -49,15 +49,17 @@ static __always_inline int FAM(node_socket)(struct __sk_buff *skb, const FAM_T(n
 
 /* The port search's state, per CPU (a tc program runs to its end on its
  * CPU, and one search at a time): the reply entry's key (in), whose port
- * nat_try changes, the reply entry (rev) and the walk, then the pair's
- * egress key and value (out, val). In a map value, not on the stack: the
- * IPv6 egress chain is near 512 bytes, and nat_try, a global function the
- * verifier checks once, then takes no pointer (before 5.12 a global
- * function takes none but its context; before 6.2 none is a map key). */
+ * nat_try changes, the pair's egress key (out), the reply entry (rev),
+ * the result (res: the SNAT address in, the mapping out) and the walk. In
+ * a map value, not on the stack: the IPv6 egress chain is near 512 bytes,
+ * and nat_create and nat_try, global functions the verifier checks once,
+ * then take no pointer but the context (before 5.12 a global function
+ * takes none other; before 6.2 none is a map key). */
 FAM_T(nat, search) {
 	FAM_T(nat, key) in;
 	FAM_T(nat, key) out;
 	FAM_T(nat, val) rev;
+	FAM_T(nat, val) res;
 	struct port_walk w;
 };
 
@@ -111,19 +113,21 @@ __noinline int FAM(nat_try)(struct __sk_buff *skb)
 	return ret == -EEXIST ? PORT_TAKEN : PORT_FULL;
 }
 
-/* nat_create_v4/v6 finds a NAT port for the egress tuple out (the search
- * of ports.h) and inserts both entries of its pair. The reply (dir 1)
- * entry goes in first: its key holds the remote address and port, so a
- * port is taken only toward that destination. res->addr holds the SNAT
- * address on entry, and again on every failure (the caller may make room
- * and retry). On success *res holds the mapping and the result is
+/* nat_create_v4/v6 finds a NAT port for the egress tuple out of the
+ * search state (the search of ports.h) and inserts both entries of its
+ * pair. The reply (dir 1) entry goes in first: its key holds the remote
+ * address and port, so a port is taken only toward that destination.
+ * res.addr holds the SNAT address on entry; res is written on success
+ * only. On success res holds the mapping and the result is
  * COUNTER_NAT_NEW (or COUNTER_MASQUERADED when another CPU created the
  * same flow concurrently); otherwise the counter of the drop reason:
  * COUNTER_NAT_FULL when the map is full (the caller may drop a pair that
  * is not assured and retry, see lib/pressure.h), COUNTER_NO_PORT when the
- * search found none. */
-GLOBAL_FUNC enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat, key) *out, __u8 flags,
-					 FAM_T(nat, val) *res)
+ * search found none. A global function that takes no pointer but the
+ * context, in both builds: the verifier checks it once, not at each of
+ * the caller's tries (in the compat build, three times fewer
+ * instructions for the egress program). */
+__noinline int FAM(nat_create)(struct __sk_buff *skb, __u32 flags)
 {
 	FAM_T(nat, search) *s;
 	FAM_T(nat, val) *cur;
@@ -134,7 +138,7 @@ GLOBAL_FUNC enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat,
 	long ret;
 
 	s = bpf_map_lookup_elem(&FAM(nat_search), &zero);
-	if (!skb || !out || !res || !s)
+	if (!skb || !s)
 		return COUNTER_ERROR;
 	cfg = masq_cfg();
 	if (!cfg || cfg->port_min == 0 || cfg->port_max < cfg->port_min)
@@ -142,20 +146,19 @@ GLOBAL_FUNC enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat,
 
 	now = bpf_ktime_get_ns();
 	__builtin_memset(&s->in, 0, sizeof(s->in));
-	FAM_ADDR_COPY(s->in.src, out->dst);
-	FAM_ADDR_COPY(s->in.dst, res->addr);
-	s->in.sport = out->dport;
-	s->in.proto = out->proto;
+	FAM_ADDR_COPY(s->in.src, s->out.dst);
+	FAM_ADDR_COPY(s->in.dst, s->res.addr);
+	s->in.sport = s->out.dport;
+	s->in.proto = s->out.proto;
 	s->in.dir = DIR_INGRESS;
-	s->out = *out;
 	__builtin_memset(&s->rev, 0, sizeof(s->rev));
-	FAM_ADDR_COPY(s->rev.addr, out->src);
-	s->rev.port = out->sport;
+	FAM_ADDR_COPY(s->rev.addr, s->out.src);
+	s->rev.port = s->out.sport;
 	s->rev.handover = NAT_HANDOVER_NONE;
 	s->rev.last_seen_ns = now;
 	s->rev.created_ns = now;
 
-	port_walk_init(&s->w, cfg, out->proto, flags, out->sport);
+	port_walk_init(&s->w, cfg, s->out.proto, flags, s->out.sport);
 	for (i = 0; i < PORT_PROBES; i++) {
 		got = FAM(nat_try)(skb);
 		if (got != PORT_TAKEN)
@@ -168,7 +171,7 @@ GLOBAL_FUNC enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat,
 	if (got == PORT_REUSED)
 		count(COUNTER_NAT_REUSED);
 	cfg = masq_cfg();
-	if (cfg && s->in.dport == out->sport && keep_port(cfg, out->proto, out->sport))
+	if (cfg && s->in.dport == s->out.sport && keep_port(cfg, s->out.proto, s->out.sport))
 		count(COUNTER_NAT_PORT_KEPT);
 
 	/* s->rev becomes the egress entry's value */
@@ -179,7 +182,7 @@ GLOBAL_FUNC enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat,
 	s->rev.created_ns = now;
 	ret = FAM(nat_insert)(&s->out, &s->rev);
 	if (ret == 0) {
-		*res = s->rev;
+		s->res = s->rev;
 		/* not assured yet: early drop may take it (evict.h) */
 		FAM(nat_cand_note)(&s->in, now);
 		return COUNTER_NAT_NEW;
@@ -191,8 +194,30 @@ GLOBAL_FUNC enum counter FAM(nat_create)(struct __sk_buff *skb, const FAM_T(nat,
 	cur = bpf_map_lookup_elem(&FAM(nat), &s->out);
 	if (!cur)
 		return COUNTER_ERROR;
-	*res = *cur;
+	s->res = *cur;
 	return COUNTER_MASQUERADED;
+}
+
+/* nat_new_pair_v4/v6 makes the pair of egress tuple out with SNAT address
+ * res->addr (nat_create, through the search state): on success *res holds
+ * the mapping; on failure *res is unchanged (the caller may make room and
+ * retry). Returns nat_create's counter. */
+static __always_inline enum counter FAM(nat_new_pair)(struct __sk_buff *skb, const FAM_T(nat, key) *out, __u32 flags,
+							FAM_T(nat, val) *res)
+{
+	FAM_T(nat, search) *s;
+	__u32 zero = 0;
+	int c;
+
+	s = bpf_map_lookup_elem(&FAM(nat_search), &zero);
+	if (!s)
+		return COUNTER_ERROR;
+	s->out = *out;
+	FAM_ADDR_COPY(s->res.addr, res->addr);
+	c = FAM(nat_create)(skb, flags);
+	if (c == COUNTER_NAT_NEW || c == COUNTER_MASQUERADED)
+		*res = s->res;
+	return c;
 }
 
 #undef FAMILY

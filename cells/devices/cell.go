@@ -16,7 +16,7 @@ import (
 type Config struct {
 	// Devices are the interface names or "prefix+" patterns of the devices
 	// that masquerade; empty selects every device a forwarded packet can
-	// leave through (a route in the main table), the pods' own excepted.
+	// leave through (a route in any table but local), the pods' own excepted.
 	Devices []string `mapstructure:"devices"`
 }
 
@@ -24,7 +24,7 @@ type Config struct {
 func (def Config) Flags(flags *pflag.FlagSet) {
 	flags.StringSlice("devices", def.Devices,
 		"Devices to masquerade on: interface names or name prefixes ending in + (e.g. eth+); "+
-			"empty selects every device the node forwards through (a default route, a route via a gateway or a connected subnet in the main table), never the pods' own interfaces")
+			"empty selects every device the node forwards through (a default route, a route via a gateway or a connected subnet, in any table but local), never the pods' own interfaces")
 }
 
 // Netns is the network namespace whose devices the cell lists. Without one

@@ -316,7 +316,38 @@ func TestDefaultRouteDevices(t *testing.T) {
 	}
 	f.expect("eth1 gone", map[string]*want{"eth1": nil, "peer1": nil, "eth0": {selected: no()}})
 
-	// 7. A rename keeps the row (same index) under the new name, even when
+	// 7. A device whose only route is in a table of its own (an ip rule's,
+	// as a secondary uplink's) is selected; without it, deselected.
+	eth2 := addVeth(t, nl, "eth2", "peer2")
+	addAddr(t, nl, eth2, "10.2.0.5/24")
+	_, connected, _ := net.ParseCIDR("10.2.0.0/24")
+	if err := nl.RouteDel(&netlink.Route{LinkIndex: eth2.Attrs().Index, Dst: connected, Table: unix.RT_TABLE_MAIN,
+		Scope: netlink.SCOPE_LINK, Protocol: unix.RTPROT_KERNEL, Src: net.ParseIP("10.2.0.5")}); err != nil {
+		t.Fatalf("delete eth2's connected route: %v", err)
+	}
+	f.expect("eth2 without a main-table route", map[string]*want{"eth2": {selected: no()}})
+	// The table as a secondary uplink's: its subnet, then its default
+	// route (the subnet alone selects too: a connected route).
+	table100 := &netlink.Route{LinkIndex: eth2.Attrs().Index, Gw: net.ParseIP("10.2.0.1"), Table: 100}
+	if err := nl.RouteAdd(&netlink.Route{LinkIndex: eth2.Attrs().Index, Dst: connected, Table: 100, Scope: netlink.SCOPE_LINK}); err != nil {
+		t.Fatalf("add table 100's subnet route: %v", err)
+	}
+	if err := nl.RouteAdd(table100); err != nil {
+		t.Fatalf("add table 100's default route: %v", err)
+	}
+	f.expect("eth2 selected by table 100's default route", map[string]*want{"eth2": {selected: yes(), snatv4: addr("10.2.0.5")}})
+	if err := nl.RouteDel(table100); err != nil {
+		t.Fatal(err)
+	}
+	if err := nl.RouteDel(&netlink.Route{LinkIndex: eth2.Attrs().Index, Dst: connected, Table: 100, Scope: netlink.SCOPE_LINK}); err != nil {
+		t.Fatal(err)
+	}
+	f.expect("eth2 deselected", map[string]*want{"eth2": {selected: no()}})
+	if err := nl.LinkDel(eth2); err != nil {
+		t.Fatal(err)
+	}
+
+	// 8. A rename keeps the row (same index) under the new name, even when
 	// the name belonged to another device a moment ago.
 	peer0, err := nl.LinkByName("peer0")
 	if err != nil {

@@ -1,6 +1,7 @@
 package devices
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -16,8 +17,8 @@ import (
 type snapshot struct {
 	links []netlink.Link
 	addrs []netlink.Addr
-	// routes are the main table's unicast routes; nil when --devices is
-	// set (routes are not dumped).
+	// routes are the unicast routes of every routing table but local;
+	// nil when --devices is set (routes are not dumped).
 	routes []netlink.Route
 	// podPools are the node's own pod CIDRs (--pod-cidr, the Node's
 	// spec.podCIDRs): a device holding an address in one is the pods'
@@ -101,10 +102,11 @@ type coverage struct {
 	rank int
 }
 
-// routeCoverage finds, from the main table's routes, the devices a
-// forwarded packet can leave through, each with its best reason: every
-// device with a route to a global unicast destination, the default route
-// included, but for a route to a single address without a gateway on a
+// routeCoverage finds, from the routes of every table (a table other than
+// main is there for an ip rule: a secondary uplink's own table, as AWS's
+// VPC CNI and multi-homed nodes make them), the devices a forwarded packet
+// can leave through, each with its best reason: every device with a route
+// to a global unicast destination, the default route included, but for a route to a single address without a gateway on a
 // veth, which is a routed CNI's route to one of its pods (Calico, the
 // bridge-less ptp plugin, AWS's VPC CNI). Link-local destinations
 // (fe80::/64 is on every device) select nothing.
@@ -119,8 +121,12 @@ func routeCoverage(routes []netlink.Route, links map[int]netlink.Link) map[int]c
 		}
 	}
 	for _, r := range routes {
-		if r.Table != unix.RT_TABLE_MAIN || r.Type != unix.RTN_UNICAST {
+		if !routingTable(r.Table) || r.Type != unix.RTN_UNICAST {
 			continue
+		}
+		table := ""
+		if r.Table != unix.RT_TABLE_MAIN {
+			table = fmt.Sprintf(" (table %d)", r.Table)
 		}
 		dst, isDefault := routeDst(r)
 		if !isDefault && (!dst.IsValid() || !dst.Addr().IsGlobalUnicast()) {
@@ -133,13 +139,13 @@ func routeCoverage(routes []netlink.Route, links map[int]netlink.Link) map[int]c
 		for _, h := range hops {
 			switch {
 			case isDefault:
-				note(h.LinkIndex, coverage{reason: "default route", rank: 0})
+				note(h.LinkIndex, coverage{reason: "default route" + table, rank: 0})
 			case h.Gw != nil:
-				note(h.LinkIndex, coverage{reason: "route " + dst.String() + " via " + h.Gw.String(), rank: 1})
+				note(h.LinkIndex, coverage{reason: "route " + dst.String() + " via " + h.Gw.String() + table, rank: 1})
 			case dst.IsSingleIP() && isVeth(links[h.LinkIndex]):
 				// a route to one pod through its veth
 			default:
-				note(h.LinkIndex, coverage{reason: "route " + dst.String(), rank: 2})
+				note(h.LinkIndex, coverage{reason: "route " + dst.String() + table, rank: 2})
 			}
 		}
 	}
@@ -187,15 +193,25 @@ func routeDst(r netlink.Route) (netip.Prefix, bool) {
 }
 
 // routeMatters reports whether a route can change which devices are
-// covered: a main-table unicast route to a global unicast destination
-// (IsGlobalUnicast: not link-local, multicast, loopback or unspecified;
-// private ranges included).
+// covered: a unicast route of a routing table (routingTable) to a global
+// unicast destination (IsGlobalUnicast: not link-local, multicast,
+// loopback or unspecified; private ranges included).
 func routeMatters(r netlink.Route) bool {
-	if r.Table != unix.RT_TABLE_MAIN || r.Type != unix.RTN_UNICAST {
+	if !routingTable(r.Table) || r.Type != unix.RTN_UNICAST {
 		return false
 	}
 	dst, isDefault := routeDst(r)
 	return isDefault || (dst.IsValid() && dst.Addr().IsGlobalUnicast())
+}
+
+// routingTable reports whether routes of table may carry forwarded
+// packets: every table but local (the node's own and broadcast addresses)
+// and the unspecified 0. Which tables ip rules use is not known here (no
+// rule events in netlink): a table none uses only selects a device that
+// forwarded traffic may not leave through, at the cost of attached
+// programs that see no packet to translate.
+func routingTable(table int) bool {
+	return table != unix.RT_TABLE_LOCAL && table != unix.RT_TABLE_UNSPEC
 }
 
 func isVeth(l netlink.Link) bool {

@@ -223,7 +223,12 @@ func TestRouteCoverage(t *testing.T) {
 		{"link-local", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 4, Dst: prefix("fe80::/64")}, map[int]string{}},
 		{"link-local v4", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("169.254.0.0/16")}, map[int]string{}},
 		{"multicast", netlink.Route{Table: main, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("ff00::/8")}, map[int]string{}},
-		{"other table", netlink.Route{Table: 100, Type: unix.RTN_UNICAST, LinkIndex: 2}, map[int]string{}},
+		// A table an ip rule uses (a secondary uplink's own): its routes
+		// select as main's do, the table named.
+		{"other table", netlink.Route{Table: 100, Type: unix.RTN_UNICAST, LinkIndex: 2}, map[int]string{2: "default route (table 100)"}},
+		{"other table via a gateway", netlink.Route{Table: 1000, Type: unix.RTN_UNICAST, LinkIndex: 3, Dst: prefix("192.0.2.0/24"), Gw: net.ParseIP("10.1.0.1")},
+			map[int]string{3: "route 192.0.2.0/24 via 10.1.0.1 (table 1000)"}},
+		{"local table", netlink.Route{Table: unix.RT_TABLE_LOCAL, Type: unix.RTN_UNICAST, LinkIndex: 2, Dst: prefix("10.0.0.0/24")}, map[int]string{}},
 		{"unspecified table", netlink.Route{Table: uni, Type: unix.RTN_UNICAST, LinkIndex: 2}, map[int]string{}},
 		{"unreachable", netlink.Route{Table: main, Type: unix.RTN_UNREACHABLE, LinkIndex: 1, Dst: prefix("::/0")}, map[int]string{}},
 	} {

@@ -4,13 +4,13 @@
 //
 // The flow is one way:
 //
-//	netlink (links, addresses, main-table routes) + table pod-cidrs
+//	netlink (links, addresses, routes of every table) + table pod-cidrs
 //	  ──▶ devices cell ──▶ table egress-devices ──▶ datapath-tables ──▶ tc-attach ──▶ tc programs, device maps
 //
 // The cell subscribes to link, address and route notifications, but uses
 // them only as a trigger: after a short quiet period (a burst of events,
 // e.g. a device coming up with several addresses, costs one pass) it dumps
-// links, addresses and main-table routes afresh and rewrites the rows that
+// links, addresses and routes afresh and rewrites the rows that
 // differ; a change of the pod CIDRs triggers a pass too. A lost notification therefore cannot leave the table
 // wrong for longer than the next event, and a subscription that fails (a
 // socket buffer overflow ends it) is re-opened and followed by a full dump.
@@ -27,7 +27,8 @@
 //     listed prefix ("eth+" selects eth0, eth1, ...);
 //   - without it, every device a forwarded packet can leave through, as
 //     the upstream agent's POSTROUTING rule (no -o) covers every device:
-//     the devices with a main-table unicast route to a global destination
+//     the devices with a unicast route to a global destination in any
+//     table but local (a table an ip rule uses: a secondary uplink's)
 //     (a default route, IPv4 or IPv6, each hop of a multipath route; a
 //     route via a gateway; a connected subnet). Never the pods' own
 //     interfaces: a route to a single address without a gateway on a veth

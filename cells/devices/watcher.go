@@ -325,7 +325,8 @@ func dumpOnce(h *netlink.Handle, withRoutes bool) (snapshot, error) {
 	s := snapshot{links: links, addrs: addrs}
 	if withRoutes {
 		s.routes = []netlink.Route{}
-		err := h.RouteListFilteredIter(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE,
+		// Table 0 with the table filter: every table's routes.
+		err := h.RouteListFilteredIter(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE,
 			func(r netlink.Route) bool {
 				if routeMatters(r) {
 					s.routes = append(s.routes, r)

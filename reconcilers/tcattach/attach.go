@@ -26,22 +26,24 @@ type hook struct {
 	name   string
 	attach ebpf.AttachType
 	// prog is the program for the device: the L3 variant when its packets
-	// start at the network header.
-	prog func(dp *bpf.Datapath, l3 bool) *ebpf.Program
+	// start at the network header (loaded at the first such device).
+	prog func(dp *bpf.Datapath, l3 bool) (*ebpf.Program, error)
 }
 
 var hooks = []hook{
-	{"egress", ebpf.AttachTCXEgress, func(dp *bpf.Datapath, l3 bool) *ebpf.Program {
+	{"egress", ebpf.AttachTCXEgress, func(dp *bpf.Datapath, l3 bool) (*ebpf.Program, error) {
 		if l3 {
-			return dp.EgressL3
+			egress, _, err := dp.ProgramsL3()
+			return egress, err
 		}
-		return dp.Egress
+		return dp.Egress, nil
 	}},
-	{"ingress", ebpf.AttachTCXIngress, func(dp *bpf.Datapath, l3 bool) *ebpf.Program {
+	{"ingress", ebpf.AttachTCXIngress, func(dp *bpf.Datapath, l3 bool) (*ebpf.Program, error) {
 		if l3 {
-			return dp.IngressL3
+			_, ingress, err := dp.ProgramsL3()
+			return ingress, err
 		}
-		return dp.Ingress
+		return dp.Ingress, nil
 	}},
 }
 
@@ -80,7 +82,11 @@ func (o *attachOps) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Rev
 		return err
 	}
 	for _, h := range hooks {
-		if err := o.attachHook(d, h, h.prog(dp, d.L3)); err != nil {
+		prog, err := h.prog(dp, d.L3)
+		if err != nil {
+			return err
+		}
+		if err := o.attachHook(d, h, prog); err != nil {
 			return err
 		}
 	}

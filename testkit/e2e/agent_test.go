@@ -196,22 +196,30 @@ func (a *agent) waitAttached(dev string) {
 	if err != nil {
 		a.t.Fatal(err)
 	}
-	if slices.Contains(a.args, "--tc-attach-mode=clsact") {
-		a.waitFor("clsact filters on "+dev, func() bool {
-			for _, parent := range []uint32{netlink.HANDLE_MIN_EGRESS, netlink.HANDLE_MIN_INGRESS} {
-				if fs, err := a.node.NL.FilterList(l, parent); err != nil || len(fs) == 0 {
-					return false
-				}
+	// clsact: ipmasq's filters (named ipmasq_...) on both hooks.
+	clsact := func() bool {
+		for _, parent := range []uint32{netlink.HANDLE_MIN_EGRESS, netlink.HANDLE_MIN_INGRESS} {
+			fs, err := a.node.NL.FilterList(l, parent)
+			if err != nil || !slices.ContainsFunc(fs, func(f netlink.Filter) bool {
+				bf, ok := f.(*netlink.BpfFilter)
+				return ok && strings.HasPrefix(bf.Name, "ipmasq_")
+			}) {
+				return false
 			}
-			return true
-		})
+		}
+		return true
+	}
+	if slices.Contains(a.args, "--tc-attach-mode=clsact") {
+		a.waitFor("clsact filters on "+dev, clsact)
 		return
 	}
+	// Auto: tcx links (pinned) where the kernel has tcx (6.6), else
+	// clsact filters.
 	links := filepath.Join(a.bpfRoot, "ipmasq", "links")
 	a.waitFor("programs attached to "+dev, func() bool {
 		for _, hook := range []string{"egress", "ingress"} {
 			if _, err := os.Stat(filepath.Join(links, fmt.Sprintf("%d-%s", l.Attrs().Index, hook))); err != nil {
-				return false
+				return clsact()
 			}
 		}
 		return true

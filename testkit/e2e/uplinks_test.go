@@ -1,10 +1,15 @@
 package e2e
 
 import (
+	"fmt"
+	"net"
 	"net/netip"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
 )
@@ -48,6 +53,70 @@ func addSecondUplink(t *testing.T, topo *topology.Masquerade) *topology.Netns {
 	return far
 }
 
+// policyTable is the routing table of TestPolicyRoutedUplink's eth1.
+const policyTable = 100
+
+// addPolicyRoutedUplink is addSecondUplink with every route of eth1 in a
+// table of its own (policyTable), which an ip rule gives the pods'
+// sources, as AWS's VPC CNI routes a secondary ENI: eth1 has no route in
+// the main table at all.
+func addPolicyRoutedUplink(t *testing.T, topo *topology.Masquerade) *topology.Netns {
+	t.Helper()
+	far := addSecondUplink(t, topo)
+	nl := topo.Node.NL
+	eth1, err := nl.LinkByName("eth1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes, err := nl.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{LinkIndex: eth1.Attrs().Index, Table: unix.RT_TABLE_MAIN},
+		netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Connected routes first (the gateways' routes need them), then the
+	// rest, each moved from main to the table.
+	var moved []netlink.Route
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		if r.Gw == nil {
+			moved = append([]netlink.Route{r}, moved...)
+		} else {
+			moved = append(moved, r)
+		}
+	}
+	for _, r := range moved {
+		if err := nl.RouteDel(&r); err != nil {
+			t.Fatalf("delete main's %s: %v", r, err)
+		}
+	}
+	for _, r := range moved {
+		r.Table = policyTable
+		if err := nl.RouteAdd(&r); err != nil {
+			t.Fatalf("add %s to table %d: %v", r, policyTable, err)
+		}
+	}
+	if len(moved) != 4 {
+		t.Fatalf("moved %d of eth1's routes to table %d, want 4 (two connected, two via 10.1.0.1 and 2001:db8:1::1): %v", len(moved), policyTable, moved)
+	}
+	for _, src := range podSources {
+		p := netip.MustParsePrefix(src)
+		rule := netlink.NewRule()
+		rule.Family = unix.AF_INET
+		if p.Addr().Is6() {
+			rule.Family = unix.AF_INET6
+		}
+		rule.Src = &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+		rule.Table = policyTable
+		rule.Priority = 1000
+		if err := nl.RuleAdd(rule); err != nil {
+			t.Fatalf("ip rule from %s lookup %d: %v", src, policyTable, err)
+		}
+	}
+	return far
+}
+
 // TestSecondUplink: with the default route on eth0 and a route to
 // 192.0.2.0/24 (2001:db8:2::/64) through eth1, a pod's connections to the
 // far side of eth1 leave masqueraded to eth1's address, as the upstream
@@ -56,11 +125,26 @@ func addSecondUplink(t *testing.T, topo *topology.Masquerade) *topology.Netns {
 // route, and not pod0 (the pods' gateway, an address in --pod-cidr);
 // status says why.
 func TestSecondUplink(t *testing.T) {
+	secondUplink(t, addSecondUplink,
+		`eth1 \(10\.1\.0\.5, 2001:db8:1::5; route (192\.0\.2\.0/24 via 10\.1\.0\.1|2001:db8:2::/64 via 2001:db8:1::1)\)`)
+}
+
+// TestPolicyRoutedUplink is TestSecondUplink with eth1's routes only in a
+// table of their own that an ip rule gives the pods (policy routing, as a
+// secondary ENI's): eth1 is covered all the same, status naming the table.
+func TestPolicyRoutedUplink(t *testing.T) {
+	secondUplink(t, addPolicyRoutedUplink,
+		fmt.Sprintf(`eth1 \(10\.1\.0\.5, 2001:db8:1::5; route (192\.0\.2\.0/24 via 10\.1\.0\.1|2001:db8:2::/64 via 2001:db8:1::1) \(table %d\)\)`, policyTable))
+}
+
+// secondUplink runs TestSecondUplink's scenario on the node's second uplink
+// that add makes, status's line for it matching eth1Status.
+func secondUplink(t *testing.T, add func(*testing.T, *topology.Masquerade) *topology.Netns, eth1Status string) {
 	referenceFailed := false
 	// uplink2 is the far side of the current run's eth1.
 	var uplink2 *topology.Netns
 	reference := masquerader{name: "MASQUERADE", start: func(t *testing.T, topo *topology.Masquerade) {
-		uplink2 = addSecondUplink(t, topo)
+		uplink2 = add(t, topo)
 		for _, src := range podSources {
 			if err := topo.Node.Iptables(netip.MustParsePrefix(src).Addr().Is6(), "-t", "nat", "-A", "POSTROUTING", "-s", src, "-j", "MASQUERADE"); err != nil {
 				t.Fatal(err)
@@ -72,7 +156,7 @@ func TestSecondUplink(t *testing.T) {
 		if referenceFailed {
 			t.Fatal("the reference (Linux MASQUERADE) failed on this topology: the scenario proves nothing")
 		}
-		uplink2 = addSecondUplink(t, topo)
+		uplink2 = add(t, topo)
 		// The upstream defaults: 192.0.2.0/24 and 2001:db8:2::/64 are
 		// masqueraded.
 		a = newAgent(t, topo.Node, "")
@@ -109,7 +193,7 @@ func TestSecondUplink(t *testing.T) {
 			}
 		}
 		if !regexp.MustCompile(`eth0 \(10\.0\.0\.5, 2001:db8::5; default route\)`).MatchString(devices) ||
-			!regexp.MustCompile(`eth1 \(10\.1\.0\.5, 2001:db8:1::5; route (192\.0\.2\.0/24 via 10\.1\.0\.1|2001:db8:2::/64 via 2001:db8:1::1)\)`).MatchString(devices) ||
+			!regexp.MustCompile(eth1Status).MatchString(devices) ||
 			strings.Contains(devices, "pod0") {
 			t.Errorf("status: %q, want eth0 for its default route and eth1 for its route, not pod0\n%s", devices, status)
 		}
