@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -179,6 +180,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"-device", "virtio-9p-pci,fsdev=results,mount_tag=results",
 	}
 	cmd := exec.CommandContext(ctx, qemu, args...)
+	// The guest ends with the test that runs it, even when that is killed
+	// (a test binary's timeout): no orphaned qemu keeps the cores.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var qemuOut strings.Builder
 	cmd.Stdout, cmd.Stderr = &qemuOut, &qemuOut
 	start := time.Now()
