@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -181,8 +182,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	cmd := exec.CommandContext(ctx, qemu, args...)
 	// The guest ends with the test that runs it, even when that is killed
-	// (a test binary's timeout): no orphaned qemu keeps the cores.
+	// (a test binary's timeout): no orphaned qemu keeps the cores. The
+	// signal follows the thread that started qemu: kept until it ends.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	var qemuOut strings.Builder
 	cmd.Stdout, cmd.Stderr = &qemuOut, &qemuOut
 	start := time.Now()
