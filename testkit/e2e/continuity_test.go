@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -209,8 +212,9 @@ func TestNATPortRangeOverlap(t *testing.T) {
 
 // TestClsactAttach: with --tc-attach-mode=clsact (what kernels without tcx
 // get) the programs run as clsact filters: traffic is masqueraded, streams
-// survive a SIGKILL and restart, and a later agent in tcx mode replaces the
-// filters with tcx links without leaving them behind.
+// survive a SIGKILL and restart, and a later agent in auto mode replaces the
+// filters with tcx links without leaving them behind where the kernel has
+// tcx (6.6), or keeps them working where it has not.
 func TestClsactAttach(t *testing.T) {
 	topo, a, ext := setup(t, masqueradeAll, "--tc-attach-mode=clsact")
 	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 5)
@@ -223,8 +227,16 @@ func TestClsactAttach(t *testing.T) {
 	s.progress(t, 16<<10, "after the restart")
 
 	a.stop(syscall.SIGTERM)
-	a.args = nil // tcx
+	a.args = nil // auto: tcx where the kernel has it
 	a.start()
+	if !tcxAvailable(t, topo.Node) {
+		// Before 6.6 auto is clsact: the filters stay and keep working.
+		s.progress(t, 16<<10, "after a restart in auto mode (clsact: the kernel has no tcx)")
+		a.waitAttached("eth0")
+		s.stop(t)
+		checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 2)
+		return
+	}
 	s.progress(t, 16<<10, "after switching to tcx")
 	eth0, _ := topo.Node.NL.LinkByName("eth0")
 	for _, parent := range []uint32{netlink.HANDLE_MIN_EGRESS, netlink.HANDLE_MIN_INGRESS} {
@@ -235,4 +247,32 @@ func TestClsactAttach(t *testing.T) {
 	}
 	s.stop(t)
 	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 2)
+}
+
+// tcxAvailable says whether the kernel attaches tcx programs: a trial
+// attach of a program that does nothing to the loopback device of ns.
+func tcxAvailable(t *testing.T, ns *topology.Netns) bool {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()},
+	})
+	if err != nil {
+		t.Fatalf("load a trial tc program: %v", err)
+	}
+	defer prog.Close()
+	lo, err := ns.NL.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// In ns: an ifindex names a device of the calling thread's namespace.
+	err = ns.Do(func() error {
+		l, err := link.AttachTCX(link.TCXOptions{Interface: lo.Attrs().Index, Program: prog, Attach: ebpf.AttachTCXEgress})
+		if err != nil {
+			return err
+		}
+		return l.Close()
+	})
+	return err == nil
 }

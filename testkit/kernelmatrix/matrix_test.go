@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -380,47 +381,44 @@ func firstVerifierError(path string) string {
 	return strings.TrimSpace(lines[len(lines)-1])
 }
 
-// readVerifierStats reads IPMASQ_VERIFIER_STATS's file: a JSON array of
-// per-program objects (or an object holding one under "programs"), each
-// with the program's name ("program" or "name"), the verifier's processed
-// instruction count ("insns", "verified_insns" or "verified_instructions")
-// and, optionally, "variant" and "loaded".
+// readVerifierStats reads IPMASQ_VERIFIER_STATS's file (package bpf's
+// TestVerifierComplexity): {"variants": [...], "programs": [{"variant",
+// "program", "insns"}, ...]}, every variant the kernel can take loaded. The
+// result's variant is the one the agent's auto choice loads there (full
+// where the kernel takes it, as the test's own probe decided, else
+// compat), and the programs and largest count are that variant's.
 func readVerifierStats(path string, r *Result) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	var progs []map[string]any
-	if err := json.Unmarshal(b, &progs); err != nil {
-		var wrapped struct {
-			Variant  string           `json:"variant"`
-			Programs []map[string]any `json:"programs"`
-		}
-		if err2 := json.Unmarshal(b, &wrapped); err2 != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		progs, r.Variant = wrapped.Programs, wrapped.Variant
+	var report struct {
+		Variants []string `json:"variants"`
+		Programs []struct {
+			Variant string `json:"variant"`
+			Program string `json:"program"`
+			Insns   int    `json:"insns"`
+		} `json:"programs"`
+	}
+	if err := json.Unmarshal(b, &report); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	switch {
+	case slices.Contains(report.Variants, "full"):
+		r.Variant = "full"
+	case slices.Contains(report.Variants, "compat"):
+		r.Variant = "compat"
+	default:
+		return fmt.Errorf("%s: no variant loaded (%v)", path, report.Variants)
 	}
 	loaded := 0
-	for _, p := range progs {
-		if l, ok := p["loaded"].(bool); ok && !l {
+	for _, p := range report.Programs {
+		if p.Variant != r.Variant {
 			continue
 		}
 		loaded++
-		name, _ := p["program"].(string)
-		if name == "" {
-			name, _ = p["name"].(string)
-		}
-		if obj, ok := p["object"].(string); ok && obj != "" {
-			name = obj + "/" + name
-		}
-		for _, key := range []string{"insns", "verified_insns", "verified_instructions"} {
-			if n, ok := p[key].(float64); ok && int(n) > r.MaxVerifierInsns {
-				r.MaxVerifierInsns, r.MaxVerifierProgram = int(n), name
-			}
-		}
-		if v, ok := p["variant"].(string); ok && v != "" && r.Variant == "" {
-			r.Variant = v
+		if p.Insns > r.MaxVerifierInsns {
+			r.MaxVerifierInsns, r.MaxVerifierProgram = p.Insns, p.Program
 		}
 	}
 	r.ProgramsLoaded = loaded

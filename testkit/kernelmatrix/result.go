@@ -30,8 +30,8 @@ type Result struct {
 	AttachMode string `json:"attach_mode"`
 	// TCXError is why a tcx link did not attach.
 	TCXError string `json:"tcx_error,omitempty"`
-	// Variant is the datapath variant the verifier check reported loading
-	// ("" when the check does not report one).
+	// Variant is the datapath variant the agent's auto choice loads on
+	// the kernel: full where the verifier check loaded it, else compat.
 	Variant string `json:"variant,omitempty"`
 	// VerifierCheck is the bpf test run for the verifier check:
 	// TestVerifierComplexity, or the load tests where it does not exist.

@@ -9,8 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -179,6 +181,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"-device", "virtio-9p-pci,fsdev=results,mount_tag=results",
 	}
 	cmd := exec.CommandContext(ctx, qemu, args...)
+	// The guest ends with the test that runs it, even when that is killed
+	// (a test binary's timeout): no orphaned qemu keeps the cores. The
+	// signal follows the thread that started qemu: kept until it ends.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	var qemuOut strings.Builder
 	cmd.Stdout, cmd.Stderr = &qemuOut, &qemuOut
 	start := time.Now()
