@@ -188,8 +188,8 @@ func TestPodCIDRsOnlyReadyWhenNodeGetsPodCIDRs(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin := server.Client(kubetest.AdminToken)
-	kubetest.ApplyFiles(t, admin, "../../../deploy/rbac.yaml")
-	for _, obj := range kubetest.Decode(t, "../../../deploy/daemonset.yaml") {
+	kubetest.ApplyFiles(t, admin, "../../deploy/rbac.yaml")
+	for _, obj := range kubetest.Decode(t, "../../deploy/daemonset.yaml") {
 		if sa, ok := obj.(*corev1.ServiceAccount); ok {
 			if err := kubetest.Create(admin, sa, false); err != nil {
 				t.Fatal(err)
