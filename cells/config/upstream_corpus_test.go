@@ -186,9 +186,10 @@ ip link set lo up
 pid=$!
 i=0
 while [ $i -lt 200 ] && kill -0 $pid 2>/dev/null; do
-	if [ $agent = v1 ] && grep -q 'Error syncing' "$log"; then break; fi
-	# v1 logs its IPv6 rules, then restores them: done once they are in.
-	if [ $agent = v1 ] && grep -q 'IPv6 masquerading rules' "$log" &&
+	if [ $agent = v1 ] && grep -q -e 'Error syncing' -e 'IPv6 masquerading rules: not enabled' "$log"; then break; fi
+	# With IPv6, v1 logs its IPv6 rules, then restores them: done once
+	# they are in.
+	if [ $agent = v1 ] && grep -q 'IPv6 masquerading rules: "' "$log" &&
 		ip6tables -w -t nat -S "$chain" 2>/dev/null | grep -q MASQUERADE; then
 		break
 	fi
