@@ -174,8 +174,9 @@ func lastLines(s string, n int) string {
 
 // referenceScript runs the agent ($1) with its args in fresh namespaces,
 // the case's files at /etc/config, until its first sync is done (v1 logs
-// its IPv6 rules or a sync error; v2 logs its config, then its chain gets
-// its MASQUERADE rule) or it exits, then prints its chains.
+// its IPv6 rules and its IPv6 chain gets its MASQUERADE rule, or it logs a
+// sync error; v2 logs its config, then its chain gets its MASQUERADE rule)
+// or it exits, then prints its chains.
 const referenceScript = `
 set -u
 over=$1 bin=$2 chain=$3 agent=$4 log=$5; shift 5
@@ -185,7 +186,13 @@ ip link set lo up
 pid=$!
 i=0
 while [ $i -lt 200 ] && kill -0 $pid 2>/dev/null; do
-	if [ $agent = v1 ] && grep -q -e 'IPv6 masquerading rules' -e 'Error syncing' "$log"; then break; fi
+	if [ $agent = v1 ] && grep -q -e 'Error syncing' -e 'IPv6 masquerading rules: not enabled' "$log"; then break; fi
+	# With IPv6, v1 logs its IPv6 rules, then restores them: done once
+	# they are in.
+	if [ $agent = v1 ] && grep -q 'IPv6 masquerading rules: "' "$log" &&
+		ip6tables -w -t nat -S "$chain" 2>/dev/null | grep -q MASQUERADE; then
+		break
+	fi
 	if [ $agent = v2 ] && grep -q 'using config' "$log" && iptables -w -t nat -S "$chain" 2>/dev/null | grep -q MASQUERADE; then
 		sleep 0.2; break
 	fi

@@ -28,7 +28,7 @@ var badValues = map[string]string{
 	"nat-timeout-icmp": "0s", "nat-timeout-other": "0s", "nat-timeout-tcp-closing": "0s",
 	"nat-timeout-tcp-established": "0s", "nat-timeout-tcp-reset": "0s", "nat-timeout-tcp-syn": "0s",
 	"nat-timeout-udp": "0s", "nat-timeout-udp-replied": "0s",
-	"nat-port-range": "9-1", "nf-conntrack-max-path": "/", "tc-attach-mode": "xdp", "pod-cidr": "10.0.0.1/8", "cluster-cidr": "x",
+	"nat-port-range": "9-1", "nf-conntrack-max-path": "/", "tc-attach-mode": "xdp", "datapath-variant": "fast", "pod-cidr": "10.0.0.1/8", "cluster-cidr": "x",
 	"devices": "eth0,,eth1", "log-level": "loud", "log-format": "yaml", "to-ports": "0",
 	"prometheus-serve-addr": "9464", "k8s-kubeconfig-path": "/nonexistent/kubeconfig", "k8s-node-name": "node-1",
 	"bpf-root": "", // filled in: a directory that is not a BPF filesystem

@@ -47,6 +47,7 @@
 //	ipmasq_endpoints                                 gauge
 //	ipmasq_ip_rules                                  gauge
 //	ipmasq_datapath_devices                          gauge
+//	ipmasq_datapath_info{variant,reason,attach_mode}  gauge    constant 1: the datapath build loaded (full or compat) and why
 //	ipmasq_masquerade_rule_sources                   gauge
 //	ipmasq_netfilter_nat_rules                       gauge    netfilter NAT rules that decide before ipmasq
 //	ipmasq_reconciler_operation_duration_seconds{module,reconciler,operation}  histogram  update, delete, prune

@@ -27,6 +27,9 @@ func registeredNames(t *testing.T) []string {
 	h := hive.New(statedb.Cell, job.Cell, cell.SimpleHealthCell,
 		cell.Provide(
 			func() settings.Config { return settings.Config{BPFRoot: t.TempDir(), MaxNonMasqCIDRs: 16} },
+			func() tables.DatapathVariant {
+				return tables.DatapathVariant{Variant: "full", Reason: "test", AttachMode: "auto"}
+			},
 			tableOf(tables.NewConfigStatusTable),
 			tableOf(tables.NewEndpointTable),
 			tableOf(tables.NewIPRuleTable),

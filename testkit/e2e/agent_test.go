@@ -35,6 +35,15 @@ var agentWait = 15 * time.Second
 
 const agentWaitEnv = "IPMASQ_E2E_AGENT_WAIT"
 
+// answerWait bounds the wait for the answer to one query of a burst
+// (startQueryBurst): a late answer is not a lost one, and under the kernel
+// matrix's emulated CPU a loaded guest answers in more than the host's 2 s
+// ($IPMASQ_E2E_ANSWER_WAIT, a duration). An answer never sent (a query
+// that left unmasqueraded) stays unanswered however long the wait.
+var answerWait = 2 * time.Second
+
+const answerWaitEnv = "IPMASQ_E2E_ANSWER_WAIT"
+
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
 		dir, err := os.MkdirTemp("", "ipmasq-e2e-")
@@ -49,6 +58,14 @@ func TestMain(m *testing.M) {
 				os.Exit(1)
 			}
 			agentWait = d
+		}
+		if v := os.Getenv(answerWaitEnv); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				fmt.Fprintf(os.Stderr, "%s=%q: want a positive duration\n", answerWaitEnv, v)
+				os.Exit(1)
+			}
+			answerWait = d
 		}
 		agentBin = filepath.Join(dir, "ipmasq-agent")
 		if prebuilt := os.Getenv(agentBinEnv); prebuilt != "" {

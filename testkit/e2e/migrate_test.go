@@ -79,7 +79,7 @@ func startQueryBurst(pod *topology.Netns, dst netip.Addr) *queryBurst {
 			inflight.Add(1)
 			go func() {
 				defer inflight.Done()
-				seen, err := udpAsk(pod, dst, 1, 2*time.Second)
+				seen, err := udpAsk(pod, dst, 1, answerWait)
 				q.mu.Lock()
 				defer q.mu.Unlock()
 				q.asked++

@@ -53,6 +53,10 @@ type Result struct {
 	E2E map[string]string `json:"e2e"`
 	// Failures names what failed, for the report and the docs' table.
 	Failures []string `json:"failures,omitempty"`
+	// KnownGaps are the e2e tests of knownGaps that did not pass on this
+	// kernel, each with its reason: shown in the docs' table, not counted
+	// as failures.
+	KnownGaps []string `json:"known_gaps,omitempty"`
 	// BootSeconds is the guest's uptime when the matrix's script started;
 	// Seconds the kernel's whole run (boot, checks, power-off).
 	BootSeconds float64 `json:"boot_seconds"`
@@ -134,6 +138,14 @@ func Table(results []*Result) string {
 		lacks := "—"
 		if !r.Passed() {
 			lacks = "fails: " + strings.Join(r.Failures, "; ")
+		}
+		if len(r.KnownGaps) > 0 {
+			gaps := "known gap: " + strings.Join(r.KnownGaps, "; ")
+			if lacks == "—" {
+				lacks = gaps
+			} else {
+				lacks += "; " + gaps
+			}
 		}
 		cells := []string{
 			r.Release + " (" + r.Package + ")", r.AttachMode, variant, programs,
