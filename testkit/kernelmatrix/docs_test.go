@@ -40,7 +40,7 @@ var minimumRe = regexp.MustCompile(`Linux (\d+\.\d+) or later`)
 // README states the same) is true of them: every tested kernel older
 // fails, every one from it on passes.
 func TestDeployDocKernelTable(t *testing.T) {
-	repo := filepath.Join("..", "..", "..")
+	repo := filepath.Join("..", "..")
 	results, err := readCommitted(testdataDir)
 	if err != nil {
 		t.Fatal(err)
