@@ -268,33 +268,11 @@ func createNode(t *testing.T, c kubernetes.Interface, node string, cidr string) 
 // with iptables (the ip-masq-agent's rule) as the reference the agents
 // must match.
 func TestKubernetesCluster(t *testing.T) {
-	privtest.Require(t)
-	server := kubetest.Start(t)
-	cl, err := topology.NewCluster(4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	if err := cl.ConnectAPI(server.Netns, kubetest.Addr); err != nil {
-		t.Fatal(err)
-	}
-	admin := server.Client(kubetest.AdminToken)
-	// The ServiceAccount (daemonset.yaml) and its ClusterRole and binding
-	// (rbac.yaml): the agents' token has these permissions only.
-	kubetest.ApplyFiles(t, admin, "../../deploy/rbac.yaml")
-	for _, obj := range kubetest.Decode(t, "../../deploy/daemonset.yaml") {
-		if sa, ok := obj.(*corev1.ServiceAccount); ok {
-			if err := kubetest.Create(admin, sa, false); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	server, cl, admin := agentCluster(t, 4)
 	for _, cn := range cl.Nodes {
 		createNode(t, admin, cn.Name, cn.PodCIDR4.String())
 	}
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	server.WriteKubeconfig(kubeconfig, kubetest.AgentToken)
-	serveSource(t, cl.Ext)
+	kubeconfig := agentKubeconfig(t, server, cl)
 
 	// The reference: node4 runs no agent but the Kubernetes ip-masq-agent's
 	// rule, for its pod CIDR and the same non-masquerade range.
@@ -440,4 +418,42 @@ func startAndWait(n *topology.Netns, cmd *exec.Cmd) ([]byte, error) {
 	}
 	err := cmd.Wait()
 	return []byte(out.String()), err
+}
+
+// agentCluster starts a real API server and a cluster of n nodes connected
+// to it, with deploy/'s ServiceAccount, ClusterRole and binding applied:
+// the agents' token has these permissions only. It returns the server, the
+// cluster and an admin client.
+func agentCluster(t *testing.T, n int) (*kubetest.Server, *topology.Cluster, kubernetes.Interface) {
+	t.Helper()
+	privtest.Require(t)
+	server := kubetest.Start(t)
+	cl, err := topology.NewCluster(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	if err := cl.ConnectAPI(server.Netns, kubetest.Addr); err != nil {
+		t.Fatal(err)
+	}
+	admin := server.Client(kubetest.AdminToken)
+	kubetest.ApplyFiles(t, admin, "../../deploy/rbac.yaml")
+	for _, obj := range kubetest.Decode(t, "../../deploy/daemonset.yaml") {
+		if sa, ok := obj.(*corev1.ServiceAccount); ok {
+			if err := kubetest.Create(admin, sa, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return server, cl, admin
+}
+
+// agentKubeconfig writes the agents' kubeconfig (their token) and serves
+// the source-reporting servers on the cluster's external host.
+func agentKubeconfig(t *testing.T, server *kubetest.Server, cl *topology.Cluster) string {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	server.WriteKubeconfig(kubeconfig, kubetest.AgentToken)
+	serveSource(t, cl.Ext)
+	return kubeconfig
 }

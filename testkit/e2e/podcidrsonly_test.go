@@ -17,8 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
-	"github.com/ipmasq/ipmasq/testkit/kubetest"
-	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // podCIDRsOnlyConfig is ipmasq's file for the --masquerade-pod-cidrs-only
@@ -177,28 +175,8 @@ func expectNotReadyWithoutSource(t *testing.T, node *topology.Netns, shellSock s
 // (-s <pod CIDR> ! -d 10.244.0.0/16, the ip-masq-agent's rule) on another
 // node of the same cluster.
 func TestPodCIDRsOnlyReadyWhenNodeGetsPodCIDRs(t *testing.T) {
-	privtest.Require(t)
-	server := kubetest.Start(t)
-	cl, err := topology.NewCluster(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
-	if err := cl.ConnectAPI(server.Netns, kubetest.Addr); err != nil {
-		t.Fatal(err)
-	}
-	admin := server.Client(kubetest.AdminToken)
-	kubetest.ApplyFiles(t, admin, "../../deploy/rbac.yaml")
-	for _, obj := range kubetest.Decode(t, "../../deploy/daemonset.yaml") {
-		if sa, ok := obj.(*corev1.ServiceAccount); ok {
-			if err := kubetest.Create(admin, sa, false); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	server.WriteKubeconfig(kubeconfig, kubetest.AgentToken)
-	serveSource(t, cl.Ext)
+	server, cl, admin := agentCluster(t, 2)
+	kubeconfig := agentKubeconfig(t, server, cl)
 
 	// node1's pod: with no pool, the IPAM allocates nothing, so its
 	// address is set by hand, where its Node's range will be.
