@@ -47,9 +47,19 @@ var debug = flag.Bool("debug", false, "log the agent at debug level in script te
 
 // TestScript runs testdata/*.txtar against a real agent hive with a private
 // bpffs and config directory. A "#!" first line passes agent flags.
+// A script that waits for what never comes fails after scriptTimeout (all
+// of them together take well under a minute), not at the package's
+// timeout: one stuck wait must not hold the whole suite.
 func TestScript(t *testing.T) {
-	scripttest.Test(t, context.Background(), newEngine, nil, "testdata/*.txtar")
+	ctx, cancel := context.WithTimeout(context.Background(), scriptTimeout)
+	// Cleanup, not defer: the scripts are parallel subtests, run after
+	// this function returns.
+	t.Cleanup(cancel)
+	scripttest.Test(t, ctx, newEngine, nil, "testdata/*.txtar")
 }
+
+// scriptTimeout bounds TestScript: the scripts run in parallel.
+const scriptTimeout = 10 * time.Minute
 
 // agentUnderTest is the agent of one script. Commands reach the current
 // hive through it, so "agent/restart" can replace the hive mid-script the
