@@ -49,6 +49,7 @@ const (
 	CounterDropPairClaimed    = Counter(masqCounterCOUNTER_DROP_PAIR_CLAIMED)
 	CounterUnmasqNew          = Counter(masqCounterCOUNTER_UNMASQ_NEW)
 	CounterTCPRSTIgnored      = Counter(masqCounterCOUNTER_TCP_RST_IGNORED)
+	CounterDropHandback       = Counter(masqCounterCOUNTER_DROP_HANDBACK)
 
 	// NumCounters is the number of counters (the map's max_entries).
 	NumCounters = Counter(masqCounterCOUNTER_MAX)
@@ -91,6 +92,7 @@ var counterNames = [NumCounters]string{
 	CounterDropPairClaimed:    "drop-pair-claimed",
 	CounterUnmasqNew:          "unmasq-new",
 	CounterTCPRSTIgnored:      "tcp-rst-ignored",
+	CounterDropHandback:       "drop-handback",
 }
 
 // String returns the counter's name as shown to operators.

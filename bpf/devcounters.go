@@ -47,6 +47,7 @@ const (
 	DropError              = DropReason(masqDropReasonDROP_ERROR)
 	DropNoPair             = DropReason(masqDropReasonDROP_NO_PAIR)
 	DropPairClaimed        = DropReason(masqDropReasonDROP_PAIR_CLAIMED)
+	DropHandback           = DropReason(masqDropReasonDROP_HANDBACK)
 	// NumDropReasons is the number of reasons.
 	NumDropReasons = DropReason(masqDropReasonDROP_REASON_MAX)
 )
@@ -63,6 +64,7 @@ var dropReasonNames = [NumDropReasons]string{
 	DropError:              "error",
 	DropNoPair:             "no-pair",
 	DropPairClaimed:        "pair-claimed",
+	DropHandback:           "handback",
 }
 
 func (r DropReason) String() string {

@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -114,6 +115,54 @@ func (d *Datapath) runHandover(prog *ebpf.Program, ctx any, result *uint32) (Han
 		return 0, err
 	}
 	return HandoverResult(*result), nil
+}
+
+// NoteHandBackV4 names, for the egress program, the flow of egress tuple
+// k that the caller is about to hand back to conntrack, translated to port
+// by its pair (lib/handover.h, "The hand-back's one race"): until
+// [Datapath.ClearHandBacks], a TCP segment to k's remote that conntrack
+// translated, in the instant between the agent's delete and create, to
+// another port than port is dropped rather than sent. A later note of
+// the same remote replaces this one.
+func (d *Datapath) NoteHandBackV4(k NATKeyV4, port uint16) error {
+	key := masqHandbackV4Key{Remote: k.Dst, Rport: k.Dport, Proto: k.Proto}
+	val := masqHandbackV4Val{Src: k.Src, Sport: k.Sport, Port: Port(port)}
+	if err := d.Maps.HandbackV4.Put(&key, &val); err != nil {
+		return fmt.Errorf("note the hand-back of %v: %w", k, err)
+	}
+	return nil
+}
+
+// NoteHandBackV6 is [Datapath.NoteHandBackV4] for IPv6.
+func (d *Datapath) NoteHandBackV6(k NATKeyV6, port uint16) error {
+	key := masqHandbackV6Key{Remote: k.Dst, Rport: k.Dport, Proto: k.Proto}
+	val := masqHandbackV6Val{Src: k.Src, Sport: k.Sport, Port: Port(port)}
+	if err := d.Maps.HandbackV6.Put(&key, &val); err != nil {
+		return fmt.Errorf("note the hand-back of %v: %w", k, err)
+	}
+	return nil
+}
+
+// ClearHandBacks removes every note of [Datapath.NoteHandBackV4] and
+// [Datapath.NoteHandBackV6].
+func (d *Datapath) ClearHandBacks() error {
+	for _, m := range []*ebpf.Map{d.Maps.HandbackV4, d.Maps.HandbackV6} {
+		var keys [][]byte
+		var key []byte
+		it := m.Iterate()
+		for it.Next(&key, new([]byte)) {
+			keys = append(keys, bytes.Clone(key))
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("list %s: %w", m, err)
+		}
+		for _, k := range keys {
+			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("clear %s: %w", m, err)
+			}
+		}
+	}
+	return nil
 }
 
 func boolU8(b bool) uint8 {

@@ -61,7 +61,8 @@ const (
 	masqCounterCOUNTER_DROP_PAIR_CLAIMED   masqCounter = 33
 	masqCounterCOUNTER_UNMASQ_NEW          masqCounter = 34
 	masqCounterCOUNTER_TCP_RST_IGNORED     masqCounter = 35
-	masqCounterCOUNTER_MAX                 masqCounter = 36
+	masqCounterCOUNTER_DROP_HANDBACK       masqCounter = 36
+	masqCounterCOUNTER_MAX                 masqCounter = 37
 )
 
 type masqCounterFamily uint32
@@ -83,7 +84,7 @@ type masqDevCounterKey struct {
 type masqDevCounterVal struct {
 	_       structs.HostLayout
 	Packets [3]uint64
-	Drops   [11]uint64
+	Drops   [12]uint64
 }
 
 type masqDropReason uint32
@@ -100,7 +101,8 @@ const (
 	masqDropReasonDROP_ERROR              masqDropReason = 8
 	masqDropReasonDROP_NO_PAIR            masqDropReason = 9
 	masqDropReasonDROP_PAIR_CLAIMED       masqDropReason = 10
-	masqDropReasonDROP_REASON_MAX         masqDropReason = 11
+	masqDropReasonDROP_HANDBACK           masqDropReason = 11
+	masqDropReasonDROP_REASON_MAX         masqDropReason = 12
 )
 
 type masqEarlyDropV4Ctx struct {
@@ -175,6 +177,36 @@ type masqFragV6Key struct {
 type masqFragV6Val struct {
 	_    structs.HostLayout
 	Addr [16]uint8
+}
+
+type masqHandbackV4Key struct {
+	_      structs.HostLayout
+	Remote uint32
+	Rport  uint16
+	Proto  uint8
+	Pad    uint8
+}
+
+type masqHandbackV4Val struct {
+	_     structs.HostLayout
+	Src   uint32
+	Sport uint16
+	Port  uint16
+}
+
+type masqHandbackV6Key struct {
+	_      structs.HostLayout
+	Remote [16]uint8
+	Rport  uint16
+	Proto  uint8
+	Pad    uint8
+}
+
+type masqHandbackV6Val struct {
+	_     structs.HostLayout
+	Src   [16]uint8
+	Sport uint16
+	Port  uint16
 }
 
 type masqLpmV4Key struct {
@@ -457,6 +489,8 @@ const (
 	masqMapFixedScratchV6        = "fixed_scratch_v6"
 	masqMapFragV4                = "frag_v4"
 	masqMapFragV6                = "frag_v6"
+	masqMapHandbackV4            = "handback_v4"
+	masqMapHandbackV6            = "handback_v6"
 	masqMapMasqRulesV4           = "masq_rules_v4"
 	masqMapMasqRulesV6           = "masq_rules_v6"
 	masqMapMasqSrcV4             = "masq_src_v4"
@@ -578,6 +612,8 @@ type masqMapSpecs struct {
 	FixedScratchV6     *ebpf.MapSpec `ebpf:"fixed_scratch_v6"`
 	FragV4             *ebpf.MapSpec `ebpf:"frag_v4"`
 	FragV6             *ebpf.MapSpec `ebpf:"frag_v6"`
+	HandbackV4         *ebpf.MapSpec `ebpf:"handback_v4"`
+	HandbackV6         *ebpf.MapSpec `ebpf:"handback_v6"`
 	MasqRulesV4        *ebpf.MapSpec `ebpf:"masq_rules_v4"`
 	MasqRulesV6        *ebpf.MapSpec `ebpf:"masq_rules_v6"`
 	MasqSrcV4          *ebpf.MapSpec `ebpf:"masq_src_v4"`
@@ -661,6 +697,8 @@ type masqMaps struct {
 	FixedScratchV6     *ebpf.Map `ebpf:"fixed_scratch_v6"`
 	FragV4             *ebpf.Map `ebpf:"frag_v4"`
 	FragV6             *ebpf.Map `ebpf:"frag_v6"`
+	HandbackV4         *ebpf.Map `ebpf:"handback_v4"`
+	HandbackV6         *ebpf.Map `ebpf:"handback_v6"`
 	MasqRulesV4        *ebpf.Map `ebpf:"masq_rules_v4"`
 	MasqRulesV6        *ebpf.Map `ebpf:"masq_rules_v6"`
 	MasqSrcV4          *ebpf.Map `ebpf:"masq_src_v4"`
@@ -701,6 +739,8 @@ func (m *masqMaps) Close() error {
 		m.FixedScratchV6,
 		m.FragV4,
 		m.FragV6,
+		m.HandbackV4,
+		m.HandbackV6,
 		m.MasqRulesV4,
 		m.MasqRulesV6,
 		m.MasqSrcV4,

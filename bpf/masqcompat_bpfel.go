@@ -69,7 +69,8 @@ const (
 	masqcompatCounterCOUNTER_DROP_PAIR_CLAIMED   masqcompatCounter = 33
 	masqcompatCounterCOUNTER_UNMASQ_NEW          masqcompatCounter = 34
 	masqcompatCounterCOUNTER_TCP_RST_IGNORED     masqcompatCounter = 35
-	masqcompatCounterCOUNTER_MAX                 masqcompatCounter = 36
+	masqcompatCounterCOUNTER_DROP_HANDBACK       masqcompatCounter = 36
+	masqcompatCounterCOUNTER_MAX                 masqcompatCounter = 37
 )
 
 type masqcompatCounterFamily uint32
@@ -91,7 +92,7 @@ type masqcompatDevCounterKey struct {
 type masqcompatDevCounterVal struct {
 	_       structs.HostLayout
 	Packets [3]uint64
-	Drops   [11]uint64
+	Drops   [12]uint64
 }
 
 type masqcompatDropReason uint32
@@ -108,7 +109,8 @@ const (
 	masqcompatDropReasonDROP_ERROR              masqcompatDropReason = 8
 	masqcompatDropReasonDROP_NO_PAIR            masqcompatDropReason = 9
 	masqcompatDropReasonDROP_PAIR_CLAIMED       masqcompatDropReason = 10
-	masqcompatDropReasonDROP_REASON_MAX         masqcompatDropReason = 11
+	masqcompatDropReasonDROP_HANDBACK           masqcompatDropReason = 11
+	masqcompatDropReasonDROP_REASON_MAX         masqcompatDropReason = 12
 )
 
 type masqcompatEarlyDropV4Ctx struct {
@@ -183,6 +185,36 @@ type masqcompatFragV6Key struct {
 type masqcompatFragV6Val struct {
 	_    structs.HostLayout
 	Addr [16]uint8
+}
+
+type masqcompatHandbackV4Key struct {
+	_      structs.HostLayout
+	Remote uint32
+	Rport  uint16
+	Proto  uint8
+	Pad    uint8
+}
+
+type masqcompatHandbackV4Val struct {
+	_     structs.HostLayout
+	Src   uint32
+	Sport uint16
+	Port  uint16
+}
+
+type masqcompatHandbackV6Key struct {
+	_      structs.HostLayout
+	Remote [16]uint8
+	Rport  uint16
+	Proto  uint8
+	Pad    uint8
+}
+
+type masqcompatHandbackV6Val struct {
+	_     structs.HostLayout
+	Src   [16]uint8
+	Sport uint16
+	Port  uint16
 }
 
 type masqcompatLpmV4Key struct {
@@ -466,6 +498,8 @@ const (
 	masqcompatMapFixedScratchV6        = "fixed_scratch_v6"
 	masqcompatMapFragV4                = "frag_v4"
 	masqcompatMapFragV6                = "frag_v6"
+	masqcompatMapHandbackV4            = "handback_v4"
+	masqcompatMapHandbackV6            = "handback_v6"
 	masqcompatMapMasqRulesV4           = "masq_rules_v4"
 	masqcompatMapMasqRulesV6           = "masq_rules_v6"
 	masqcompatMapMasqSrcV4             = "masq_src_v4"
@@ -589,6 +623,8 @@ type masqcompatMapSpecs struct {
 	FixedScratchV6     *ebpf.MapSpec `ebpf:"fixed_scratch_v6"`
 	FragV4             *ebpf.MapSpec `ebpf:"frag_v4"`
 	FragV6             *ebpf.MapSpec `ebpf:"frag_v6"`
+	HandbackV4         *ebpf.MapSpec `ebpf:"handback_v4"`
+	HandbackV6         *ebpf.MapSpec `ebpf:"handback_v6"`
 	MasqRulesV4        *ebpf.MapSpec `ebpf:"masq_rules_v4"`
 	MasqRulesV6        *ebpf.MapSpec `ebpf:"masq_rules_v6"`
 	MasqSrcV4          *ebpf.MapSpec `ebpf:"masq_src_v4"`
@@ -674,6 +710,8 @@ type masqcompatMaps struct {
 	FixedScratchV6     *ebpf.Map `ebpf:"fixed_scratch_v6"`
 	FragV4             *ebpf.Map `ebpf:"frag_v4"`
 	FragV6             *ebpf.Map `ebpf:"frag_v6"`
+	HandbackV4         *ebpf.Map `ebpf:"handback_v4"`
+	HandbackV6         *ebpf.Map `ebpf:"handback_v6"`
 	MasqRulesV4        *ebpf.Map `ebpf:"masq_rules_v4"`
 	MasqRulesV6        *ebpf.Map `ebpf:"masq_rules_v6"`
 	MasqSrcV4          *ebpf.Map `ebpf:"masq_src_v4"`
@@ -715,6 +753,8 @@ func (m *masqcompatMaps) Close() error {
 		m.FixedScratchV6,
 		m.FragV4,
 		m.FragV6,
+		m.HandbackV4,
+		m.HandbackV6,
 		m.MasqRulesV4,
 		m.MasqRulesV6,
 		m.MasqSrcV4,

@@ -49,6 +49,7 @@ enum counter {
 	COUNTER_DROP_PAIR_CLAIMED,	/* dropped: a packet whose pair (or inbound record) another CPU, early drop or the collector was ending or reopening at that instant: a reopening SYN (the client retransmits), a reply */
 	COUNTER_UNMASQ_NEW,		/* flows from a masquerade source left unmasqueraded (non-masquerade destination) and recorded: the decision is kept for the flow's life (unmasq_v4/v6) */
 	COUNTER_TCP_RST_IGNORED,	/* TCP RSTs (either side) that did not end an established pair: their sequence number is not one the receiver expects (a blind RST); translated and delivered, the pair kept */
+	COUNTER_DROP_HANDBACK,		/* dropped: a TCP segment of a pair being handed back to conntrack that conntrack gave another port in that instant (the sender retransmits it) */
 	COUNTER_MAX,
 };
 
@@ -91,6 +92,7 @@ enum drop_reason {
 	DROP_ERROR,		/* COUNTER_ERROR: malformed packet or helper failure */
 	DROP_NO_PAIR,		/* COUNTER_DROP_NO_PAIR */
 	DROP_PAIR_CLAIMED,	/* COUNTER_DROP_PAIR_CLAIMED */
+	DROP_HANDBACK,		/* COUNTER_DROP_HANDBACK */
 	DROP_REASON_MAX,
 };
 
@@ -192,6 +194,9 @@ static __always_inline void note(enum counter c)
 		break;
 	case COUNTER_DROP_PAIR_CLAIMED:
 		reason = DROP_PAIR_CLAIMED;
+		break;
+	case COUNTER_DROP_HANDBACK:
+		reason = DROP_HANDBACK;
 		break;
 	default:
 		return;

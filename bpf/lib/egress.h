@@ -28,6 +28,7 @@
 #include "icmp_egress.h"
 #include "fixed.h"
 #include "unmasq.h"
+#include "handover.h"
 
 #define FAMILY 4
 #include "egress_fam.h"

@@ -47,7 +47,15 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 				count(COUNTER_SKIP_NOT_SOURCE);
 			return TC_ACT_UNSPEC;
 		}
+		p.kind = PKT_OTHER; /* until host_flow parses L4 */
 		verdict = ret != 0 ? HOST_PASS : FAM(host_flow)(skb, &p);
+		/* conntrack's translation of a flow being handed back to it,
+		 * to another port than the pair's (handover.h) */
+		if (verdict == HOST_PASS && ret == 0 && conntrack_lookup && p.proto == IPPROTO_TCP &&
+		    p.frag == FRAG_NONE && p.kind == PKT_PORTS && FAM(handback_stray)(skb, &p)) {
+			count(COUNTER_DROP_HANDBACK);
+			return TC_ACT_SHOT;
+		}
 		if (verdict != HOST_PAIR && verdict != HOST_FORMER) {
 			count(COUNTER_SKIP_NOT_SOURCE);
 			return TC_ACT_UNSPEC;

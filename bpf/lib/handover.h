@@ -88,6 +88,64 @@ enum nat_handover_result {
 	NAT_HANDOVER_FULL,	/* ADOPT: the map is full */
 };
 
+/*
+ * The hand-back's one race. The agent replaces conntrack's untranslated
+ * entry of a flow by a translating one with a delete and a create
+ * (ctnetlink cannot add a translation to an entry). A packet of the flow
+ * that reaches conntrack between the two makes an entry of its own, which
+ * the netfilter rule translates with a port of its choice (random with
+ * --random-fully): that packet would leave from another port, and a TCP
+ * remote answers it with a reset that conntrack brings back to the pod.
+ * While it hands a flow back, the agent names it in handback_v4/v6, by
+ * its remote; the egress program drops a node-sourced TCP segment to that
+ * remote whose conntrack entry is the pod's flow's and whose port is not
+ * the pair's (handback_stray_v4/v6). The sender retransmits it; the agent
+ * finds the stray entry when its create fails, and replaces it.
+ */
+struct handback_v4_key {
+	__be32 remote;
+	__be16 rport;
+	__u8 proto;
+	__u8 pad;
+};
+
+/* The flow's source (the pod's address and port) and the port its pair
+ * translates it to. */
+struct handback_v4_val {
+	__be32 src;
+	__be16 sport;
+	__be16 port;
+};
+
+struct handback_v6_key {
+	__u8 remote[16];
+	__be16 rport;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct handback_v6_val {
+	__u8 src[16];
+	__be16 sport;
+	__be16 port;
+};
+
+/* Written by the agent only: a few flows at a time (it hands back one
+ * after another, and empties the map after each pass). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct handback_v4_key);
+	__type(value, struct handback_v4_val);
+	__uint(max_entries, 64);
+} handback_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct handback_v6_key);
+	__type(value, struct handback_v6_val);
+	__uint(max_entries, 64);
+} handback_v6 SEC(".maps");
+
 /* Exported so that bpf2go emits the enums for Go. */
 const volatile enum nat_handover_op nat_handover_op_last = NAT_HANDOVER_MARK;
 const volatile enum nat_handover_result nat_handover_result_last = NAT_HANDOVER_FULL;

@@ -4,8 +4,8 @@
  * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers
  * it uses.
  *
- * Defines: conntrack_holds_v4, conntrack_holds_v6, nat_handover_run_v4,
- * nat_handover_run_v6.
+ * Defines: conntrack_holds_v4, conntrack_holds_v6, handback_stray_v4,
+ * handback_stray_v6, nat_handover_run_v4, nat_handover_run_v6.
  */
 
 #include "family.h"
@@ -38,6 +38,63 @@ static __noinline int FAM(conntrack_holds)(struct __sk_buff *skb, const struct p
 		return 0;
 	bpf_ct_release(ct);
 	return 1;
+}
+
+/* handback_stray_v4/v6 says whether p, a TCP segment from the node's
+ * address that is no flow of the node's own, is a segment of a flow being
+ * handed back (handback_v4/v6) that conntrack translated to another port
+ * than the pair's (handover.h, "The hand-back's one race"): its conntrack
+ * entry, found by its reply tuple, is the one of the flow's own tuple. */
+static __noinline int FAM(handback_stray)(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct bpf_ct_opts___ipmasq opts = { .netns_id = CT_NETNS_CURRENT, .l4proto = IPPROTO_TCP };
+	FAM_T(handback, key) hk = { .proto = IPPROTO_TCP };
+	FAM_T(handback, val) *hv;
+	struct bpf_sock_tuple t = {};
+	struct nf_conn *seg, *flow;
+	int stray;
+
+	if (!skb || !p || !conntrack_lookup)
+		return 0;
+	FAM_ADDR_COPY(hk.remote, FAM_PKT(p).daddr);
+	hk.rport = p->dport;
+	hv = bpf_map_lookup_elem(&FAM(handback), &hk);
+	if (!hv || hv->port == p->sport)
+		return 0;
+#if FAM_IS_V6
+	__builtin_memcpy(t.ipv6.saddr, p->v6.daddr, 16);
+	__builtin_memcpy(t.ipv6.daddr, p->v6.saddr, 16);
+	t.ipv6.sport = p->dport;
+	t.ipv6.dport = p->sport;
+	seg = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv6), &opts, CT_OPTS_SZ);
+#else
+	t.ipv4.saddr = p->v4.daddr;
+	t.ipv4.daddr = p->v4.saddr;
+	t.ipv4.sport = p->dport;
+	t.ipv4.dport = p->sport;
+	seg = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &opts, CT_OPTS_SZ);
+#endif
+	if (!seg)
+		return 0;
+	opts.error = 0;
+#if FAM_IS_V6
+	__builtin_memcpy(t.ipv6.saddr, hv->src, 16);
+	__builtin_memcpy(t.ipv6.daddr, p->v6.daddr, 16);
+	t.ipv6.sport = hv->sport;
+	t.ipv6.dport = p->dport;
+	flow = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv6), &opts, CT_OPTS_SZ);
+#else
+	t.ipv4.saddr = hv->src;
+	t.ipv4.daddr = p->v4.daddr;
+	t.ipv4.sport = hv->sport;
+	t.ipv4.dport = p->dport;
+	flow = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &opts, CT_OPTS_SZ);
+#endif
+	stray = flow == seg;
+	if (flow)
+		bpf_ct_release(flow);
+	bpf_ct_release(seg);
+	return stray;
 }
 
 /* nat_handover_run_v4/v6 runs one handover operation (handover.h). */

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/ti-mo/conntrack"
@@ -88,7 +89,12 @@ func (m *mover) handBackAll() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	n := 0
+	n, noted := 0, 0
+	// The notes of the flows handed back (bpf.Datapath.NoteHandBackV4)
+	// go in batches, each a moment after its last flow, when no segment
+	// conntrack translated before that flow's entry was made can still
+	// be on its way to the egress program.
+	defer m.clearNotes(&noted)
 	for _, f := range append(flows, flows6...) {
 		// Marked first: from the mark on, the ingress program asks
 		// conntrack, which has no translating entry yet and so leaves
@@ -105,6 +111,15 @@ func (m *mover) handBackAll() (int, error) {
 		if res != bpf.HandoverDone {
 			continue // ended meanwhile
 		}
+		if f.proto == unix.IPPROTO_TCP {
+			if noted == handBackNotes {
+				m.clearNotes(&noted)
+			}
+			if err := m.noteHandBack(f); err != nil {
+				return n, err
+			}
+			noted++
+		}
 		err := m.back.handBack(f)
 		m.mu.Lock()
 		if err != nil {
@@ -116,6 +131,37 @@ func (m *mover) handBackAll() (int, error) {
 		m.mu.Unlock()
 	}
 	return n, nil
+}
+
+// handBackNotes is how many hand-back notes a pass keeps at a time (the
+// maps hold 64).
+const handBackNotes = 32
+
+// handBackNoteGrace is how long a note stays after its flow's entry was
+// made: longer than a segment takes from conntrack's confirmation to the
+// egress program.
+const handBackNoteGrace = 5 * time.Millisecond
+
+// noteHandBack names f to the egress program while it is handed back.
+func (m *mover) noteHandBack(f flow) error {
+	if f.src.Addr().Is4() {
+		return m.dp.NoteHandBackV4(keyV4(f), f.to.Port())
+	}
+	return m.dp.NoteHandBackV6(keyV6(f), f.to.Port())
+}
+
+// clearNotes removes the hand-back notes, if any, a grace after the last.
+func (m *mover) clearNotes(noted *int) {
+	if *noted == 0 {
+		return
+	}
+	time.Sleep(handBackNoteGrace)
+	if err := m.dp.ClearHandBacks(); err != nil {
+		m.mu.Lock()
+		m.failed(err)
+		m.mu.Unlock()
+	}
+	*noted = 0
 }
 
 func (m *mover) close() {

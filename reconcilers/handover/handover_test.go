@@ -227,3 +227,86 @@ func TestBindingOf(t *testing.T) {
 		}
 	}
 }
+
+// TestHandBackDropsTheStraySegment: a TCP segment of a flow being handed
+// back that reached conntrack between the agent's delete and create got an
+// entry of its own, translated by the netfilter rule to another port than
+// the pair's (here made over ctnetlink: the flow's tuple to the node's port
+// 61234). The egress program drops that segment while the flow's hand-back
+// is noted, and only that one: the pair's own port, a port conntrack has no
+// entry for, another flow's entry to the same remote and, once the notes
+// are cleared, the stray itself all pass.
+func TestHandBackDropsTheStraySegment(t *testing.T) {
+	inNewNetns(t, func() {
+		dp, err := bpf.Load(bpf.LoadOptions{PinDir: filepath.Join(privtest.MountBPFFS(t), "ipmasq"), NATMaxEntries: 1024})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer dp.Close()
+		if ok, err := bpf.ConntrackLookupAvailable(); err != nil || !ok {
+			t.Errorf("the kernel's conntrack kfuncs (bpf_skb_ct_lookup, 5.18, nf_conntrack loaded): %v %v; the hand-back cannot run here", ok, err)
+			return
+		}
+		s, err := dialHandBack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer s.Close()
+		stray := tcpFlow
+		stray.to = netip.AddrPortFrom(node, 61234)
+		other := flow{proto: unix.IPPROTO_TCP, src: netip.AddrPortFrom(netip.MustParseAddr("10.244.1.3"), 40000),
+			dst: tcpFlow.dst, to: netip.AddrPortFrom(node, 61236), seen: true}
+		for _, f := range []flow{stray, other} {
+			if err := s.handBack(f); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+		if err := dp.NoteHandBackV4(keyV4(tcpFlow), tcpFlow.to.Port()); err != nil {
+			t.Error(err)
+			return
+		}
+		const shot = 2 // TC_ACT_SHOT
+		for _, c := range []struct {
+			what string
+			from netip.AddrPort
+			drop bool
+		}{
+			{"the stray segment", stray.to, true},
+			{"the pair's own port", tcpFlow.to, false},
+			{"a port conntrack has no entry for", netip.AddrPortFrom(node, 61235), false},
+			{"another flow's entry to the same remote", other.to, false},
+		} {
+			if got := runEgress(t, dp, tcpFrame(c.from, tcpFlow.dst)) == shot; got != c.drop {
+				t.Errorf("%s (%v): dropped %v, want %v", c.what, c.from, got, c.drop)
+			}
+		}
+		if err := dp.ClearHandBacks(); err != nil {
+			t.Error(err)
+			return
+		}
+		if runEgress(t, dp, tcpFrame(stray.to, tcpFlow.dst)) == shot {
+			t.Error("the stray segment after the notes were cleared: dropped, want it passed")
+		}
+		counts, err := bpf.ReadCounters(dp.Maps.Counters)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if n := counts[bpf.CounterDropHandback]; n != 1 {
+			t.Errorf("drop-handback counted %d, want 1", n)
+		}
+	})
+}
+
+// runEgress runs frame through the egress program and returns its verdict.
+func runEgress(t *testing.T, dp *bpf.Datapath, frame []byte) uint32 {
+	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+64)}
+	ret, err := dp.Egress.Run(opts)
+	if err != nil {
+		t.Error(err)
+	}
+	return ret
+}

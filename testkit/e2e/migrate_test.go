@@ -56,11 +56,14 @@ func removeUpstreamChain(t *testing.T, node *topology.Netns) {
 // until stopped, and counts the queries not answered (one try, 2 s) or
 // answered with another source than the node's.
 type queryBurst struct {
-	stopc chan struct{}
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	asked int
-	bad   []string
+	// step names the test's step, for the report of a query that failed
+	stepMu sync.Mutex
+	step   string
+	stopc  chan struct{}
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	asked  int
+	bad    []string
 }
 
 func startQueryBurst(pod *topology.Netns, dst netip.Addr) *queryBurst {
@@ -79,17 +82,32 @@ func startQueryBurst(pod *topology.Netns, dst netip.Addr) *queryBurst {
 			inflight.Add(1)
 			go func() {
 				defer inflight.Done()
+				asked := q.currentStep()
 				seen, err := udpAsk(pod, dst, 1, answerWait)
 				q.mu.Lock()
 				defer q.mu.Unlock()
 				q.asked++
 				if err != nil || seen != topology.NodeIP4.String() {
-					q.bad = append(q.bad, fmt.Sprintf("query %d: answer %q, %v", i, seen, err))
+					q.bad = append(q.bad, fmt.Sprintf("query %d (asked at step %q, over at %q): answer %q, %v",
+						i, asked, q.currentStep(), seen, err))
 				}
 			}()
 		}
 	}()
 	return q
+}
+
+// setStep names the step the test is at.
+func (q *queryBurst) setStep(step string) {
+	q.stepMu.Lock()
+	defer q.stepMu.Unlock()
+	q.step = step
+}
+
+func (q *queryBurst) currentStep() string {
+	q.stepMu.Lock()
+	defer q.stepMu.Unlock()
+	return q.step
 }
 
 func (q *queryBurst) stop(t *testing.T) {
@@ -168,8 +186,10 @@ func testMigration(t *testing.T, handover bool) {
 	underUpstream := startStream(t, topo.Pod, topology.RemoteIP4)
 	underUpstream.progress(t, 64<<10, "under the Kubernetes agent's chain")
 	queries := startQueryBurst(topo.Pod, topology.RemoteIP4)
+	queries.setStep("1. the Kubernetes agent's chain alone")
 
 	// 2. ipmasq starts beside the chain and adopts conntrack's bindings.
+	queries.setStep("2. ipmasq started beside the chain")
 	a := newAgent(t, topo.Node, migrationConfig)
 	if !handover {
 		a.args = []string{"--conntrack-handover=false"}
@@ -184,6 +204,7 @@ func testMigration(t *testing.T, handover bool) {
 
 	// 3. The chain goes: conntrack keeps translating the flows it has,
 	// ipmasq masquerades the new ones.
+	queries.setStep("3. the chain removed")
 	removeUpstreamChain(t, topo.Node)
 	underUpstream.progress(t, 256<<10, "after the upstream chain was removed")
 	if handover {
@@ -197,6 +218,7 @@ func testMigration(t *testing.T, handover bool) {
 	// 4. The way back: the chain again (the agent reads netfilter a second
 	// after nftables tells of the change); ipmasq hands its pairs to
 	// conntrack.
+	queries.setStep("4. the chain back: the hand-back")
 	upstreamChain(t, topo.Node)
 	underIPMasq.progress(t, 64<<10, "with the upstream chain back beside ipmasq")
 	if handover {
@@ -211,6 +233,7 @@ func testMigration(t *testing.T, handover bool) {
 
 	// 5. ipmasq goes: stopped and uninstalled (programs detached, maps
 	// gone); conntrack translates every flow.
+	queries.setStep("5. ipmasq stopped and uninstalled")
 	a.stop(syscall.SIGTERM)
 	flags := []string{
 		"--bpf-root=" + a.bpfRoot,
@@ -229,6 +252,7 @@ func testMigration(t *testing.T, handover bool) {
 		return
 	}
 	underIPMasq.progress(t, 256<<10, "after ipmasq was uninstalled")
+	queries.setStep("5. the chain alone")
 	underUpstream.progress(t, 256<<10, "after ipmasq was uninstalled")
 	time.Sleep(2 * time.Second) // queries under the chain alone
 

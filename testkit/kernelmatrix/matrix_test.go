@@ -28,7 +28,8 @@ var update = flag.Bool("update", false, "write the kernels' results to testdata/
 // e2eTests are the datapath e2e tests the matrix runs in each guest (each
 // runs its scenario under Linux MASQUERADE first): masquerade v4/v6,
 // restart keeps streams, clsact attach (and the switch to tcx), ICMP
-// errors, the early drop at a full table, the conntrack handover.
+// errors, the early drop at a full table; the conntrack handover where the
+// kernel has what it needs (handoverTests).
 var e2eTests = []string{
 	"TestMasqueradeIPv4",
 	"TestMasqueradeIPv6",
@@ -36,7 +37,6 @@ var e2eTests = []string{
 	"TestClsactAttach",
 	"TestPodPortUnreachable",
 	"TestFullTableSparesEstablished",
-	"TestMigrationKeepsFlows",
 }
 
 // knownGaps are e2e tests that do not pass on a kernel for a reason not
@@ -44,14 +44,25 @@ var e2eTests = []string{
 // table), not counted as the kernel's failure. A gap closed shows as a
 // pass in the results; remove it here then.
 var knownGaps = map[string]map[string]string{
-	"5.10": {"TestMigrationKeepsFlows": handoverGap},
-	"6.1":  {"TestMigrationKeepsFlows": handoverGap},
+	"6.1": {"TestMigrationKeepsFlows": removalGap},
 }
 
-const handoverGap = "the handover loses 1 to 3 of about 3 000 new UDP flows around the hand-back to conntrack (none on 6.12, none on the host)"
+// removalGap: on 6.1 (three runs of 12/3 Dec 2026: 1 query of 1 819, 1 of
+// 2 870, none) one UDP query asked just before the old agent's chain is
+// removed went unanswered (the test names the steps a failed query was
+// asked and ended at). Most likely its conntrack entry went with the chain
+// before the agent had adopted it from conntrack's event; not confirmed.
+// Not seen on 6.12 or on the host's kernel.
+const removalGap = "one UDP query in about 2 000, asked in the instant the old agent's chain is removed, may lose its answer (most likely its conntrack entry goes with the chain before the agent adopts it)"
 
 // tcxTests run only where the guest attaches a tcx link.
 var tcxTests = []string{"TestForeignTCProgramsFirst"}
+
+// handoverTests run only where the kernel has the conntrack kfuncs
+// (5.18): elsewhere the agent says the handover is not possible and moves
+// no flow (docs/migrate.md), and the docs' table says what the kernel
+// lacks.
+var handoverTests = []string{"TestMigrationKeepsFlows"}
 
 // perKernel bounds one kernel's guest run (the script's steps are bounded
 // to less: 4 + 5 + 5 + 20 minutes). Under TCG a load of the programs takes
@@ -140,6 +151,9 @@ func documentedDiff(c, r *Result) string {
 	if c.Variant != r.Variant {
 		d = append(d, fmt.Sprintf("variant %q, was %q", r.Variant, c.Variant))
 	}
+	if c.ConntrackKfuncs != r.ConntrackKfuncs {
+		d = append(d, fmt.Sprintf("conntrack kfuncs %v, was %v", r.ConntrackKfuncs, c.ConntrackKfuncs))
+	}
 	if c.VerifierPassed != r.VerifierPassed || c.ProgramsLoaded != r.ProgramsLoaded {
 		d = append(d, fmt.Sprintf("programs loaded %v/%d, was %v/%d", r.VerifierPassed, r.ProgramsLoaded, c.VerifierPassed, c.ProgramsLoaded))
 	}
@@ -207,9 +221,10 @@ func buildBinaries(t *testing.T, repo string) binaries {
 }
 
 type probeReport struct {
-	Release  string `json:"release"`
-	TCX      bool   `json:"tcx"`
-	TCXError string `json:"tcx_error"`
+	Release         string `json:"release"`
+	TCX             bool   `json:"tcx"`
+	TCXError        string `json:"tcx_error"`
+	ConntrackKfuncs bool   `json:"conntrack_kfuncs"`
 }
 
 func hostProbe(b binaries) (*probeReport, error) {
@@ -224,7 +239,7 @@ func hostProbe(b binaries) (*probeReport, error) {
 // script is the guest's command: each step's output and exit status go to
 // the results directory; one boot runs them all.
 const script = `
-R=$1; D=$2; REPO=$3; VERIFIER=$4; E2E=$5; TCXE2E=$6
+R=$1; D=$2; REPO=$3; VERIFIER=$4; E2E=$5; TCXE2E=$6; HANDOVERE2E=$7
 step() {
 	name=$1; limit=$2; shift 2
 	start=$(date +%s)
@@ -233,12 +248,18 @@ step() {
 	echo $rc >"$R/$name.rc"
 	echo "step $name: exit $rc in $(( $(date +%s) - start ))s"
 }
+# nf_conntrack's kfuncs are in its module: loaded as on a node with
+# kube-proxy (the e2e tests' iptables rules load it too).
+modprobe nf_conntrack 2>/dev/null
 "$D/probe" >"$R/probe.json" 2>"$R/probe.err"
 cd "$REPO/bpf" && step verifier 240 env IPMASQ_VERIFIER_STATS="$R/verifier.json" "$D/bpf.test" -test.run "$VERIFIER" -test.v -test.timeout 230s
 cd / && step demo-auto 300 "$D/ipmasq-demo" --agent "$D/ipmasq-agent" --tc-attach-mode=auto --timeout 240s
 if grep -q '"tcx":true' "$R/probe.json"; then
 	cd / && step demo-clsact 300 "$D/ipmasq-demo" --agent "$D/ipmasq-agent" --tc-attach-mode=clsact --timeout 240s
 	E2E="$E2E|$TCXE2E"
+fi
+if grep -q '"conntrack_kfuncs":true' "$R/probe.json"; then
+	E2E="$E2E|$HANDOVERE2E"
 fi
 cd "$REPO/testkit/e2e" && step e2e 1200 env IPMASQ_E2E_AGENT="$D/ipmasq-agent" IPMASQ_E2E_AGENT_WAIT=240s IPMASQ_E2E_ANSWER_WAIT=10s "$D/e2e.test" -test.run "^($E2E)\$" -test.v -test.timeout 1190s
 `
@@ -262,7 +283,7 @@ func runKernel(t *testing.T, spec vmtest.Spec, repo string, b binaries) *Result 
 	vr, err := vmtest.Run(ctx, vmtest.Options{
 		Kernel: k,
 		Argv: []string{"sh", "-c", script, "matrix", res, b.dir, repo, b.verifierTest,
-			strings.Join(e2eTests, "|"), strings.Join(tcxTests, "|")},
+			strings.Join(e2eTests, "|"), strings.Join(tcxTests, "|"), strings.Join(handoverTests, "|")},
 		Output:     logw,
 		ResultsDir: res,
 	})
@@ -289,6 +310,7 @@ func runKernel(t *testing.T, spec vmtest.Spec, repo string, b binaries) *Result 
 	if p.TCX {
 		r.AttachMode = "tcx"
 	}
+	r.ConntrackKfuncs = p.ConntrackKfuncs
 
 	r.VerifierCheck = strings.Trim(b.verifierTest, "^$")
 	r.VerifierPassed = stepRC(res, "verifier") == 0
@@ -317,6 +339,9 @@ func runKernel(t *testing.T, spec vmtest.Spec, repo string, b binaries) *Result 
 	want := append([]string(nil), e2eTests...)
 	if r.AttachMode == "tcx" {
 		want = append(want, tcxTests...)
+	}
+	if r.ConntrackKfuncs {
+		want = append(want, handoverTests...)
 	}
 	outcomes := e2eOutcomes(filepath.Join(res, "e2e.log"))
 	var failed []string

@@ -30,6 +30,9 @@ type Result struct {
 	AttachMode string `json:"attach_mode"`
 	// TCXError is why a tcx link did not attach.
 	TCXError string `json:"tcx_error,omitempty"`
+	// ConntrackKfuncs says whether the kernel has the conntrack kfuncs
+	// (bpf_skb_ct_lookup, 5.18) the flow handover needs.
+	ConntrackKfuncs bool `json:"conntrack_kfuncs"`
 	// Variant is the datapath variant the agent's auto choice loads on
 	// the kernel: full where the verifier check loaded it, else compat.
 	Variant string `json:"variant,omitempty"`
@@ -135,9 +138,16 @@ func Table(results []*Result) string {
 				programs = "all"
 			}
 		}
-		lacks := "—"
+		var lack []string
+		if !r.ConntrackKfuncs {
+			lack = append(lack, "conntrack kfuncs (5.18): no flow handover in a migration (docs/migrate.md)")
+		}
 		if !r.Passed() {
-			lacks = "fails: " + strings.Join(r.Failures, "; ")
+			lack = append(lack, "fails: "+strings.Join(r.Failures, "; "))
+		}
+		lacks := "—"
+		if len(lack) > 0 {
+			lacks = strings.Join(lack, "; ")
 		}
 		if len(r.KnownGaps) > 0 {
 			gaps := "known gap: " + strings.Join(r.KnownGaps, "; ")

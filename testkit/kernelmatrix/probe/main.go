@@ -1,8 +1,9 @@
 // Command probe reports, as one JSON object on standard output, what the
-// kernel it runs on offers the datapath's attachment: its release, and
-// whether a tcx link can be made (a trial attach of a minimal tc program
-// to lo in a network namespace of its own). The kernel matrix runs it in
-// each guest.
+// kernel it runs on offers the datapath: its release, whether a tcx link
+// can be made (a trial attach of a minimal tc program to lo in a network
+// namespace of its own), and whether it has the conntrack kfuncs the flow
+// handover needs (with nf_conntrack loaded: the matrix's script loads
+// it). The kernel matrix runs it in each guest.
 package main
 
 import (
@@ -17,6 +18,8 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipmasq/ipmasq/bpf"
 )
 
 // Report is the probe's output.
@@ -25,6 +28,10 @@ type Report struct {
 	// TCX says whether a tcx link attached; TCXError is why not.
 	TCX      bool   `json:"tcx"`
 	TCXError string `json:"tcx_error,omitempty"`
+	// ConntrackKfuncs says whether the kernel has bpf_skb_ct_lookup
+	// (bpf.ConntrackLookupAvailable): the handover of flows between
+	// conntrack and the datapath needs it.
+	ConntrackKfuncs bool `json:"conntrack_kfuncs"`
 }
 
 func main() {
@@ -38,6 +45,12 @@ func main() {
 	} else {
 		r.TCX = true
 	}
+	ok, err := bpf.ConntrackLookupAvailable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	r.ConntrackKfuncs = ok
 	if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
