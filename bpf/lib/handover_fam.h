@@ -4,36 +4,46 @@
  * with FAMILY 4 and once with FAMILY 6 (see family.h), after the headers
  * it uses.
  *
- * Defines: conntrack_holds_v4, conntrack_holds_v6, handback_stray_v4,
- * handback_stray_v6, nat_handover_run_v4, nat_handover_run_v6.
+ * Defines: ct_find_v4, ct_find_v6, conntrack_holds_v4, conntrack_holds_v6,
+ * handback_stray_v4, handback_stray_v6, nat_handover_run_v4,
+ * nat_handover_run_v6.
  */
 
 #include "family.h"
+
+/* ct_find_v4/v6 is conntrack's entry whose tuple in either direction is
+ * saddr:sport -> daddr:dport (addresses in network order, 4 or 16 bytes),
+ * or NULL; the caller releases it. */
+static __always_inline struct nf_conn *FAM(ct_find)(struct __sk_buff *skb, __u8 proto, const void *saddr,
+						    const void *daddr, __be16 sport, __be16 dport)
+{
+	struct bpf_ct_opts___ipmasq opts = { .netns_id = CT_NETNS_CURRENT, .l4proto = proto };
+	struct bpf_sock_tuple t = {};
+
+#if FAM_IS_V6
+	__builtin_memcpy(t.ipv6.saddr, saddr, 16);
+	__builtin_memcpy(t.ipv6.daddr, daddr, 16);
+	t.ipv6.sport = sport;
+	t.ipv6.dport = dport;
+	return bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv6), &opts, CT_OPTS_SZ);
+#else
+	__builtin_memcpy(&t.ipv4.saddr, saddr, 4);
+	__builtin_memcpy(&t.ipv4.daddr, daddr, 4);
+	t.ipv4.sport = sport;
+	t.ipv4.dport = dport;
+	return bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &opts, CT_OPTS_SZ);
+#endif
+}
 
 /* conntrack_holds_v4/v6 says whether conntrack has an entry for p's tuple
  * as it arrived (a reply it will translate itself). */
 static __noinline int FAM(conntrack_holds)(struct __sk_buff *skb, const struct pkt *p)
 {
-	struct bpf_ct_opts___ipmasq opts = { .netns_id = CT_NETNS_CURRENT };
-	struct bpf_sock_tuple t = {};
 	struct nf_conn *ct;
 
 	if (!skb || !p || !conntrack_lookup)
 		return 0;
-	opts.l4proto = p->proto;
-#if FAM_IS_V6
-	__builtin_memcpy(t.ipv6.saddr, p->v6.saddr, 16);
-	__builtin_memcpy(t.ipv6.daddr, p->v6.daddr, 16);
-	t.ipv6.sport = p->sport;
-	t.ipv6.dport = p->dport;
-	ct = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv6), &opts, CT_OPTS_SZ);
-#else
-	t.ipv4.saddr = p->v4.saddr;
-	t.ipv4.daddr = p->v4.daddr;
-	t.ipv4.sport = p->sport;
-	t.ipv4.dport = p->dport;
-	ct = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &opts, CT_OPTS_SZ);
-#endif
+	ct = FAM(ct_find)(skb, p->proto, FAM_PTR(FAM_PKT(p).saddr), FAM_PTR(FAM_PKT(p).daddr), p->sport, p->dport);
 	if (!ct)
 		return 0;
 	bpf_ct_release(ct);
@@ -47,10 +57,8 @@ static __noinline int FAM(conntrack_holds)(struct __sk_buff *skb, const struct p
  * entry, found by its reply tuple, is the one of the flow's own tuple. */
 static __noinline int FAM(handback_stray)(struct __sk_buff *skb, const struct pkt *p)
 {
-	struct bpf_ct_opts___ipmasq opts = { .netns_id = CT_NETNS_CURRENT, .l4proto = IPPROTO_TCP };
 	FAM_T(handback, key) hk = { .proto = IPPROTO_TCP };
 	FAM_T(handback, val) *hv;
-	struct bpf_sock_tuple t = {};
 	struct nf_conn *seg, *flow;
 	int stray;
 
@@ -61,35 +69,10 @@ static __noinline int FAM(handback_stray)(struct __sk_buff *skb, const struct pk
 	hv = bpf_map_lookup_elem(&FAM(handback), &hk);
 	if (!hv || hv->port == p->sport)
 		return 0;
-#if FAM_IS_V6
-	__builtin_memcpy(t.ipv6.saddr, p->v6.daddr, 16);
-	__builtin_memcpy(t.ipv6.daddr, p->v6.saddr, 16);
-	t.ipv6.sport = p->dport;
-	t.ipv6.dport = p->sport;
-	seg = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv6), &opts, CT_OPTS_SZ);
-#else
-	t.ipv4.saddr = p->v4.daddr;
-	t.ipv4.daddr = p->v4.saddr;
-	t.ipv4.sport = p->dport;
-	t.ipv4.dport = p->sport;
-	seg = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &opts, CT_OPTS_SZ);
-#endif
+	seg = FAM(ct_find)(skb, IPPROTO_TCP, FAM_PTR(FAM_PKT(p).daddr), FAM_PTR(FAM_PKT(p).saddr), p->dport, p->sport);
 	if (!seg)
 		return 0;
-	opts.error = 0;
-#if FAM_IS_V6
-	__builtin_memcpy(t.ipv6.saddr, hv->src, 16);
-	__builtin_memcpy(t.ipv6.daddr, p->v6.daddr, 16);
-	t.ipv6.sport = hv->sport;
-	t.ipv6.dport = p->dport;
-	flow = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv6), &opts, CT_OPTS_SZ);
-#else
-	t.ipv4.saddr = hv->src;
-	t.ipv4.daddr = p->v4.daddr;
-	t.ipv4.sport = hv->sport;
-	t.ipv4.dport = p->dport;
-	flow = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &opts, CT_OPTS_SZ);
-#endif
+	flow = FAM(ct_find)(skb, IPPROTO_TCP, FAM_PTR(hv->src), FAM_PTR(FAM_PKT(p).daddr), hv->sport, p->dport);
 	stray = flow == seg;
 	if (flow)
 		bpf_ct_release(flow);

@@ -234,6 +234,13 @@ func testMigration(t *testing.T, handover bool) {
 	// 5. ipmasq goes: stopped and uninstalled (programs detached, maps
 	// gone); conntrack translates every flow.
 	queries.setStep("5. ipmasq stopped and uninstalled")
+	// The counters go with the uninstall: kept for the report of a failure.
+	counters := a.counters()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("datapath counters before the uninstall:\n%s", counters)
+		}
+	})
 	a.stop(syscall.SIGTERM)
 	flags := []string{
 		"--bpf-root=" + a.bpfRoot,
