@@ -153,8 +153,9 @@ func (e *testEnv) counters() []uint64 {
 		e.tb.Fatal(err)
 	}
 	drops := make([]uint64, NumDropReasons)
-	if e.dp.Maps.DevCounters == nil {
-		// An older object (-bpf.baseline) has no per-device counters.
+	if e.dp.Maps.DevCounters == nil || e.dp.Maps.DevCounters.ValueSize() != uint32(binary.Size(masqDevCounterVal{})) {
+		// An older object (-bpf.baseline) has no per-device counters, or
+		// fewer drop reasons than this tree's layout reads.
 		return append(c, drops...)
 	}
 	devs, err := ReadDevCounters(e.dp.Maps.DevCounters)
