@@ -19,9 +19,11 @@
  *
  *   - adopt: a conntrack binding (pod:port -> remote, translated to
  *     node:P) becomes a NAT pair with the same P, made by nat_handover_*
- *     below, before the netfilter rule that made it goes. Removing the last
- *     MASQUERADE rule of a namespace flushes conntrack's masqueraded
- *     entries; the pod's next packet then reaches the egress program
+ *     below, before the netfilter rule that made it goes. Conntrack keeps
+ *     translating the flows it has after the rule goes (removing it
+ *     flushes nothing: checked on 6.1 and 6.18); once conntrack loses a
+ *     flow (its entry expires or is deleted, or conntrack stops tracking
+ *     the namespace), the pod's next packet reaches the egress program
  *     untranslated and finds the pair.
  *   - hand back: a pair is given to conntrack (the agent creates a
  *     conntrack entry with the pair's translation over ctnetlink) before

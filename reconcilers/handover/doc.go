@@ -9,9 +9,10 @@
 //   - adopts conntrack's masquerade bindings of forwarded sources: each
 //     becomes a NAT pair with the same translated port (bpf.AdoptV4/V6),
 //     read once from a dump and then from conntrack's NEW events, so that
-//     the pair is there when the rule goes (removing the last MASQUERADE
-//     rule flushes conntrack's masqueraded entries) and the flow's next
-//     packet, now untranslated by netfilter, finds it;
+//     the pair is there when the rule goes and, once conntrack loses the
+//     flow (conntrack keeps translating it after the rule goes, until its
+//     entry expires or is deleted), the flow's next packet, now
+//     untranslated by netfilter, finds it;
 //   - hands its own pairs back to conntrack: the pair is marked and
 //     conntrack's untranslated entry of the flow replaced by one with the
 //     pair's translation (one ctnetlink delete and create, sent together),
