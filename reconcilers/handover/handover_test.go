@@ -80,6 +80,14 @@ func TestHandBackMakesATranslatingEntry(t *testing.T) {
 	})
 }
 
+// loadConntrack has the kernel load nf_conntrack (a ctnetlink request
+// does, as kube-proxy's rules do on a node) before the datapath loads: its
+// conntrack kfuncs are in the module, and the programs use them only if
+// they are there at load.
+func loadConntrack(t *testing.T) {
+	dumpConntrack(t)
+}
+
 // dumpConntrack lists the namespace's conntrack table.
 func dumpConntrack(t *testing.T) []conntrack.Flow {
 	c, err := conntrack.Dial(nil)
@@ -100,6 +108,7 @@ func dumpConntrack(t *testing.T) []conntrack.Flow {
 // translates it), and is translated by the pair once conntrack has not.
 func TestIngressLeavesConntrackItsFlows(t *testing.T) {
 	inNewNetns(t, func() {
+		loadConntrack(t)
 		dp, err := bpf.Load(bpf.LoadOptions{PinDir: filepath.Join(privtest.MountBPFFS(t), "ipmasq"), NATMaxEntries: 1024})
 		if err != nil {
 			t.Error(err)
@@ -238,6 +247,7 @@ func TestBindingOf(t *testing.T) {
 // are cleared, the stray itself all pass.
 func TestHandBackDropsTheStraySegment(t *testing.T) {
 	inNewNetns(t, func() {
+		loadConntrack(t)
 		dp, err := bpf.Load(bpf.LoadOptions{PinDir: filepath.Join(privtest.MountBPFFS(t), "ipmasq"), NATMaxEntries: 1024})
 		if err != nil {
 			t.Error(err)
