@@ -130,7 +130,7 @@ func (d *Datapath) NoteHandBackV4(k NATKeyV4, port uint16) error {
 	if err := d.Maps.HandbackV4.Put(&key, &val); err != nil {
 		return fmt.Errorf("note the hand-back of %v: %w", k, err)
 	}
-	return nil
+	return d.setHandBackActive(1)
 }
 
 // NoteHandBackV6 is [Datapath.NoteHandBackV4] for IPv6.
@@ -140,12 +140,24 @@ func (d *Datapath) NoteHandBackV6(k NATKeyV6, port uint16) error {
 	if err := d.Maps.HandbackV6.Put(&key, &val); err != nil {
 		return fmt.Errorf("note the hand-back of %v: %w", k, err)
 	}
+	return d.setHandBackActive(1)
+}
+
+// setHandBackActive writes handback_active: non-zero while notes may be
+// in handback_v4/v6, so that the egress program looks them up only then.
+func (d *Datapath) setHandBackActive(on uint32) error {
+	if err := d.Maps.HandbackActive.Put(uint32(0), on); err != nil {
+		return fmt.Errorf("write %s: %w", d.Maps.HandbackActive, err)
+	}
 	return nil
 }
 
 // ClearHandBacks removes every note of [Datapath.NoteHandBackV4] and
 // [Datapath.NoteHandBackV6].
 func (d *Datapath) ClearHandBacks() error {
+	if err := d.setHandBackActive(0); err != nil {
+		return err
+	}
 	for _, m := range []*ebpf.Map{d.Maps.HandbackV4, d.Maps.HandbackV6} {
 		var keys [][]byte
 		var key []byte

@@ -489,6 +489,7 @@ const (
 	masqMapFixedScratchV6        = "fixed_scratch_v6"
 	masqMapFragV4                = "frag_v4"
 	masqMapFragV6                = "frag_v6"
+	masqMapHandbackActive        = "handback_active"
 	masqMapHandbackV4            = "handback_v4"
 	masqMapHandbackV6            = "handback_v6"
 	masqMapMasqRulesV4           = "masq_rules_v4"
@@ -612,6 +613,7 @@ type masqMapSpecs struct {
 	FixedScratchV6     *ebpf.MapSpec `ebpf:"fixed_scratch_v6"`
 	FragV4             *ebpf.MapSpec `ebpf:"frag_v4"`
 	FragV6             *ebpf.MapSpec `ebpf:"frag_v6"`
+	HandbackActive     *ebpf.MapSpec `ebpf:"handback_active"`
 	HandbackV4         *ebpf.MapSpec `ebpf:"handback_v4"`
 	HandbackV6         *ebpf.MapSpec `ebpf:"handback_v6"`
 	MasqRulesV4        *ebpf.MapSpec `ebpf:"masq_rules_v4"`
@@ -697,6 +699,7 @@ type masqMaps struct {
 	FixedScratchV6     *ebpf.Map `ebpf:"fixed_scratch_v6"`
 	FragV4             *ebpf.Map `ebpf:"frag_v4"`
 	FragV6             *ebpf.Map `ebpf:"frag_v6"`
+	HandbackActive     *ebpf.Map `ebpf:"handback_active"`
 	HandbackV4         *ebpf.Map `ebpf:"handback_v4"`
 	HandbackV6         *ebpf.Map `ebpf:"handback_v6"`
 	MasqRulesV4        *ebpf.Map `ebpf:"masq_rules_v4"`
@@ -739,6 +742,7 @@ func (m *masqMaps) Close() error {
 		m.FixedScratchV6,
 		m.FragV4,
 		m.FragV6,
+		m.HandbackActive,
 		m.HandbackV4,
 		m.HandbackV6,
 		m.MasqRulesV4,

@@ -498,6 +498,7 @@ const (
 	masqcompatMapFixedScratchV6        = "fixed_scratch_v6"
 	masqcompatMapFragV4                = "frag_v4"
 	masqcompatMapFragV6                = "frag_v6"
+	masqcompatMapHandbackActive        = "handback_active"
 	masqcompatMapHandbackV4            = "handback_v4"
 	masqcompatMapHandbackV6            = "handback_v6"
 	masqcompatMapMasqRulesV4           = "masq_rules_v4"
@@ -623,6 +624,7 @@ type masqcompatMapSpecs struct {
 	FixedScratchV6     *ebpf.MapSpec `ebpf:"fixed_scratch_v6"`
 	FragV4             *ebpf.MapSpec `ebpf:"frag_v4"`
 	FragV6             *ebpf.MapSpec `ebpf:"frag_v6"`
+	HandbackActive     *ebpf.MapSpec `ebpf:"handback_active"`
 	HandbackV4         *ebpf.MapSpec `ebpf:"handback_v4"`
 	HandbackV6         *ebpf.MapSpec `ebpf:"handback_v6"`
 	MasqRulesV4        *ebpf.MapSpec `ebpf:"masq_rules_v4"`
@@ -710,6 +712,7 @@ type masqcompatMaps struct {
 	FixedScratchV6     *ebpf.Map `ebpf:"fixed_scratch_v6"`
 	FragV4             *ebpf.Map `ebpf:"frag_v4"`
 	FragV6             *ebpf.Map `ebpf:"frag_v6"`
+	HandbackActive     *ebpf.Map `ebpf:"handback_active"`
 	HandbackV4         *ebpf.Map `ebpf:"handback_v4"`
 	HandbackV6         *ebpf.Map `ebpf:"handback_v6"`
 	MasqRulesV4        *ebpf.Map `ebpf:"masq_rules_v4"`
@@ -753,6 +756,7 @@ func (m *masqcompatMaps) Close() error {
 		m.FixedScratchV6,
 		m.FragV4,
 		m.FragV6,
+		m.HandbackActive,
 		m.HandbackV4,
 		m.HandbackV6,
 		m.MasqRulesV4,

@@ -102,7 +102,9 @@ enum nat_handover_result {
  * its remote; the egress program drops a node-sourced TCP segment to that
  * remote whose conntrack entry is the pod's flow's and whose port is not
  * the pair's (handback_stray_v4/v6). The sender retransmits it; the agent
- * finds the stray entry when its create fails, and replaces it.
+ * finds the stray entry when its create fails, and replaces it. Outside a
+ * hand-back (handback_active 0) a node's segment pays one array read for
+ * this, not the notes' hash lookup.
  */
 struct handback_v4_key {
 	__be32 remote;
@@ -147,6 +149,27 @@ struct {
 	__type(value, struct handback_v6_val);
 	__uint(max_entries, 64);
 } handback_v6 SEC(".maps");
+
+/* Non-zero while the agent hands flows back (its notes may be in
+ * handback_v4/v6). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} handback_active SEC(".maps");
+
+/* handback_on says whether a hand-back is under way (a read of an array
+ * the JIT inlines). */
+static __always_inline int handback_on(void)
+{
+	__u32 zero = 0, *on;
+
+	if (!conntrack_lookup)
+		return 0;
+	on = bpf_map_lookup_elem(&handback_active, &zero);
+	return on && *on;
+}
 
 /* Exported so that bpf2go emits the enums for Go. */
 const volatile enum nat_handover_op nat_handover_op_last = NAT_HANDOVER_MARK;
