@@ -116,6 +116,8 @@ type masqEarlyDropV4Ctx struct {
 	Now     uint64
 	Found   uint32
 	Lookups uint32
+	Want    uint32
+	Pad     uint32
 }
 
 type masqEarlyDropV6Ctx struct {
@@ -131,6 +133,8 @@ type masqEarlyDropV6Ctx struct {
 	Now     uint64
 	Found   uint32
 	Lookups uint32
+	Want    uint32
+	Pad     uint32
 }
 
 type masqEgressDev struct {

@@ -124,6 +124,8 @@ type masqcompatEarlyDropV4Ctx struct {
 	Now     uint64
 	Found   uint32
 	Lookups uint32
+	Want    uint32
+	Pad     uint32
 }
 
 type masqcompatEarlyDropV6Ctx struct {
@@ -139,6 +141,8 @@ type masqcompatEarlyDropV6Ctx struct {
 	Now     uint64
 	Found   uint32
 	Lookups uint32
+	Want    uint32
+	Pad     uint32
 }
 
 type masqcompatEgressDev struct {

@@ -84,12 +84,15 @@ static __always_inline int nat_done(__u8 proto, __u8 flags)
  * longest. Under a DNS burst the done pairs are the answered queries: a
  * query made a moment ago, whose answer is on its way, is the last taken.
  * Once the best two weighed are expired or done nothing better is to be
- * found, and the search stops there. docs/datapath-benchmarks.md has the
- * figures. */
+ * found, and the search stops there, as it does once it has weighed
+ * NAT_EARLY_DROP_CANDIDATES (in flight, all of them: the idlest of four
+ * goes; a small table's are all weighed). docs/datapath-benchmarks.md has
+ * the figures. */
 #define NAT_EARLY_DROP_WINDOWS		4
 #define NAT_EARLY_DROP_WINDOW		8
 #define NAT_EARLY_DROP_SLOTS		(NAT_EARLY_DROP_WINDOWS * NAT_EARLY_DROP_WINDOW)
 #define NAT_EARLY_DROP_LOOKUPS		8
+#define NAT_EARLY_DROP_CANDIDATES	4
 
 /* early_drop_worth says whether a note whose created_ns is created, of a
  * key of proto, is worth a lookup as of now: a note not armed (its pair

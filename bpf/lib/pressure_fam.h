@@ -27,6 +27,8 @@ FAM_T(early_drop, ctx) {
 	__u64 now;
 	__u32 found;		/* candidates weighed */
 	__u32 lookups;		/* NAT lookups left to this search: 0 ends it */
+	__u32 want;		/* candidates that end it */
+	__u32 pad;
 };
 
 /* The search's state lives in a per-CPU scratch value, not on the stack:
@@ -119,8 +121,8 @@ __noinline int FAM(early_drop_slot)(__u32 slot)
 	b->slot = slot;
 	b->rank = rank;
 	/* The best two done or expired: the next could only be as good (a
-	 * second, for a claim lost to another CPU). */
-	if (ctx->found > 1 && ctx->best[1].rank >= EARLY_DROP_DONE)
+	 * second, for a claim lost to another CPU); or enough weighed. */
+	if ((ctx->found > 1 && ctx->best[1].rank >= EARLY_DROP_DONE) || ctx->found >= ctx->want)
 		ctx->lookups = 0;
 	return 0;
 arm:
@@ -218,6 +220,7 @@ __noinline int FAM(nat_early_drop)(void)
 	 * found. */
 	small = FAM(nat_note_slots) <= NAT_EARLY_DROP_SLOTS;
 	ctx->lookups = small ? NAT_EARLY_DROP_SLOTS : NAT_EARLY_DROP_LOOKUPS;
+	ctx->want = small ? NAT_EARLY_DROP_SLOTS : NAT_EARLY_DROP_CANDIDATES;
 	/* Each window from a random start of its own (windows at fixed
 	 * distances would read the same few slots' classes, and empty them of
 	 * pairs that may go). */
