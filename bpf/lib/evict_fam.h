@@ -4,12 +4,12 @@
  * FAMILY 4 and once with FAMILY 6 (see family.h), after the headers it
  * uses.
  *
- * Defines: nat_note_hash_v4, nat_note_hash_v6, nat_note_same_v4,
- * nat_note_same_v6, nat_cand_note_v4, nat_cand_note_v6, struct
- * nat_v4_mark, struct nat_v6_mark, nat_mark_scratch_v4,
- * nat_mark_scratch_v6, nat_cand_mark_run_v4, nat_cand_mark_run_v6,
- * nat_cand_mark_set_v4, nat_cand_mark_set_v6, nat_cand_mark_v4,
- * nat_cand_mark_v6.
+ * Defines: struct nat_v4_mark, struct nat_v6_mark, nat_note_hash_v4,
+ * nat_note_hash_v6, nat_note_same_v4, nat_note_same_v6,
+ * nat_cand_note_v4, nat_cand_note_v6, nat_cand_mark_run_v4,
+ * nat_cand_mark_run_v6, nat_cand_mark_set_v4, nat_cand_mark_set_v6,
+ * nat_cand_mark_v4, nat_cand_mark_v6, nat_mark_scratch_v4,
+ * nat_mark_scratch_v6.
  */
 
 #include "family.h"
