@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Eviction notes: the pairs early drop may look at, noted at a slot of
- * their own hash when they are made (or start to close), so that its cost
- * is bounded whatever the table's size. */
+ * their own hash when they are made (or start to close), armed when they
+ * are assured, so that its cost is bounded whatever the table's size. */
 
 #ifndef IPMASQ_LIB_EVICT_H
 #define IPMASQ_LIB_EVICT_H
@@ -29,7 +29,7 @@
  *   - a reply key again when the remote's first FIN or RST arrives, or the
  *     pod's RST (an established pair that starts closing may go again),
  *     and an inbound record's key when either side's first FIN or RST
- *     arrives.
+ *     arrives, an SCTP pair's when its association ends.
  *
  * A note goes to the first of NAT_NOTE_PROBES slots from its hash that is
  * empty or already holds its key; when all hold other keys, to the slot
@@ -39,7 +39,7 @@
  * note of a pair that may go is kept before a new one. When all of them
  * may go and no slot was emptied, the new pair is not noted (there are
  * eight to take right there). A slot holds the key and the entry's
- * created_ns (0: empty). Early drop (pressure.h) reads two windows of
+ * created_ns (0: empty). Early drop (pressure.h) reads windows of
  * adjacent slots from random starts: the notes lie where their keys hash
  * (with a seed the loader draws, so that nobody can aim flows at a few
  * slots), so any window is a uniform sample of them.
@@ -47,7 +47,7 @@
  * A note is armed (NAT_NOTE_ARMED in created_ns, with the stamp of its
  * entry then) by the program that makes its pair stop being one that may
  * go: the remote's answer to a TCP pair (the pod's, an inbound record's),
- * a UDP pair becoming a stream, an SCTP or GRE pair assured (nat_cand_arm,
+ * a UDP pair becoming a stream, an SCTP or GRE pair assured (nat_cand_mark,
  * at the note's probes). An armed note costs a search no lookup until its
  * pair's lifetime, counted from that stamp, could have passed (an
  * established flow idle for its lifetime may go whatever the collector has
