@@ -80,6 +80,35 @@ func TestNoteArmedWhenAnswered(t *testing.T) {
 		}
 		e.wantNote(t, "ended by the collector", k, "none")
 	})
+	t.Run("tcp6", func(t *testing.T) {
+		e := dropEnv(t, envOptions{})
+		f := flow{src: pod6, dst: remote6, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+		port := masqueraded(t, e.egress(f.packet()), f, snat6)
+		k := NATKeyV6{Src: remote6.As16(), Dst: snat6.As16(), Sport: Port(443), Dport: Port(port), Proto: protoTCP, Dir: DirIngress}
+		note := func() uint64 {
+			var (
+				slot uint32
+				c    masqNatV6Cand
+			)
+			it := e.dp.Maps.NatCandV6.Iterate()
+			for it.Next(&slot, &c) {
+				if c.CreatedNs != 0 && c.Key == k {
+					return c.CreatedNs
+				}
+			}
+			if err := it.Err(); err != nil {
+				t.Fatal(err)
+			}
+			return 0
+		}
+		if n := note(); n == 0 || n&noteArmed != 0 {
+			t.Fatalf("made: note %#x, want an unarmed one", n)
+		}
+		e.ingress(reply(f, snat6, port).packet())
+		if n := note(); n&noteArmed == 0 {
+			t.Fatalf("answered: note %#x, want an armed one", n)
+		}
+	})
 	t.Run("inbound", func(t *testing.T) {
 		e := dropEnv(t, envOptions{})
 		syn := flow{src: remote4, dst: pod1, proto: protoTCP, sport: 5000, dport: 8080, tcpFlags: tcpSYN}
