@@ -27,6 +27,13 @@ func loadObject(tb testing.TB, path string, natMax uint32) *Datapath {
 	}
 	spec.Maps[MapNATV4].MaxEntries = natMax
 	spec.Maps[MapNATV6].MaxEntries = natMax
+	// An object with early drop's notes by hash gets them sized as Load
+	// sizes them (else 4 096 slots whatever the table).
+	if _, ok := spec.Variables["nat_note_slots_v4"]; ok {
+		if err := sizeNotes(spec); err != nil {
+			tb.Fatal(err)
+		}
+	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		tb.Fatalf("load %s: %v", path, err)

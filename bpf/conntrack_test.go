@@ -740,8 +740,8 @@ func stillPaired(t *testing.T, e *testEnv, f flow, port uint16) bool {
 // answered query's pair, never one whose answer is on its way (the map is
 // walked from its first bucket: the first pair found there is as likely to
 // be a query in flight). The table holds no more pairs than the search
-// weighs (NAT_EARLY_DROP_CANDIDATES), so the outcome does not depend on
-// where the hash puts them.
+// reads whole, every note weighed (NAT_EARLY_DROP_SLOTS), so the outcome
+// does not depend on where the hash puts them.
 func TestEarlyDropTakesAnsweredBeforeInFlight(t *testing.T) {
 	const natMax = 32 // 16 pairs
 	e := newEnv(t, envOptions{natMax: natMax})

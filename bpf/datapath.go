@@ -308,7 +308,7 @@ func Load(opts LoadOptions) (*Datapath, error) {
 
 // NoteSlots is the size of early drop's notes (nat_cand_v4/v6, lib/evict.h)
 // for a NAT map of natMaxEntries: a slot per pair the map holds, at least
-// 16 (early drop's search reads 16 slots: a small table's whole).
+// 16 (early drop's search reads a table of up to 32 slots whole).
 func NoteSlots(natMaxEntries uint32) uint32 {
 	return max(natMaxEntries/2, 16)
 }

@@ -115,9 +115,11 @@ type masqEarlyDropV4Ctx struct {
 		Slot    uint32
 		Rank    uint32
 	}
-	Now   uint64
-	Found uint32
-	Pad   uint32
+	Now     uint64
+	Found   uint32
+	Lookups uint32
+	Want    uint32
+	Pad     uint32
 }
 
 type masqEarlyDropV6Ctx struct {
@@ -130,9 +132,11 @@ type masqEarlyDropV6Ctx struct {
 		Slot    uint32
 		Rank    uint32
 	}
-	Now   uint64
-	Found uint32
-	Pad   uint32
+	Now     uint64
+	Found   uint32
+	Lookups uint32
+	Want    uint32
+	Pad     uint32
 }
 
 type masqEgressDev struct {
@@ -365,6 +369,15 @@ type masqNatV4Key struct {
 	Pad   [2]uint8
 }
 
+type masqNatV4Mark struct {
+	_       structs.HostLayout
+	Key     masqNatV4Key
+	Created uint64
+	To      uint64
+	Slot    uint32
+	Pad     uint32
+}
+
 type masqNatV4Scratch struct {
 	_   structs.HostLayout
 	Key masqNatV4Key
@@ -418,6 +431,15 @@ type masqNatV6Key struct {
 	Proto uint8
 	Dir   uint8
 	Pad   [2]uint8
+}
+
+type masqNatV6Mark struct {
+	_       structs.HostLayout
+	Key     masqNatV6Key
+	Created uint64
+	To      uint64
+	Slot    uint32
+	Pad     uint32
 }
 
 type masqNatV6Scratch struct {
@@ -501,6 +523,8 @@ const (
 	masqMapNatCount              = "nat_count"
 	masqMapNatFinV4              = "nat_fin_v4"
 	masqMapNatFinV6              = "nat_fin_v6"
+	masqMapNatMarkScratchV4      = "nat_mark_scratch_v4"
+	masqMapNatMarkScratchV6      = "nat_mark_scratch_v6"
 	masqMapNatNoteFree           = "nat_note_free"
 	masqMapNatPortSet            = "nat_port_set"
 	masqMapNatPorts              = "nat_ports"
@@ -540,6 +564,7 @@ const (
 	masqVarNatHandoverLast       = "nat_handover_last"
 	masqVarNatHandoverOpLast     = "nat_handover_op_last"
 	masqVarNatHandoverResultLast = "nat_handover_result_last"
+	masqVarNatMarkZero           = "nat_mark_zero"
 	masqVarNatNoteSeed           = "nat_note_seed"
 	masqVarNatNoteSlotsV4        = "nat_note_slots_v4"
 	masqVarNatNoteSlotsV6        = "nat_note_slots_v6"
@@ -625,6 +650,8 @@ type masqMapSpecs struct {
 	NatCount           *ebpf.MapSpec `ebpf:"nat_count"`
 	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
+	NatMarkScratchV4   *ebpf.MapSpec `ebpf:"nat_mark_scratch_v4"`
+	NatMarkScratchV6   *ebpf.MapSpec `ebpf:"nat_mark_scratch_v6"`
 	NatNoteFree        *ebpf.MapSpec `ebpf:"nat_note_free"`
 	NatPortSet         *ebpf.MapSpec `ebpf:"nat_port_set"`
 	NatPorts           *ebpf.MapSpec `ebpf:"nat_ports"`
@@ -662,6 +689,7 @@ type masqVariableSpecs struct {
 	NatHandoverLast       *ebpf.VariableSpec `ebpf:"nat_handover_last"`
 	NatHandoverOpLast     *ebpf.VariableSpec `ebpf:"nat_handover_op_last"`
 	NatHandoverResultLast *ebpf.VariableSpec `ebpf:"nat_handover_result_last"`
+	NatMarkZero           *ebpf.VariableSpec `ebpf:"nat_mark_zero"`
 	NatNoteSeed           *ebpf.VariableSpec `ebpf:"nat_note_seed"`
 	NatNoteSlotsV4        *ebpf.VariableSpec `ebpf:"nat_note_slots_v4"`
 	NatNoteSlotsV6        *ebpf.VariableSpec `ebpf:"nat_note_slots_v6"`
@@ -711,6 +739,8 @@ type masqMaps struct {
 	NatCount           *ebpf.Map `ebpf:"nat_count"`
 	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
+	NatMarkScratchV4   *ebpf.Map `ebpf:"nat_mark_scratch_v4"`
+	NatMarkScratchV6   *ebpf.Map `ebpf:"nat_mark_scratch_v6"`
 	NatNoteFree        *ebpf.Map `ebpf:"nat_note_free"`
 	NatPortSet         *ebpf.Map `ebpf:"nat_port_set"`
 	NatPorts           *ebpf.Map `ebpf:"nat_ports"`
@@ -754,6 +784,8 @@ func (m *masqMaps) Close() error {
 		m.NatCount,
 		m.NatFinV4,
 		m.NatFinV6,
+		m.NatMarkScratchV4,
+		m.NatMarkScratchV6,
 		m.NatNoteFree,
 		m.NatPortSet,
 		m.NatPorts,
@@ -792,6 +824,7 @@ type masqVariables struct {
 	NatHandoverLast       *ebpf.Variable `ebpf:"nat_handover_last"`
 	NatHandoverOpLast     *ebpf.Variable `ebpf:"nat_handover_op_last"`
 	NatHandoverResultLast *ebpf.Variable `ebpf:"nat_handover_result_last"`
+	NatMarkZero           *ebpf.Variable `ebpf:"nat_mark_zero"`
 	NatNoteSeed           *ebpf.Variable `ebpf:"nat_note_seed"`
 	NatNoteSlotsV4        *ebpf.Variable `ebpf:"nat_note_slots_v4"`
 	NatNoteSlotsV6        *ebpf.Variable `ebpf:"nat_note_slots_v6"`

@@ -123,9 +123,11 @@ type masqcompatEarlyDropV4Ctx struct {
 		Slot    uint32
 		Rank    uint32
 	}
-	Now   uint64
-	Found uint32
-	Pad   uint32
+	Now     uint64
+	Found   uint32
+	Lookups uint32
+	Want    uint32
+	Pad     uint32
 }
 
 type masqcompatEarlyDropV6Ctx struct {
@@ -138,9 +140,11 @@ type masqcompatEarlyDropV6Ctx struct {
 		Slot    uint32
 		Rank    uint32
 	}
-	Now   uint64
-	Found uint32
-	Pad   uint32
+	Now     uint64
+	Found   uint32
+	Lookups uint32
+	Want    uint32
+	Pad     uint32
 }
 
 type masqcompatEgressDev struct {
@@ -373,6 +377,15 @@ type masqcompatNatV4Key struct {
 	Pad   [2]uint8
 }
 
+type masqcompatNatV4Mark struct {
+	_       structs.HostLayout
+	Key     masqcompatNatV4Key
+	Created uint64
+	To      uint64
+	Slot    uint32
+	Pad     uint32
+}
+
 type masqcompatNatV4Scratch struct {
 	_   structs.HostLayout
 	Key masqcompatNatV4Key
@@ -426,6 +439,15 @@ type masqcompatNatV6Key struct {
 	Proto uint8
 	Dir   uint8
 	Pad   [2]uint8
+}
+
+type masqcompatNatV6Mark struct {
+	_       structs.HostLayout
+	Key     masqcompatNatV6Key
+	Created uint64
+	To      uint64
+	Slot    uint32
+	Pad     uint32
 }
 
 type masqcompatNatV6Scratch struct {
@@ -510,6 +532,8 @@ const (
 	masqcompatMapNatCount              = "nat_count"
 	masqcompatMapNatFinV4              = "nat_fin_v4"
 	masqcompatMapNatFinV6              = "nat_fin_v6"
+	masqcompatMapNatMarkScratchV4      = "nat_mark_scratch_v4"
+	masqcompatMapNatMarkScratchV6      = "nat_mark_scratch_v6"
 	masqcompatMapNatNoteFree           = "nat_note_free"
 	masqcompatMapNatPortSet            = "nat_port_set"
 	masqcompatMapNatPorts              = "nat_ports"
@@ -550,6 +574,7 @@ const (
 	masqcompatVarNatHandoverLast       = "nat_handover_last"
 	masqcompatVarNatHandoverOpLast     = "nat_handover_op_last"
 	masqcompatVarNatHandoverResultLast = "nat_handover_result_last"
+	masqcompatVarNatMarkZero           = "nat_mark_zero"
 	masqcompatVarNatNoteSeed           = "nat_note_seed"
 	masqcompatVarNatNoteSlotsV4        = "nat_note_slots_v4"
 	masqcompatVarNatNoteSlotsV6        = "nat_note_slots_v6"
@@ -636,6 +661,8 @@ type masqcompatMapSpecs struct {
 	NatCount           *ebpf.MapSpec `ebpf:"nat_count"`
 	NatFinV4           *ebpf.MapSpec `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.MapSpec `ebpf:"nat_fin_v6"`
+	NatMarkScratchV4   *ebpf.MapSpec `ebpf:"nat_mark_scratch_v4"`
+	NatMarkScratchV6   *ebpf.MapSpec `ebpf:"nat_mark_scratch_v6"`
 	NatNoteFree        *ebpf.MapSpec `ebpf:"nat_note_free"`
 	NatPortSet         *ebpf.MapSpec `ebpf:"nat_port_set"`
 	NatPorts           *ebpf.MapSpec `ebpf:"nat_ports"`
@@ -674,6 +701,7 @@ type masqcompatVariableSpecs struct {
 	NatHandoverLast       *ebpf.VariableSpec `ebpf:"nat_handover_last"`
 	NatHandoverOpLast     *ebpf.VariableSpec `ebpf:"nat_handover_op_last"`
 	NatHandoverResultLast *ebpf.VariableSpec `ebpf:"nat_handover_result_last"`
+	NatMarkZero           *ebpf.VariableSpec `ebpf:"nat_mark_zero"`
 	NatNoteSeed           *ebpf.VariableSpec `ebpf:"nat_note_seed"`
 	NatNoteSlotsV4        *ebpf.VariableSpec `ebpf:"nat_note_slots_v4"`
 	NatNoteSlotsV6        *ebpf.VariableSpec `ebpf:"nat_note_slots_v6"`
@@ -724,6 +752,8 @@ type masqcompatMaps struct {
 	NatCount           *ebpf.Map `ebpf:"nat_count"`
 	NatFinV4           *ebpf.Map `ebpf:"nat_fin_v4"`
 	NatFinV6           *ebpf.Map `ebpf:"nat_fin_v6"`
+	NatMarkScratchV4   *ebpf.Map `ebpf:"nat_mark_scratch_v4"`
+	NatMarkScratchV6   *ebpf.Map `ebpf:"nat_mark_scratch_v6"`
 	NatNoteFree        *ebpf.Map `ebpf:"nat_note_free"`
 	NatPortSet         *ebpf.Map `ebpf:"nat_port_set"`
 	NatPorts           *ebpf.Map `ebpf:"nat_ports"`
@@ -768,6 +798,8 @@ func (m *masqcompatMaps) Close() error {
 		m.NatCount,
 		m.NatFinV4,
 		m.NatFinV6,
+		m.NatMarkScratchV4,
+		m.NatMarkScratchV6,
 		m.NatNoteFree,
 		m.NatPortSet,
 		m.NatPorts,
@@ -807,6 +839,7 @@ type masqcompatVariables struct {
 	NatHandoverLast       *ebpf.Variable `ebpf:"nat_handover_last"`
 	NatHandoverOpLast     *ebpf.Variable `ebpf:"nat_handover_op_last"`
 	NatHandoverResultLast *ebpf.Variable `ebpf:"nat_handover_result_last"`
+	NatMarkZero           *ebpf.Variable `ebpf:"nat_mark_zero"`
 	NatNoteSeed           *ebpf.Variable `ebpf:"nat_note_seed"`
 	NatNoteSlotsV4        *ebpf.Variable `ebpf:"nat_note_slots_v4"`
 	NatNoteSlotsV6        *ebpf.Variable `ebpf:"nat_note_slots_v6"`

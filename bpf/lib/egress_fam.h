@@ -116,6 +116,8 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 			count(COUNTER_DROP_PAIR_CLAIMED);
 			return TC_ACT_SHOT;
 		}
+		if (est == NAT_EST_ARM)
+			est = FAM(nat_cand_mark_run)(); /* 0 */
 		/* The translation, unless read after a concurrent delete
 		 * (another pair's, lib/flow.h) or the pair is being ended:
 		 * then the packet has no pair. */

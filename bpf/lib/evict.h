@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Eviction notes: the pairs early drop may look at, noted at a slot of
- * their own hash when they are made (or start to close), so that its cost
- * is bounded whatever the table's size. */
+ * their own hash when they are made (or start to close), armed when they
+ * are assured, so that its cost is bounded whatever the table's size. */
 
 #ifndef IPMASQ_LIB_EVICT_H
 #define IPMASQ_LIB_EVICT_H
@@ -29,22 +29,41 @@
  *   - a reply key again when the remote's first FIN or RST arrives, or the
  *     pod's RST (an established pair that starts closing may go again),
  *     and an inbound record's key when either side's first FIN or RST
- *     arrives.
+ *     arrives, an SCTP pair's when its association ends.
  *
  * A note goes to the first of NAT_NOTE_PROBES slots from its hash that is
  * empty or already holds its key; when all hold other keys, to the slot
  * this CPU's last early drop emptied (nat_note_free: a new flow at a full
- * table comes right after its early drop), else to the first whose entry
- * is gone or assured (one lookup each): a note of a pair that may go is
- * kept before a new one. When all of them may go and no slot was emptied,
- * the new pair is not noted (there are eight to take right there). A slot holds the key
- * and the entry's created_ns (0: empty). Early drop (pressure.h) reads a
- * bounded window of slots from a random start: the notes lie where their
- * keys hash (with a seed the loader draws, so that nobody can aim flows at
- * a few slots), so any window is a uniform sample of them. Notes of
- * entries gone or assured since are cleared as the search meets them; a
- * note is never removed otherwise (an answer costs nothing here).
+ * table comes right after its early drop), else to the first that is
+ * armed (below) or whose entry is gone or assured (one lookup each): a
+ * note of a pair that may go is kept before a new one. When all of them
+ * may go and no slot was emptied, the new pair is not noted (there are
+ * eight to take right there). A slot holds the key and the entry's
+ * created_ns (0: empty). Early drop (pressure.h) reads windows of
+ * adjacent slots from random starts: the notes lie where their keys hash
+ * (with a seed the loader draws, so that nobody can aim flows at a few
+ * slots), so any window is a uniform sample of them.
+ *
+ * A note is armed (NAT_NOTE_ARMED in created_ns, with the stamp of its
+ * entry then) by the program that makes its pair stop being one that may
+ * go: the remote's answer to a TCP pair (the pod's, an inbound record's),
+ * a UDP pair becoming a stream, an SCTP or GRE pair assured (nat_cand_mark,
+ * at the note's probes). An armed note costs a search no lookup until its
+ * pair's lifetime, counted from that stamp, could have passed (an
+ * established flow idle for its lifetime may go whatever the collector has
+ * done): then the search looks it up, and arms it again with the entry's
+ * stamp if it is alive. So the search looks up pairs that may go, and
+ * almost nothing else. Its pair starting to close notes it again, unarmed.
+ * A note the answer does not find at its probes (one written to the slot
+ * an early drop emptied) stays unarmed until a search meets it, looks its
+ * pair up, and arms it; so does a note whose answer raced its writing. A
+ * note of an entry gone is cleared by the collector that deleted it, by
+ * the early drop that did, or by the search that meets it.
  */
+
+/* created_ns of an armed note: the rest is its entry's stamp when armed
+ * (the clock's nanoseconds never reach bit 63). */
+#define NAT_NOTE_ARMED	(1ULL << 63)
 
 /* Probes of a note on collision. */
 #define NAT_NOTE_PROBES	8
@@ -60,6 +79,11 @@
 const volatile __u32 nat_note_slots_v4 = NAT_CAND_SLOTS;
 const volatile __u32 nat_note_slots_v6 = NAT_CAND_SLOTS;
 const volatile __u32 nat_note_seed = 0;
+
+/* The key of the per-CPU scratch maps of one value, a read-only global:
+ * a key on the stack would add to the frames of the programs' call
+ * chains, near 512 bytes. */
+const volatile __u32 nat_mark_zero = 0;
 
 struct nat_v4_cand {
 	struct nat_v4_key key;

@@ -5,7 +5,8 @@
  * uses.
  *
  * Defines: nat_create_fixed_v4, nat_create_fixed_v6, fixed_unassure_v4,
- * fixed_unassure_v6, egress_fixed_v4, egress_fixed_v6, ingress_fixed_v4,
+ * fixed_unassure_v6, fixed_assure_note_v4, fixed_assure_note_v6,
+ * egress_fixed_v4, egress_fixed_v6, ingress_fixed_v4,
  * ingress_fixed_v6, egress_untranslatable_v4, egress_untranslatable_v6,
  * fixed_scratch_v4, fixed_scratch_v6.
  */
@@ -69,7 +70,8 @@ static __noinline enum counter FAM(nat_create_fixed)(const FAM_T(nat, key) *out,
 }
 
 /* fixed_unassure_v4/v6 makes the pair of egress entry k (value v)
- * evictable again: its association is ending. */
+ * evictable again: its association is ending; noted again for early drop
+ * (its note was armed when it was assured: evict.h). */
 static __noinline void FAM(fixed_unassure)(const FAM_T(nat, key) *k, const FAM_T(nat, val) *v)
 {
 	FAM_T(nat, key) peer;
@@ -77,8 +79,27 @@ static __noinline void FAM(fixed_unassure)(const FAM_T(nat, key) *k, const FAM_T
 
 	FAM(nat_pair)(k, v, &peer);
 	r = bpf_map_lookup_elem(&FAM(nat), &peer);
-	if (r)
+	if (r && (r->flags & NAT_F_SEEN)) {
 		fixed_assure(&r->flags, FIXED_UNASSURE);
+		FAM(nat_cand_note)(&peer, r->created_ns);
+	}
+}
+
+/* fixed_assure_note_v4/v6 applies the assurance change how (one that
+ * changes v's flags) to the reply entry v (key k, stamp as the packet's
+ * touch left it) and its note: one whose association ends is noted again,
+ * an assured pair's note is armed (evict.h) by the caller, when this
+ * returns 1 (nat_cand_mark_run: a frame more here would take the IPv6
+ * ingress chain's stack over 512 bytes before 6.6). Its own frame: the
+ * ingress chain's stack. */
+static __noinline int FAM(fixed_assure_note)(const FAM_T(nat, key) *k, FAM_T(nat, val) *v, int how, __u64 stamp)
+{
+	fixed_assure(&v->flags, how);
+	if (how == FIXED_UNASSURE) {
+		FAM(nat_cand_note)(k, v->created_ns);
+		return 0;
+	}
+	return stamp != NAT_CLAIMED && FAM(nat_cand_mark_set)(k, v->created_ns, stamp | NAT_NOTE_ARMED);
 }
 
 /* The pair's key and value while egress_fixed makes it, per CPU (a tc
@@ -169,6 +190,7 @@ static __noinline int FAM(ingress_fixed)(struct __sk_buff *skb, const struct pkt
 	FAM_T(nat, val) *v;
 	FAM_ADDR from, to;
 	__u64 stamp;
+	int how;
 
 	FAM_ADDR_COPY(k.src, FAM_PKT(p).saddr);
 	FAM_ADDR_COPY(k.dst, FAM_PKT(p).daddr);
@@ -183,7 +205,10 @@ static __noinline int FAM(ingress_fixed)(struct __sk_buff *skb, const struct pkt
 		count(COUNTER_DROP_PAIR_CLAIMED);
 		return TC_ACT_SHOT;
 	}
-	fixed_assure(&v->flags, fixed_assurance(skb, p, DIR_INGRESS));
+	how = fixed_assurance(skb, p, DIR_INGRESS);
+	if (((how == FIXED_ASSURE && !(v->flags & NAT_F_SEEN)) || (how == FIXED_UNASSURE && (v->flags & NAT_F_SEEN))) &&
+	    FAM(fixed_assure_note)(&k, v, how, stamp))
+		FAM(nat_cand_mark_run)();
 	FAM_ADDR_COPY(from, FAM_PKT(p).daddr);
 	if (p->frag == FRAG_FIRST)
 		FAM(frag_remember)(p, DIR_INGRESS, to);

@@ -132,13 +132,17 @@ static __always_inline __u32 nat_state(__u8 proto, __u8 flags)
 
 /* nat_udp_stream marks the dir-1 entry r of a UDP pair a stream when a
  * packet of the pair passes after an earlier answer (SEEN) and 2 s after
- * the pair started. Costs a clock read only for answered, not yet stream
- * UDP pairs. */
-static __always_inline void nat_udp_stream(__u8 proto, __u8 *flags, __u64 created)
+ * the pair started, and says whether it did: the pair may no longer go
+ * for a new flow, and the caller arms its note (evict.h). Costs a clock
+ * read only for answered, not yet stream UDP pairs. */
+static __always_inline int nat_udp_stream(__u8 proto, __u8 *flags, __u64 created)
 {
 	if (proto == IPPROTO_UDP && (*flags & (NAT_F_SEEN | NAT_F_STREAM)) == NAT_F_SEEN &&
-	    nat_age(bpf_ktime_get_ns(), created) > (__s64)NAT_STREAM_NS)
+	    nat_age(bpf_ktime_get_ns(), created) > (__s64)NAT_STREAM_NS) {
 		*flags |= NAT_F_STREAM;
+		return 1;
+	}
+	return 0;
 }
 
 /* nat_expired says whether a pair last seen at last has outlived its state. */
@@ -172,6 +176,7 @@ static __always_inline int nat_closed(__u8 out, __u8 in)
 /* nat_established_v4/v6 results besides 0 (translate with the pair). */
 #define NAT_EST_NO_PAIR	1	/* the caller treats the packet as having no pair */
 #define NAT_EST_DROP	2	/* a SYN that lost the pair's claim: dropped (counted), the client retransmits */
+#define NAT_EST_ARM	3	/* as 0, and the caller runs nat_cand_mark_run (set: a UDP stream's note armed) */
 
 /*
  * RSTs. Like conntrack (nf_conntrack_proto_tcp.c), a RST from the remote

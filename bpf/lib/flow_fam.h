@@ -144,7 +144,17 @@ GLOBAL_FUNC int FAM(nat_established)(struct __sk_buff *skb, const FAM_T(nat, key
 		FAM(nat_delete)(key);
 		return NAT_EST_NO_PAIR;
 	}
-	nat_udp_stream(k->proto, &r->flags, r->created_ns);
+	/* A stream from now on: may not go for a new flow, its note armed
+	 * (evict.h) by the caller (a frame more here would take the IPv6
+	 * egress chain's stack over 512 bytes before 6.6). The rest of this
+	 * function is a UDP packet's touch. */
+	if (nat_udp_stream(k->proto, &r->flags, r->created_ns) && !(r->flags & NAT_F_HOST)) {
+		rl = nat_stamp(&r->last_seen_ns);
+		if (rl != NAT_CLAIMED && FAM(nat_cand_mark_set)(&peer, r->created_ns, rl | NAT_NOTE_ARMED)) {
+			FAM(nat_touch)(v, flags);
+			return NAT_EST_ARM;
+		}
+	}
 	cfg = masq_cfg();
 	rl = nat_stamp(&r->last_seen_ns);
 	if (tcp_syn(p) && cfg &&

@@ -65,6 +65,7 @@ static __always_inline int FAM(inbound_track)(struct __sk_buff *skb, const struc
 	FAM_T(nat, key) k;
 	__u64 now, seen;
 	long ret;
+	int arm;
 
 	if (p->proto == IPPROTO_TCP && !(p->tcp_flags & (PKT_F_SYN | NAT_F_FIN | NAT_F_RST)))
 		return TC_ACT_UNSPEC;
@@ -96,12 +97,15 @@ static __always_inline int FAM(inbound_track)(struct __sk_buff *skb, const struc
 			FAM(nat_cand_note)(&k, now);
 			return TC_ACT_UNSPEC;
 		}
-		nat_udp_stream(k.proto, &v->flags, v->created_ns);
+		/* a stream from now on: its note armed (evict.h) */
+		arm = nat_udp_stream(k.proto, &v->flags, v->created_ns);
 		/* The remote's first FIN or RST: the record may go for a new
 		 * flow again (pressure.h), noted for early drop (evict.h). */
 		if ((p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) && !(v->flags & (NAT_F_FIN | NAT_F_RST)))
 			FAM(nat_cand_note)(&k, v->created_ns);
-		FAM(nat_touch)(v, p->tcp_flags & (NAT_F_FIN | NAT_F_RST));
+		seen = FAM(nat_touch)(v, p->tcp_flags & (NAT_F_FIN | NAT_F_RST));
+		if (arm && seen != NAT_CLAIMED)
+			FAM(nat_cand_mark)(&k, v->created_ns, seen | NAT_NOTE_ARMED);
 		return TC_ACT_UNSPEC;
 	}
 	if (!flow_start(p, DIR_INGRESS) || FAM(inbound_answer)(&k))
@@ -124,18 +128,26 @@ static __always_inline int FAM(inbound_reply)(const struct pkt *p)
 {
 	FAM_T(nat, val) *v;
 	FAM_T(nat, key) k;
+	__u64 stamp;
+	int arm;
 
 	FAM(inbound_key)(p, DIR_EGRESS, &k);
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
 	if (!v)
 		return 0;
 	/* answered, and still going 2 s after it started: a UDP stream, not
-	 * dropped for a new flow (as a pair's) */
-	nat_udp_stream(k.proto, &v->flags, v->created_ns);
-	/* The pod's first FIN or RST: noted again, as the remote's */
+	 * dropped for a new flow (as a pair's), its note armed (evict.h) */
+	arm = nat_udp_stream(k.proto, &v->flags, v->created_ns);
+	/* The pod's first FIN or RST: noted again, as the remote's; its first
+	 * answer otherwise: a TCP record may go no more, its note armed. */
 	if ((p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) && !(v->flags & (NAT_F_FIN | NAT_F_RST)))
 		FAM(nat_cand_note)(&k, v->created_ns);
-	FAM(nat_touch)(v, (p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	else if (k.proto == IPPROTO_TCP && !(p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) &&
+		 !(v->flags & (NAT_F_SEEN | NAT_F_FIN | NAT_F_RST)))
+		arm = 1;
+	stamp = FAM(nat_touch)(v, (p->tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
+	if (arm && stamp != NAT_CLAIMED)
+		FAM(nat_cand_mark)(&k, v->created_ns, stamp | NAT_NOTE_ARMED);
 	return 1;
 }
 

@@ -17,6 +17,7 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	struct pkt p;
 	__u64 stamp;
 	__be16 port;
+	int arm;
 
 	p.l3_off = l3_off;
 	/* IPv6: 1 is a header chain the parser does not walk, left alone */
@@ -43,7 +44,7 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	v = bpf_map_lookup_elem(&FAM(nat), &k);
 	if (!v)
 		return FAM(inbound_track)(skb, &p);
-	nat_udp_stream(p.proto, &v->flags, v->created_ns);
+	arm = nat_udp_stream(p.proto, &v->flags, v->created_ns);
 	/* The remote's first FIN: does it acknowledge the source's? */
 	if ((p.tcp_flags & NAT_F_FIN) && !(v->flags & (NAT_F_FIN | NAT_F_HOST)))
 		FAM(nat_reply_fin)(skb, &k, v, &p);
@@ -58,12 +59,19 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 			p.tcp_flags &= ~NAT_F_RST;
 	}
 	/* The remote's first FIN or RST (one the pod expects): the pair may go
-	 * for a new flow again (pressure.h), noted for early drop (evict.h). */
+	 * for a new flow again (pressure.h), noted for early drop (evict.h).
+	 * Its first answer otherwise: a TCP pair may go no more, its note
+	 * armed (as a UDP pair's that became a stream). */
 	if ((p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) && !(v->flags & (NAT_F_FIN | NAT_F_RST | NAT_F_HOST)))
 		FAM(nat_cand_note)(&k, v->created_ns);
+	else if (p.proto == IPPROTO_TCP && !(p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) &&
+		 !(v->flags & (NAT_F_SEEN | NAT_F_FIN | NAT_F_RST)))
+		arm = 1;
 	stamp = FAM(nat_touch)(v, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | NAT_F_SEEN);
 	if (v->flags & NAT_F_HOST)
 		return TC_ACT_UNSPEC; /* a node flow's reply */
+	if (arm && stamp != NAT_CLAIMED)
+		FAM(nat_cand_mark)(&k, v->created_ns, stamp | NAT_NOTE_ARMED);
 	/* A flow handed to (or adopted from) conntrack: its replies are
 	 * conntrack's to translate while it has the flow (handover.h). */
 	if (v->handover == NAT_HANDOVER_CONNTRACK && FAM(conntrack_holds)(skb, &p))

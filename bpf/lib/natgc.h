@@ -19,7 +19,8 @@
  * pair again against its own clock under the programs' lifetimes, claims it
  * as the programs do (lib/flow.h, NAT_CLAIMED) and only then deletes both
  * halves: a pair reopened or taken over meanwhile is fresh or claimed by
- * its new owner, and kept.
+ * its new owner, and kept. The pair's early-drop note goes with it
+ * (lib/evict.h), so that no search meets it and looks it up.
  */
 
 /* nat_gc_*_ctx.result */

@@ -18,7 +18,8 @@ static __always_inline __u32 FAM(nat_gc_end)(const FAM_T(nat, key) *k, __u32 for
 	struct masq_config *cfg = masq_cfg();
 	FAM_T(nat, key) peer;
 	FAM_T(nat, val) *v, *o;
-	__u64 now = bpf_ktime_get_ns(), vl, ol = 0, last;
+	__u64 now = bpf_ktime_get_ns(), vl, ol = 0, last, created;
+	const FAM_T(nat, key) *noted = k;
 	__u8 flags;
 
 	v = bpf_map_lookup_elem(&FAM(nat), k);
@@ -51,6 +52,14 @@ static __always_inline __u32 FAM(nat_gc_end)(const FAM_T(nat, key) *k, __u32 for
 	 * after this check (its stamp moves). */
 	if (bpf_map_lookup_elem(&FAM(nat), k) != v)
 		return NAT_GC_KEPT;
+	/* The pair's note (evict.h) is its reply entry's, cleared with it:
+	 * the searches would otherwise meet it, and look it up. */
+	created = v->created_ns;
+	if (k->dir == DIR_EGRESS) {
+		noted = &peer;
+		if (o)
+			created = o->created_ns;
+	}
 	if (last == NAT_CLAIMED)
 		return NAT_GC_KEPT; /* another party is ending or rebuilding it */
 	if (!force && !nat_expired(cfg, k->proto, flags, last, now))
@@ -61,6 +70,7 @@ static __always_inline __u32 FAM(nat_gc_end)(const FAM_T(nat, key) *k, __u32 for
 		if (!nat_claim(&v->last_seen_ns, vl, NAT_CLAIMED))
 			return NAT_GC_KEPT;
 		FAM(nat_delete)(k);
+		FAM(nat_cand_mark)(noted, created, 0);
 		return NAT_GC_ENDED;
 	}
 	if (k->dir == DIR_INGRESS) {
@@ -68,12 +78,14 @@ static __always_inline __u32 FAM(nat_gc_end)(const FAM_T(nat, key) *k, __u32 for
 			return NAT_GC_KEPT;
 		FAM(nat_delete)(&peer);
 		FAM(nat_delete)(k);
+		FAM(nat_cand_mark)(noted, created, 0);
 		return NAT_GC_ENDED;
 	}
 	if (!nat_claim(&o->last_seen_ns, ol, NAT_CLAIMED))
 		return NAT_GC_KEPT;
 	FAM(nat_delete)(k);
 	FAM(nat_delete)(&peer);
+	FAM(nat_cand_mark)(noted, created, 0);
 	return NAT_GC_ENDED;
 }
 

@@ -26,6 +26,8 @@ FAM_T(early_drop, ctx) {
 	FAM_T(early_drop, cand) best[2];	/* the best, then the next */
 	__u64 now;
 	__u32 found;		/* candidates weighed */
+	__u32 lookups;		/* NAT lookups left to this search: 0 ends it */
+	__u32 want;		/* candidates that end it */
 	__u32 pad;
 };
 
@@ -44,13 +46,15 @@ struct {
 #define EARLY_DROP_DROPPED	2
 #endif
 
-/* early_drop_slot_v4/v6 judges the note in slot: an entry gone, or assured
- * and alive, clears it; an entry that may go is weighed against the best
- * two so far (expired first, then done, then the idlest). Everything
- * judged is read once, the stamp first: nat_claim then fails if anything
- * changed. One lookup: an element deleted and reused by another key
- * meanwhile may be judged by that key's flags (at worst a note cleared, or
- * a candidate weighed wrongly), but never dropped: early_drop_victim looks
+/* early_drop_slot_v4/v6 judges the note in slot, if it is worth a lookup
+ * (early_drop_worth) and the search has one left: an entry gone clears
+ * it, one assured and alive arms it with its stamp (evict.h), one that may
+ * go is weighed against the best two so far (expired first, then done,
+ * then the idlest). Everything judged is read
+ * once, the stamp first: nat_claim then fails if anything changed. One
+ * lookup: an element deleted and reused by another key meanwhile may be
+ * judged by that key's flags (at worst a note cleared or armed, or a
+ * candidate weighed wrongly), but never dropped: early_drop_victim looks
  * the key up again and claims from the stamp judged, which the key's own
  * entry does not have. The search's state is this CPU's
  * early_drop_scratch. A global function that takes no pointer (every
@@ -76,8 +80,9 @@ __noinline int FAM(early_drop_slot)(__u32 slot)
 	/* The key is used in place (stack room): a note writing over the
 	 * slot meanwhile changes created_ns, checked after the lookups. */
 	created = *(volatile __u64 *)&c->created_ns;
-	if (!created)
+	if (!ctx->lookups || !early_drop_worth(cfg, created, c->key.proto, ctx->now))
 		return 0;
+	ctx->lookups--;
 	proto = c->key.proto;
 	dir = c->key.dir;
 	v = bpf_map_lookup_elem(&FAM(nat), &c->key);
@@ -92,14 +97,14 @@ __noinline int FAM(early_drop_slot)(__u32 slot)
 		return 0; /* being written over by a newer note */
 	if (seen == NAT_CLAIMED)
 		return 0; /* another party's now: judged next time */
-	if (dir != DIR_INGRESS && dir != DIR_INBOUND)
+	if ((dir != DIR_INGRESS && dir != DIR_INBOUND) || (flags & NAT_F_HOST))
 		goto clear;
-	if (nat_expired(cfg, proto, flags, seen, ctx->now) && !(flags & NAT_F_HOST))
+	if (nat_expired(cfg, proto, flags, seen, ctx->now))
 		rank = EARLY_DROP_EXPIRED;
 	else if (nat_evictable(proto, flags))
 		rank = nat_done(proto, flags) ? EARLY_DROP_DONE : EARLY_DROP_IN_FLIGHT;
 	else
-		goto clear; /* assured: noted again if it starts closing */
+		goto arm; /* assured: not looked up again before it may expire */
 	ctx->found++;
 	b = &ctx->best[0];
 	if (ctx->found > 1 && (rank < b->rank || (rank == b->rank && (__s64)(seen - b->seen) >= 0))) {
@@ -115,6 +120,14 @@ __noinline int FAM(early_drop_slot)(__u32 slot)
 	b->created = created;
 	b->slot = slot;
 	b->rank = rank;
+	/* The best two done or expired: the next could only be as good (a
+	 * second, for a claim lost to another CPU); or enough weighed. */
+	if ((ctx->found > 1 && ctx->best[1].rank >= EARLY_DROP_DONE) || ctx->found >= ctx->want)
+		ctx->lookups = 0;
+	return 0;
+arm:
+	if (*(volatile __u64 *)&c->created_ns == created)
+		c->created_ns = seen | NAT_NOTE_ARMED;
 	return 0;
 clear:
 	if (*(volatile __u64 *)&c->created_ns == created)
@@ -136,6 +149,7 @@ static __noinline int FAM(early_drop_victim)(FAM_T(early_drop, ctx) *ctx, __u32 
 	FAM_T(nat, key) peer;
 	FAM_T(nat, val) *v, *o;
 	FAM_T(nat, cand) *c;
+	__u64 last;
 	__u32 *f;
 	__u8 flags;
 
@@ -158,14 +172,14 @@ static __noinline int FAM(early_drop_victim)(FAM_T(early_drop, ctx) *ctx, __u32 
 		if (!o && nat_being_made(ctx->now, v->created_ns))
 			goto unclaim;
 	}
+	last = o ? nat_later(nat_stamp(&o->last_seen_ns), b->seen) : b->seen;
 	if (!nat_evictable(b->key.proto, flags) &&
-	    (flags & NAT_F_HOST ||
-	     !nat_expired(cfg, b->key.proto, flags | (o ? o->flags : 0),
-			  o ? nat_later(nat_stamp(&o->last_seen_ns), b->seen) : b->seen, ctx->now))) {
-		/* assured, and its other half is alive: not met again */
+	    (flags & NAT_F_HOST || !nat_expired(cfg, b->key.proto, flags | (o ? o->flags : 0), last, ctx->now))) {
+		/* assured, and its other half is alive: its note armed with
+		 * the later stamp, not looked up before that may expire */
 		c = bpf_map_lookup_elem(&FAM(nat_cand), &b->slot);
 		if (c && *(volatile __u64 *)&c->created_ns == b->created)
-			c->created_ns = 0;
+			c->created_ns = flags & NAT_F_HOST ? 0 : last | NAT_NOTE_ARMED;
 		goto unclaim;
 	}
 	if (o)
@@ -193,7 +207,7 @@ unclaim:
 __noinline int FAM(nat_early_drop)(void)
 {
 	FAM_T(early_drop, ctx) *ctx;
-	__u32 zero = 0, w, i, start;
+	__u32 zero = 0, w, i, start, small;
 	int r = 0;
 
 	ctx = bpf_map_lookup_elem(&FAM(early_drop_scratch), &zero);
@@ -201,17 +215,19 @@ __noinline int FAM(nat_early_drop)(void)
 		return 0;
 	ctx->found = 0;
 	ctx->now = bpf_ktime_get_ns();
+	/* A table of up to NAT_EARLY_DROP_SLOTS slots is read whole, each
+	 * note worth it looked up: with so few pairs, any that may go is
+	 * found. */
+	small = FAM(nat_note_slots) <= NAT_EARLY_DROP_SLOTS;
+	ctx->lookups = small ? NAT_EARLY_DROP_SLOTS : NAT_EARLY_DROP_LOOKUPS;
+	ctx->want = small ? NAT_EARLY_DROP_SLOTS : NAT_EARLY_DROP_CANDIDATES;
 	/* Each window from a random start of its own (windows at fixed
 	 * distances would read the same few slots' classes, and empty them of
-	 * pairs that may go); a table of up to 16 slots is read whole. */
-	start = bpf_get_prandom_u32();
+	 * pairs that may go). */
 	for (w = 0; w < NAT_EARLY_DROP_WINDOWS; w++) {
-		if (FAM(nat_note_slots) > NAT_EARLY_DROP_WINDOWS * NAT_EARLY_DROP_WINDOW)
-			start = bpf_get_prandom_u32();
-		else if (w)
-			start += NAT_EARLY_DROP_WINDOW;
+		start = small ? w * NAT_EARLY_DROP_WINDOW : bpf_get_prandom_u32();
 		for (i = 0; i < NAT_EARLY_DROP_WINDOW; i++) {
-			if (ctx->found >= NAT_EARLY_DROP_CANDIDATES)
+			if (!ctx->lookups || (small && start + i >= FAM(nat_note_slots)))
 				break;
 			FAM(early_drop_slot)((start + i) % FAM(nat_note_slots));
 		}
