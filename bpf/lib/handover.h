@@ -160,7 +160,9 @@ struct {
 } handback_active SEC(".maps");
 
 /* handback_on says whether a hand-back is under way (a read of an array
- * the JIT inlines). */
+ * the JIT inlines). Called in handback_stray_v4/v6, not by the egress
+ * program itself: its key would take room on that program's stack, which
+ * is near the limit. */
 static __always_inline int handback_on(void)
 {
 	__u32 zero = 0, *on;

@@ -50,8 +50,8 @@ static __noinline int FAM(conntrack_holds)(struct __sk_buff *skb, const struct p
 	return 1;
 }
 
-/* handback_stray_v4/v6 says whether p, a TCP segment from the node's
- * address that is no flow of the node's own, is a segment of a flow being
+/* handback_stray_v4/v6 says whether p, a packet from the node's address
+ * that is no flow of the node's own, is a TCP segment of a flow being
  * handed back (handback_v4/v6) that conntrack translated to another port
  * than the pair's (handover.h, "The hand-back's one race"): its conntrack
  * entry, found by its reply tuple, is the one of the flow's own tuple. */
@@ -62,7 +62,7 @@ static __noinline int FAM(handback_stray)(struct __sk_buff *skb, const struct pk
 	struct nf_conn *seg, *flow;
 	int stray;
 
-	if (!skb || !p || !conntrack_lookup)
+	if (!skb || !p || p->proto != IPPROTO_TCP || p->frag != FRAG_NONE || p->kind != PKT_PORTS || !handback_on())
 		return 0;
 	FAM_ADDR_COPY(hk.remote, FAM_PKT(p).daddr);
 	hk.rport = p->dport;
