@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"github.com/cilium/ebpf"
 	"testing"
 	"time"
 )
@@ -18,14 +19,21 @@ const noteArmed = uint64(1) << 63
 // noteV4 returns the created_ns of the note of key k (0: none).
 func (e *testEnv) noteV4(t testing.TB, k NATKeyV4) uint64 {
 	t.Helper()
+	return noteIn(t, e.dp.Maps.NatCandV4, k, func(c *NATCandV4) (NATKeyV4, uint64) { return c.Key, c.CreatedNs })
+}
+
+// noteIn returns the created_ns of the note of key k in notes map m (0:
+// none); of reads a slot's key and created_ns.
+func noteIn[K comparable, C any](t testing.TB, m *ebpf.Map, k K, of func(*C) (K, uint64)) uint64 {
+	t.Helper()
 	var (
 		slot uint32
-		c    NATCandV4
+		c    C
 	)
-	it := e.dp.Maps.NatCandV4.Iterate()
+	it := m.Iterate()
 	for it.Next(&slot, &c) {
-		if c.CreatedNs != 0 && c.Key == k {
-			return c.CreatedNs
+		if key, created := of(&c); created != 0 && key == k {
+			return created
 		}
 	}
 	if err := it.Err(); err != nil {
@@ -86,20 +94,7 @@ func TestNoteArmedWhenAnswered(t *testing.T) {
 		port := masqueraded(t, e.egress(f.packet()), f, snat6)
 		k := NATKeyV6{Src: remote6.As16(), Dst: snat6.As16(), Sport: Port(443), Dport: Port(port), Proto: protoTCP, Dir: DirIngress}
 		note := func() uint64 {
-			var (
-				slot uint32
-				c    masqNatV6Cand
-			)
-			it := e.dp.Maps.NatCandV6.Iterate()
-			for it.Next(&slot, &c) {
-				if c.CreatedNs != 0 && c.Key == k {
-					return c.CreatedNs
-				}
-			}
-			if err := it.Err(); err != nil {
-				t.Fatal(err)
-			}
-			return 0
+			return noteIn(t, e.dp.Maps.NatCandV6, k, func(c *masqNatV6Cand) (NATKeyV6, uint64) { return c.Key, c.CreatedNs })
 		}
 		if n := note(); n == 0 || n&noteArmed != 0 {
 			t.Fatalf("made: note %#x, want an unarmed one", n)
