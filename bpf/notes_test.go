@@ -1,9 +1,10 @@
 package bpf
 
 import (
-	"github.com/cilium/ebpf"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 // Early drop's notes follow their pair's droppability (lib/evict.h): the
