@@ -1,6 +1,7 @@
 package kernelmatrix
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -91,5 +92,22 @@ func TestDeployDocKernelTable(t *testing.T) {
 		case !older && !r.Passed():
 			t.Errorf("kernel %s fails the matrix (%s) but %s's minimum is %s", r.Kernel, strings.Join(r.Failures, "; "), deployDoc, minimum)
 		}
+	}
+}
+
+// TestGuestPanic: a guest whose kernel panicked is told from one that
+// failed otherwise, with the console's line that says where.
+func TestGuestPanic(t *testing.T) {
+	err := errors.New("vmtest: kernel 6.12: the guest reported no status (qemu: <nil> ); console's end:\n" +
+		"[  206.676023] RIP: 0010:__netif_receive_skb_core.constprop.0+0xe7/0x1060\n" +
+		"[  206.676367] Kernel panic - not syncing: Fatal exception in interrupt")
+	if where, ok := guestPanic(err); !ok || where != "RIP: 0010:__netif_receive_skb_core.constprop.0+0xe7/0x1060" {
+		t.Errorf("a panic: %q %v", where, ok)
+	}
+	if _, ok := guestPanic(errors.New("vmtest: kernel 6.1: the guest reported no status")); ok {
+		t.Error("a guest without a panic: taken for one")
+	}
+	if _, ok := guestPanic(nil); ok {
+		t.Error("no error: taken for a panic")
 	}
 }

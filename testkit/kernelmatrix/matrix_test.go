@@ -44,8 +44,14 @@ var e2eTests = []string{
 // table), not counted as the kernel's failure. A gap closed shows as a
 // pass in the results; remove it here then.
 var knownGaps = map[string]map[string]string{
-	"6.1": {"TestMigrationKeepsFlows": removalGap},
+	"6.1":  {"TestMigrationKeepsFlows": removalGap},
+	"6.12": {"TestMigrationKeepsFlows": resetGap},
 }
+
+// resetGap: on 6.12 (3 Dec 2026, after the hand-back's race was fixed)
+// the stream ipmasq translated was reset after the hand-back in 1 of 3
+// runs, with no drop-handback counted: another cause, not found.
+const resetGap = "a TCP stream ipmasq translated may be reset after the hand-back to conntrack (1 of 3 runs; cause not found)"
 
 // removalGap: on 6.1 (runs of 3 Dec 2026: 1 query of 1 819, 1 of 2 870,
 // none) one UDP query asked while the agent adopted conntrack's flows,
@@ -273,22 +279,37 @@ func runKernel(t *testing.T, spec vmtest.Spec, repo string, b binaries) *Result 
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := os.MkdirTemp("", "ipmasq-kernelmatrix-"+spec.Name+"-")
-	if err != nil {
-		t.Fatal(err)
+	var res string
+	boot := func() (*vmtest.Result, error) {
+		var err error
+		if res, err = os.MkdirTemp("", "ipmasq-kernelmatrix-"+spec.Name+"-"); err != nil {
+			t.Fatal(err)
+		}
+		dir := res
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		ctx, cancel := context.WithTimeout(context.Background(), perKernel)
+		defer cancel()
+		logw := &lineLogger{t: t}
+		defer logw.flush()
+		return vmtest.Run(ctx, vmtest.Options{
+			Kernel: k,
+			Argv: []string{"sh", "-c", script, "matrix", res, b.dir, repo, b.verifierTest,
+				strings.Join(e2eTests, "|"), strings.Join(tcxTests, "|"), strings.Join(handoverTests, "|")},
+			Output:     logw,
+			ResultsDir: res,
+		})
 	}
-	t.Cleanup(func() { os.RemoveAll(res) })
-	ctx, cancel := context.WithTimeout(context.Background(), perKernel)
-	defer cancel()
-	logw := &lineLogger{t: t}
-	vr, err := vmtest.Run(ctx, vmtest.Options{
-		Kernel: k,
-		Argv: []string{"sh", "-c", script, "matrix", res, b.dir, repo, b.verifierTest,
-			strings.Join(e2eTests, "|"), strings.Join(tcxTests, "|"), strings.Join(handoverTests, "|")},
-		Output:     logw,
-		ResultsDir: res,
-	})
-	logw.flush()
+	vr, err := boot()
+	var panicked string
+	if p, ok := guestPanic(err); ok {
+		// Under TCG a guest's kernel has panicked in its packet path at
+		// an instruction boundary that live code patching moves (a
+		// static key flipped by an attach on the other vCPU): the run
+		// is repeated once, and the panic recorded in the results.
+		panicked = p
+		t.Logf("kernel %s: the guest's kernel panicked (%s); booting it once more:\n%v", spec.Name, p, err)
+		vr, err = boot()
+	}
 	if err != nil {
 		t.Fatalf("kernel %s: %v", spec.Name, err)
 	}
@@ -298,6 +319,7 @@ func runKernel(t *testing.T, spec vmtest.Spec, repo string, b binaries) *Result 
 		Demo:           map[string]string{},
 		E2E:            map[string]string{},
 		BootSeconds:    round1(vr.BootSeconds),
+		Rerun:          panicked,
 	}
 	var p probeReport
 	if b, err := os.ReadFile(filepath.Join(res, "probe.json")); err != nil || json.Unmarshal(b, &p) != nil {
@@ -367,6 +389,21 @@ func runKernel(t *testing.T, spec vmtest.Spec, repo string, b binaries) *Result 
 	}
 	r.Seconds = round1(time.Since(begin).Seconds())
 	return r
+}
+
+// guestPanic says whether err is a guest whose kernel panicked, and the
+// console's line that says where.
+func guestPanic(err error) (string, bool) {
+	if err == nil || !strings.Contains(err.Error(), "Kernel panic") {
+		return "", false
+	}
+	where := "Kernel panic"
+	for l := range strings.SplitSeq(err.Error(), "\n") {
+		if i := strings.Index(l, "RIP: 0010:"); i >= 0 {
+			where = strings.TrimSpace(l[i:])
+		}
+	}
+	return where, true
 }
 
 // stepRC is a script step's exit status (-1 when it did not run).

@@ -60,6 +60,9 @@ type Result struct {
 	// kernel, each with its reason: shown in the docs' table, not counted
 	// as failures.
 	KnownGaps []string `json:"known_gaps,omitempty"`
+	// Rerun, when not empty, is where the guest's kernel panicked in a
+	// first run of the kernel (the results are the second run's).
+	Rerun string `json:"rerun,omitempty"`
 	// BootSeconds is the guest's uptime when the matrix's script started;
 	// Seconds the kernel's whole run (boot, checks, power-off).
 	BootSeconds float64 `json:"boot_seconds"`
@@ -144,6 +147,9 @@ func Table(results []*Result) string {
 		}
 		if !r.Passed() {
 			lack = append(lack, "fails: "+strings.Join(r.Failures, "; "))
+		}
+		if r.Rerun != "" {
+			lack = append(lack, "run twice: the guest's kernel panicked in the first run under TCG ("+r.Rerun+")")
 		}
 		lacks := "—"
 		if len(lack) > 0 {
