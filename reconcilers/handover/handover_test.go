@@ -80,6 +80,19 @@ func TestHandBackMakesATranslatingEntry(t *testing.T) {
 	})
 }
 
+// loadDatapath loads the datapath with a small NAT map in the test's
+// namespace, nf_conntrack loaded first (loadConntrack); nil after t.Error
+// if it cannot (the caller's goroutine is not the test's: no Fatal).
+func loadDatapath(t *testing.T) *bpf.Datapath {
+	loadConntrack(t)
+	dp, err := bpf.Load(bpf.LoadOptions{PinDir: filepath.Join(privtest.MountBPFFS(t), "ipmasq"), NATMaxEntries: 1024})
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	return dp
+}
+
 // loadConntrack has the kernel load nf_conntrack (a ctnetlink request
 // does, as kube-proxy's rules do on a node) before the datapath loads: its
 // conntrack kfuncs are in the module, and the programs use them only if
@@ -108,10 +121,8 @@ func dumpConntrack(t *testing.T) []conntrack.Flow {
 // translates it), and is translated by the pair once conntrack has not.
 func TestIngressLeavesConntrackItsFlows(t *testing.T) {
 	inNewNetns(t, func() {
-		loadConntrack(t)
-		dp, err := bpf.Load(bpf.LoadOptions{PinDir: filepath.Join(privtest.MountBPFFS(t), "ipmasq"), NATMaxEntries: 1024})
-		if err != nil {
-			t.Error(err)
+		dp := loadDatapath(t)
+		if dp == nil {
 			return
 		}
 		defer dp.Close()
@@ -247,10 +258,8 @@ func TestBindingOf(t *testing.T) {
 // are cleared, the stray itself all pass.
 func TestHandBackDropsTheStraySegment(t *testing.T) {
 	inNewNetns(t, func() {
-		loadConntrack(t)
-		dp, err := bpf.Load(bpf.LoadOptions{PinDir: filepath.Join(privtest.MountBPFFS(t), "ipmasq"), NATMaxEntries: 1024})
-		if err != nil {
-			t.Error(err)
+		dp := loadDatapath(t)
+		if dp == nil {
 			return
 		}
 		defer dp.Close()
