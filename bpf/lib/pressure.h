@@ -77,8 +77,8 @@ static __always_inline int nat_done(__u8 proto, __u8 flags)
  * of up to NAT_EARLY_DROP_SLOTS slots is read whole, every such note
  * looked up). Reading a slot is cheap (a window is a few cache lines of
  * one page); the pair's lookup in the NAT map is what costs (a bucket and
- * an element at random in a map of up to millions of entries: about 0.5
- * to 1 µs on the development VM), so the lookups are what is bounded. It
+ * an element at random in a map of up to millions of entries: cache and
+ * TLB misses), so the lookups are what is bounded. It
  * weighs the pairs that may go among them and drops the best: an expired
  * pair first, then a done pair before one in flight, then the one idle
  * longest. Under a DNS burst the done pairs are the answered queries: a
