@@ -302,6 +302,13 @@ func Load(opts LoadOptions) (*Datapath, error) {
 			return nil, err
 		}
 		removeRetiredPins(opts.Logger, opts.PinDir)
+		// No hand-back is under way at a load: notes in the pinned maps
+		// are an earlier agent's, stopped during one (the programs would
+		// drop the replies of a flow whose conntrack entry never came).
+		if err := d.ClearHandBacks(); err != nil {
+			d.Close()
+			return nil, err
+		}
 	}
 	return d, nil
 }

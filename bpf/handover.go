@@ -119,11 +119,12 @@ func (d *Datapath) runHandover(prog *ebpf.Program, ctx any, result *uint32) (Han
 
 // NoteHandBackV4 names, for the egress program, the flow of egress tuple
 // k that the caller is about to hand back to conntrack, translated to port
-// by its pair (lib/handover.h, "The hand-back's one race"): until
+// by its pair (lib/handover.h, "The hand-back's races"): until
 // [Datapath.ClearHandBacks], a TCP segment to k's remote that conntrack
 // translated, in the instant between the agent's delete and create, to
-// another port than port is dropped rather than sent. A later note of
-// the same remote replaces this one.
+// another port than port is dropped rather than sent, and so is a reply
+// to port while conntrack has no translating entry for it. A later note
+// of the same remote replaces this one.
 func (d *Datapath) NoteHandBackV4(k NATKeyV4, port uint16) error {
 	key := masqHandbackV4Key{Remote: k.Dst, Rport: k.Dport, Proto: k.Proto}
 	val := masqHandbackV4Val{Src: k.Src, Sport: k.Sport, Port: Port(port)}

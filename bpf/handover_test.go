@@ -2,7 +2,12 @@ package bpf
 
 import (
 	"net/netip"
+	"path/filepath"
 	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
 // natPair returns the listed pair of egress tuple f, if any.
@@ -93,5 +98,42 @@ func TestAdoptTakesTheTupleConntrackChose(t *testing.T) {
 	c.Family = got[0].Family
 	if got[0] != c {
 		t.Fatalf("nat_count says %+v, the map holds %+v", got[0], c)
+	}
+}
+
+// TestLoadClearsHandBackNotes: the notes of a hand-back an agent was
+// stopped in are gone after the next load (pinned maps are reused), so
+// that no reply of a noted flow is dropped for good.
+func TestLoadClearsHandBackNotes(t *testing.T) {
+	privtest.Require(t)
+	pinDir := filepath.Join(privtest.MountBPFFS(t), "ipmasq")
+	dp, err := Load(LoadOptions{PinDir: pinDir, NATMaxEntries: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}
+	if err := dp.NoteHandBackV4(egressKey(f), 50000); err != nil {
+		t.Fatal(err)
+	}
+	k6 := NATKeyV6{Src: netip.MustParseAddr("fd00:244::2").As16(), Dst: netip.MustParseAddr("2001:db8::10").As16(), Sport: Port(40000), Dport: Port(443), Proto: protoTCP}
+	if err := dp.NoteHandBackV6(k6, 50000); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close() // as an agent killed during a hand-back leaves them
+
+	dp, err = Load(LoadOptions{PinDir: pinDir, NATMaxEntries: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dp.Close()
+	var active uint32
+	if err := dp.Maps.HandbackActive.Lookup(uint32(0), &active); err != nil || active != 0 {
+		t.Errorf("handback_active after the load: %d (%v), want 0", active, err)
+	}
+	for _, m := range []*ebpf.Map{dp.Maps.HandbackV4, dp.Maps.HandbackV6} {
+		var key, val []byte
+		if it := m.Iterate(); it.Next(&key, &val) {
+			t.Errorf("%s after the load holds a note (key %x), want none", m, key)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // NATKind says what a listed NAT record is.
@@ -64,6 +65,14 @@ type NATPair struct {
 	// (adopted from it, or handed back to it: lib/handover.h); its
 	// replies are left to conntrack while conntrack has the flow.
 	Conntrack bool
+}
+
+// KtimeNow is the clock of the programs' bpf_ktime_get_ns (CLOCK_MONOTONIC),
+// the clock of [NATPair.CreatedNs] and [NATPair.LastSeenNs].
+func KtimeNow() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
 }
 
 // Age is how long the pair has existed at now (monotonic ns).

@@ -91,20 +91,32 @@ enum nat_handover_result {
 };
 
 /*
- * The hand-back's one race. The agent replaces conntrack's untranslated
+ * The hand-back's races. The agent replaces conntrack's untranslated
  * entry of a flow by a translating one with a delete and a create
- * (ctnetlink cannot add a translation to an entry). A packet of the flow
- * that reaches conntrack between the two makes an entry of its own, which
- * the netfilter rule translates with a port of its choice (random with
- * --random-fully): that packet would leave from another port, and a TCP
- * remote answers it with a reset that conntrack brings back to the pod.
+ * (ctnetlink cannot add a translation to an entry). Between the two,
+ * conntrack has no entry of the flow, and a packet of it that reaches
+ * conntrack makes one of its own:
+ *
+ *   - the pod's segment: the netfilter rule translates it with a port of
+ *     its choice (random with --random-fully), so it would leave from
+ *     another port, and a TCP remote answers it with a reset that
+ *     conntrack brings back to the pod;
+ *   - the remote's segment, translated to the pod here: its entry's
+ *     reply tuple is the flow's own, which the agent's entry takes a
+ *     moment later, so conntrack gives it another source port (its clash
+ *     remap) and the pod answers that unknown port with a reset.
+ *
  * While it hands a flow back, the agent names it in handback_v4/v6, by
- * its remote; the egress program drops a node-sourced TCP segment to that
- * remote whose conntrack entry is the pod's flow's and whose port is not
- * the pair's (handback_stray_v4/v6). The sender retransmits it; the agent
- * finds the stray entry when its create fails, and replaces it. Outside a
- * hand-back (handback_active 0) a node's segment pays one array read for
- * this, not the notes' hash lookup.
+ * its remote, with its pair's port. The egress program drops a
+ * node-sourced TCP segment to that remote whose conntrack entry is the
+ * pod's flow's and whose port is not the pair's (handback_stray_v4/v6);
+ * the agent finds that stray entry when its create fails, and replaces
+ * it. The ingress program drops the named flow's TCP segments while
+ * conntrack has no translating entry for them (handback_window_v4/v6).
+ * Each sender retransmits. Outside a hand-back (handback_active 0) a
+ * node's segment pays one array read for this, not the notes' hash
+ * lookup, and a reply pays nothing unless its pair is conntrack's and
+ * conntrack has no entry for it.
  */
 struct handback_v4_key {
 	__be32 remote;

@@ -5,7 +5,8 @@
  * it uses.
  *
  * Defines: ct_find_v4, ct_find_v6, conntrack_holds_v4, conntrack_holds_v6,
- * handback_stray_v4, handback_stray_v6, nat_handover_run_v4,
+ * handback_stray_v4, handback_stray_v6, handback_window_v4,
+ * handback_window_v6, nat_handover_run_v4,
  * nat_handover_run_v6.
  */
 
@@ -53,7 +54,7 @@ static __noinline int FAM(conntrack_holds)(struct __sk_buff *skb, const struct p
 /* handback_stray_v4/v6 says whether p, a packet from the node's address
  * that is no flow of the node's own, is a TCP segment of a flow being
  * handed back (handback_v4/v6) that conntrack translated to another port
- * than the pair's (handover.h, "The hand-back's one race"): its conntrack
+ * than the pair's (handover.h, "The hand-back's races"): its conntrack
  * entry, found by its reply tuple, is the one of the flow's own tuple. */
 static __noinline int FAM(handback_stray)(struct __sk_buff *skb, const struct pkt *p)
 {
@@ -78,6 +79,25 @@ static __noinline int FAM(handback_stray)(struct __sk_buff *skb, const struct pk
 		bpf_ct_release(flow);
 	bpf_ct_release(seg);
 	return stray;
+}
+
+/* handback_window_v4/v6 says whether p, a TCP reply to a pair marked
+ * conntrack's that conntrack does not hold (yet), is of the flow the agent
+ * is handing back this instant (handback_v4/v6 names its remote and its
+ * pair's port): between the agent's delete of conntrack's untranslated
+ * entry and its create of the translating one (handover.h, "The
+ * hand-back's races"). */
+static __noinline int FAM(handback_window)(const struct pkt *p)
+{
+	FAM_T(handback, key) hk = { .proto = IPPROTO_TCP };
+	FAM_T(handback, val) *hv;
+
+	if (!p || p->proto != IPPROTO_TCP || p->kind != PKT_PORTS || !handback_on())
+		return 0;
+	FAM_ADDR_COPY(hk.remote, FAM_PKT(p).saddr);
+	hk.rport = p->sport;
+	hv = bpf_map_lookup_elem(&FAM(handback), &hk);
+	return hv && hv->port == p->dport;
 }
 
 /* nat_handover_run_v4/v6 runs one handover operation (handover.h). */

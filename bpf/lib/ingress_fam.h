@@ -73,9 +73,19 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	if (arm && stamp != NAT_CLAIMED)
 		FAM(nat_cand_mark)(&k, v->created_ns, stamp | NAT_NOTE_ARMED);
 	/* A flow handed to (or adopted from) conntrack: its replies are
-	 * conntrack's to translate while it has the flow (handover.h). */
-	if (v->handover == NAT_HANDOVER_CONNTRACK && FAM(conntrack_holds)(skb, &p))
-		return TC_ACT_UNSPEC;
+	 * conntrack's to translate while it has the flow (handover.h). A
+	 * TCP segment of the flow being handed back, before conntrack has
+	 * its translating entry, is dropped (the remote sends it again):
+	 * translated here, it could make conntrack an entry of its own that
+	 * the agent's entry then clashes with. */
+	if (v->handover == NAT_HANDOVER_CONNTRACK) {
+		if (FAM(conntrack_holds)(skb, &p))
+			return TC_ACT_UNSPEC;
+		if (FAM(handback_window)(&p)) {
+			count(COUNTER_DROP_HANDBACK);
+			return TC_ACT_SHOT;
+		}
+	}
 	FAM_ADDR_COPY(from, FAM_PKT(&p).daddr);
 	FAM_ADDR_COPY(to, v->addr);
 	port = v->port;

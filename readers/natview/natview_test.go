@@ -71,7 +71,7 @@ func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 // state, age, expiry and tuples; the filters, JSON, summary and count agree.
 func TestListKnownFlows(t *testing.T) {
 	dp, pinned := pinnedNAT(t, 1024)
-	now := monotonicNow()
+	now := bpf.KtimeNow()
 	ago := func(d time.Duration) uint64 { return now - uint64(d) }
 	var keys []bpf.NATKeyV4
 	var vals []bpf.NATValV4

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ipmasq/ipmasq/bpf"
 )
 
@@ -50,7 +48,7 @@ func Write(w io.Writer, src Source, o Options) error {
 	if err != nil {
 		return err
 	}
-	now := monotonicNow()
+	now := bpf.KtimeNow()
 	bw := bufio.NewWriterSize(w, 64<<10)
 	switch {
 	case o.Count:
@@ -83,13 +81,6 @@ func Write(w io.Writer, src Source, o Options) error {
 		err = ferr
 	}
 	return err
-}
-
-// monotonicNow is the clock of bpf_ktime_get_ns.
-func monotonicNow() uint64 {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
 }
 
 func family(p *bpf.NATPair) string {

@@ -81,11 +81,12 @@ func (m *mover) handBackAll() (int, error) {
 		}
 		m.back = s
 	}
-	flows, err := unmarked(m.dp.Maps.NatV4, bpf.ReadNATPairsV4)
+	now := bpf.KtimeNow()
+	flows, err := unmarked(m.dp.Maps.NatV4, bpf.ReadNATPairsV4, now)
 	if err != nil {
 		return 0, err
 	}
-	flows6, err := unmarked(m.dp.Maps.NatV6, bpf.ReadNATPairsV6)
+	flows6, err := unmarked(m.dp.Maps.NatV6, bpf.ReadNATPairsV6, now)
 	if err != nil {
 		return 0, err
 	}
@@ -188,16 +189,35 @@ func handBackable(proto, flags uint8) bool {
 		flags&(bpf.NATFlagFIN|bpf.NATFlagRST|bpf.NATFlagHost) == 0
 }
 
+// awaitAnswer is how long a UDP pair that has no answer yet is left out of
+// the hand-back: its answer, coming while conntrack has no entry of the
+// flow (between the hand-back's delete and create), would make conntrack
+// an entry of its own whose port clashes with the agent's entry, and be
+// lost (lib/handover.h, "The hand-back's races"). A query is answered
+// well within it; a pair still unanswered after it is handed back anyway
+// (the next pass, a second later).
+const awaitAnswer = time.Second
+
 // unmarked lists the translated pairs of m (nat_v4 or nat_v6: read is
 // bpf.ReadNATPairsV4 or V6) that may be handed back and are not yet
-// conntrack's.
-func unmarked(m *ebpf.Map, read func(*ebpf.Map, func(*bpf.NATPair) bool) error) ([]flow, error) {
+// conntrack's, at now (bpf.KtimeNow).
+func unmarked(m *ebpf.Map, read func(*ebpf.Map, func(*bpf.NATPair) bool) error, now uint64) ([]flow, error) {
 	var out []flow
 	err := read(m, func(p *bpf.NATPair) bool {
-		if p.Kind == bpf.KindMasquerade && !p.ReplyMissing && !p.Conntrack && handBackable(p.Proto, p.Flags) {
+		if handBackNow(p, now) {
 			out = append(out, flow{proto: p.Proto, src: p.Src, dst: p.Dst, to: p.Translated, seen: p.Flags&bpf.NATFlagSeen != 0})
 		}
 		return true
 	})
 	return out, err
+}
+
+// handBackNow says whether p is handed back by a pass at now: a whole
+// masquerade pair not yet conntrack's that may go to it, and for UDP, one
+// answered or past awaitAnswer.
+func handBackNow(p *bpf.NATPair, now uint64) bool {
+	if p.Kind != bpf.KindMasquerade || p.ReplyMissing || p.Conntrack || !handBackable(p.Proto, p.Flags) {
+		return false
+	}
+	return p.Proto != unix.IPPROTO_UDP || p.Flags&bpf.NATFlagSeen != 0 || p.Age(now) >= awaitAnswer
 }

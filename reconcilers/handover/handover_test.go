@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/ti-mo/conntrack"
@@ -322,8 +323,129 @@ func TestHandBackDropsTheStraySegment(t *testing.T) {
 
 // runEgress runs frame through the egress program and returns its verdict.
 func runEgress(t *testing.T, dp *bpf.Datapath, frame []byte) uint32 {
+	return runProgram(t, dp.Egress, frame)
+}
+
+// TestHandBackDropsTheReplyInItsWindow: while a flow is handed back and
+// conntrack has no translating entry of it yet (after the agent's delete,
+// before its create), the ingress program drops the flow's TCP replies
+// rather than translating them (conntrack would make an entry whose port
+// clashes with the agent's); another flow's reply to the same remote is
+// translated, and once conntrack has the entry the reply is left to it.
+func TestHandBackDropsTheReplyInItsWindow(t *testing.T) {
+	inNewNetns(t, func() {
+		dp := loadDatapath(t)
+		if dp == nil {
+			return
+		}
+		defer dp.Close()
+		if ok, err := bpf.ConntrackLookupAvailable(); err != nil || !ok {
+			t.Errorf("the kernel's conntrack kfuncs (bpf_skb_ct_lookup, 5.18, nf_conntrack loaded): %v %v; the hand-back cannot run here", ok, err)
+			return
+		}
+		if err := dp.SetLifetimes(bpf.DefaultLifetimes); err != nil {
+			t.Error(err)
+			return
+		}
+		other := flow{proto: unix.IPPROTO_TCP, src: netip.AddrPortFrom(netip.MustParseAddr("10.244.1.3"), 40000),
+			dst: tcpFlow.dst, to: netip.AddrPortFrom(node, 61236), seen: true}
+		// Both pairs conntrack's (as marked by a pass), neither in
+		// conntrack: the instant between the delete and the create.
+		for _, f := range []flow{tcpFlow, other} {
+			if res, err := dp.AdoptV4(keyV4(f), f.to.Addr(), f.to.Port(), true); err != nil || res != bpf.HandoverDone {
+				t.Errorf("adopt %v: %v %v", f, res, err)
+				return
+			}
+		}
+		if err := dp.NoteHandBackV4(keyV4(tcpFlow), tcpFlow.to.Port()); err != nil {
+			t.Error(err)
+			return
+		}
+		const shot = 2 // TC_ACT_SHOT
+		reply := tcpFrame(tcpFlow.dst, tcpFlow.to)
+		if v := runProgram(t, dp.Ingress, reply); v != shot {
+			t.Errorf("the handed-back flow's reply before conntrack's entry: verdict %d, want dropped (%d)", v, shot)
+		}
+		if dst := ingressDst(t, dp.Ingress, tcpFrame(other.dst, other.to)); dst != other.src {
+			t.Errorf("another flow's reply to the same remote went to %v, want %v", dst, other.src)
+		}
+		s, err := dialHandBack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer s.Close()
+		if err := s.handBack(tcpFlow); err != nil {
+			t.Error(err)
+			return
+		}
+		if dst := ingressDst(t, dp.Ingress, reply); dst != tcpFlow.to {
+			t.Errorf("with conntrack's entry: the reply went to %v, want it untouched (%v)", dst, tcpFlow.to)
+		}
+		// The notes cleared and conntrack's entry gone: the pair
+		// translates the flow again.
+		if err := dp.ClearHandBacks(); err != nil {
+			t.Error(err)
+			return
+		}
+		c, err := conntrack.Dial(nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		if err := c.Flush(); err != nil {
+			t.Error(err)
+			return
+		}
+		if dst := ingressDst(t, dp.Ingress, reply); dst != tcpFlow.src {
+			t.Errorf("after the hand-back, without conntrack's entry: the reply went to %v, want %v", dst, tcpFlow.src)
+		}
+		counts, err := bpf.ReadCounters(dp.Maps.Counters)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if n := counts[bpf.CounterDropHandback]; n != 1 {
+			t.Errorf("drop-handback counted %d, want 1", n)
+		}
+	})
+}
+
+// TestHandBackWaitsForUDPAnswers: a UDP pair still waiting for its answer
+// is left to a later pass, unless it has waited awaitAnswer; TCP pairs and
+// answered UDP pairs go now; pairs conntrack has, half pairs and ending
+// flows never.
+func TestHandBackWaitsForUDPAnswers(t *testing.T) {
+	const now = uint64(100 * time.Second)
+	young, old := now-uint64(10*time.Millisecond), now-uint64(awaitAnswer)
+	pair := func(proto, flags uint8, created uint64) *bpf.NATPair {
+		return &bpf.NATPair{Kind: bpf.KindMasquerade, Proto: proto, Flags: flags, CreatedNs: created}
+	}
+	for _, c := range []struct {
+		what string
+		p    *bpf.NATPair
+		want bool
+	}{
+		{"a UDP query waiting for its answer", pair(unix.IPPROTO_UDP, 0, young), false},
+		{"a UDP query unanswered for awaitAnswer", pair(unix.IPPROTO_UDP, 0, old), true},
+		{"an answered UDP pair", pair(unix.IPPROTO_UDP, bpf.NATFlagSeen, young), true},
+		{"a new TCP pair", pair(unix.IPPROTO_TCP, 0, young), true},
+		{"a pair conntrack has", &bpf.NATPair{Kind: bpf.KindMasquerade, Proto: unix.IPPROTO_TCP, Conntrack: true}, false},
+		{"a pair without its reply entry", &bpf.NATPair{Kind: bpf.KindMasquerade, Proto: unix.IPPROTO_TCP, ReplyMissing: true}, false},
+		{"a closing TCP pair", pair(unix.IPPROTO_TCP, bpf.NATFlagFIN, old), false},
+		{"an inbound record", &bpf.NATPair{Kind: bpf.KindInbound, Proto: unix.IPPROTO_TCP}, false},
+	} {
+		if got := handBackNow(c.p, now); got != c.want {
+			t.Errorf("%s: handed back now %v, want %v", c.what, got, c.want)
+		}
+	}
+}
+
+// runProgram runs frame through prog and returns its verdict.
+func runProgram(t *testing.T, prog *ebpf.Program, frame []byte) uint32 {
 	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+64)}
-	ret, err := dp.Egress.Run(opts)
+	ret, err := prog.Run(opts)
 	if err != nil {
 		t.Error(err)
 	}

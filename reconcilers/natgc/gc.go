@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/reconcilers/datapath"
@@ -24,13 +23,6 @@ const (
 	protoICMPv6 = bpf.ProtoICMPv6
 	protoSCTP   = 132
 )
-
-// monotonicNow is the clock of bpf_ktime_get_ns.
-func monotonicNow() uint64 {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
-}
 
 // collector frees expired NAT pairs and inbound flow records. The programs
 // apply the lifetimes on their own (an expired pair is reopened, taken over
@@ -124,7 +116,7 @@ func (c *collector) round() (s4, s6 GCStats, err error) {
 		}
 	}
 	budget := cmp.Or(c.perRound, gcScanPerRound)
-	now := monotonicNow()
+	now := bpf.KtimeNow()
 	s4, err4 := c.scan4.round(dp.Maps.NatV4, bpf.MapNATV4, dp.EndPairV4, c.lifetimes, now, snat, describeV4, budget)
 	s6, err6 := c.scan6.round(dp.Maps.NatV6, bpf.MapNATV6, dp.EndPairV6, c.lifetimes, now, snat, describeV6, budget)
 	if c.log != nil && s4.Expired+s6.Expired > 0 {

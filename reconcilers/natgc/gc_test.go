@@ -40,7 +40,7 @@ func loadDatapath(t *testing.T) *bpf.Datapath {
 
 func TestCollectExpiresIdlePairs(t *testing.T) {
 	dp := loadDatapath(t)
-	now := monotonicNow()
+	now := bpf.KtimeNow()
 	ago := func(d time.Duration) uint64 { return now - uint64(d) }
 	const node = "10.0.0.5"
 	keep := map[string]map[bpf.NATKeyV4]bpf.NATValV4{
@@ -108,7 +108,7 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 		if _, ok := revived[k]; ok {
 			for k, v := range revived {
 				if k.Dir == bpf.DirIngress {
-					v.LastSeenNs = monotonicNow()
+					v.LastSeenNs = bpf.KtimeNow()
 					dp.Maps.NatV4.Put(k, v)
 				}
 			}
@@ -146,7 +146,7 @@ func TestCollectExpiresIdlePairs(t *testing.T) {
 // (the kernel judges the key again; it used to be deleted by key).
 func TestCollectKeepsPairTakenOver(t *testing.T) {
 	dp := loadDatapath(t)
-	now := monotonicNow()
+	now := bpf.KtimeNow()
 	const node = "10.0.0.5"
 	old := pairEntries(protoTCP, "10.244.1.2", "203.0.113.10", node, 1000, 80, 61000, now-uint64(2*time.Minute), 0)
 	for k, v := range old {
@@ -155,7 +155,7 @@ func TestCollectKeepsPairTakenOver(t *testing.T) {
 		}
 	}
 	// The new flow: another pod, the same NAT port, the same reply key.
-	taker := pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 2000, 80, 61000, monotonicNow(), 0)
+	taker := pairEntries(protoTCP, "10.244.1.3", "203.0.113.10", node, 2000, 80, 61000, bpf.KtimeNow(), 0)
 	takenOver := false
 	end := func(k bpf.NATKeyV4, force bool) (bpf.GCResult, error) {
 		if !takenOver {
@@ -238,7 +238,7 @@ func TestRoundIsBounded(t *testing.T) {
 	if err := dp.SetLifetimes(bpf.DefaultLifetimes); err != nil {
 		t.Fatal(err)
 	}
-	now := monotonicNow()
+	now := bpf.KtimeNow()
 	const pairs = 5000 // 10 000 entries: 3 batches
 	var (
 		keys []bpf.NATKeyV4
@@ -256,7 +256,7 @@ func TestRoundIsBounded(t *testing.T) {
 	var s scanner[bpf.NATKeyV4, bpf.NATValV4]
 	read, ended, rounds := 0, 0, 0
 	for {
-		st, err := s.round(dp.Maps.NatV4, bpf.MapNATV4, dp.EndPairV4, bpf.DefaultLifetimes, monotonicNow(), nil, describeV4, gcChunk)
+		st, err := s.round(dp.Maps.NatV4, bpf.MapNATV4, dp.EndPairV4, bpf.DefaultLifetimes, bpf.KtimeNow(), nil, describeV4, gcChunk)
 		if err != nil {
 			t.Fatal(err)
 		}

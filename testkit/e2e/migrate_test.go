@@ -178,6 +178,12 @@ func testMigration(t *testing.T, handover bool) {
 	}
 	t.Cleanup(func() { topo.Close() })
 	startServers(t, topo.Ext, topology.RemoteIP4)
+	// For the report of a stream that broke: its segments on both ends
+	// and conntrack's entries.
+	traceTCP(t, topo.Ext, "eth0", tcpPort)
+	traceTCP(t, topo.Pod, "eth0", tcpPort)
+	conntrackTable(t, topo.Node, tcpPort)
+	conntrackEvents(t, topo.Node)
 	kubeProxyConntrackRule(t, topo.Node)
 	leaks := watchLeaks(t, topo.Ext, "eth0", topology.PodCIDR4)
 

@@ -30,11 +30,7 @@ var Sizes = []int{50_000, 200_000, 500_000, 1_000_000}
 const ConntrackMax = 250_000
 
 // Now is the clock of bpf_ktime_get_ns.
-func Now() uint64 {
-	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
-}
+func Now() uint64 { return bpf.KtimeNow() }
 
 // Datapath loads the datapath with its maps pinned in a private bpffs,
 // nat_v4 sized for flows pairs, and fills nat_v4 with flows answered TCP
