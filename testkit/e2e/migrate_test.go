@@ -52,6 +52,21 @@ func removeUpstreamChain(t *testing.T, node *topology.Netns) {
 	}
 }
 
+// queryTraces records the query port's datagrams on the node's two links
+// (the pod's and the uplink), and the node's conntrack UDP events, and
+// returns what tells of one unanswered query: its conntrack events (by its
+// pod port) and the datagrams around the time it was asked.
+func queryTraces(t *testing.T, topo *topology.Masquerade) func(badQuery) string {
+	uplink := traceUDP(t, topo.Node, "eth0", udpPort)
+	podSide := traceUDP(t, topo.Node, "pod0", udpPort)
+	events := recordConntrackUDP(t, topo.Node)
+	return func(b badQuery) string {
+		from, to := b.asked.Add(-100*time.Millisecond), b.asked.Add(300*time.Millisecond)
+		return fmt.Sprintf("conntrack's UDP events of sport=%d in %s:\n%s\n%s\n%s", b.local.Port(), topo.Node.Name,
+			events.mentioning(fmt.Sprintf("sport=%d ", b.local.Port())), podSide.around(from, to), uplink.around(from, to))
+	}
+}
+
 // queryBurst asks the remote over UDP from a new pod socket every 20 ms
 // until stopped, and counts the queries not answered (one try, 2 s) or
 // answered with another source than the node's.
@@ -64,6 +79,18 @@ type queryBurst struct {
 	mu     sync.Mutex
 	asked  int
 	bad    []string
+	// badAt are the unanswered queries' times and local ends, for the
+	// report (the traces of why, if any).
+	badAt []badQuery
+	// why, if set, tells what the node's and the remote's links and
+	// conntrack saw of an unanswered query.
+	why func(q badQuery) string
+}
+
+// badQuery is a query not answered as it should have been.
+type badQuery struct {
+	asked time.Time
+	local netip.AddrPort
 }
 
 func startQueryBurst(pod *topology.Netns, dst netip.Addr) *queryBurst {
@@ -82,14 +109,15 @@ func startQueryBurst(pod *topology.Netns, dst netip.Addr) *queryBurst {
 			inflight.Add(1)
 			go func() {
 				defer inflight.Done()
-				asked := q.currentStep()
-				seen, err := udpAsk(pod, dst, 1, answerWait)
+				asked, at := q.currentStep(), time.Now()
+				seen, local, err := udpAskFrom(pod, dst, 1, answerWait)
 				q.mu.Lock()
 				defer q.mu.Unlock()
 				q.asked++
 				if err != nil || seen != topology.NodeIP4.String() {
-					q.bad = append(q.bad, fmt.Sprintf("query %d (asked at step %q, over at %q): answer %q, %v",
-						i, asked, q.currentStep(), seen, err))
+					q.bad = append(q.bad, fmt.Sprintf("query %d (asked at step %q, over at %q, at %s from %s): answer %q, %v",
+						i, asked, q.currentStep(), at.Format("15:04:05.000"), local, seen, err))
+					q.badAt = append(q.badAt, badQuery{asked: at, local: local})
 				}
 			}()
 		}
@@ -118,6 +146,12 @@ func (q *queryBurst) stop(t *testing.T) {
 	defer q.mu.Unlock()
 	if len(q.bad) > 0 {
 		t.Errorf("%d of %d UDP queries not answered from the node's address; first: %s", len(q.bad), q.asked, q.bad[0])
+		for i, b := range q.badAt {
+			if q.why == nil || i == 3 {
+				break
+			}
+			t.Logf("unanswered query from %s:\n%s", b.local, q.why(b))
+		}
 	}
 	t.Logf("%d UDP queries, all answered from the node's address", q.asked)
 }
@@ -192,6 +226,7 @@ func testMigration(t *testing.T, handover bool) {
 	underUpstream := startStream(t, topo.Pod, topology.RemoteIP4)
 	underUpstream.progress(t, 64<<10, "under the Kubernetes agent's chain")
 	queries := startQueryBurst(topo.Pod, topology.RemoteIP4)
+	queries.why = queryTraces(t, topo)
 	queries.setStep("1. the Kubernetes agent's chain alone")
 
 	// 2. ipmasq starts beside the chain and adopts conntrack's bindings.

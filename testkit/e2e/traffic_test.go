@@ -164,23 +164,30 @@ func udpSource(pod *topology.Netns, dst netip.Addr) (string, error) {
 // udpAsk sends a datagram from a new pod socket, up to tries times, each
 // waiting wait for the answer, and returns the answer (what the server saw).
 func udpAsk(pod *topology.Netns, dst netip.Addr, tries int, wait time.Duration) (string, error) {
+	seen, _, err := udpAskFrom(pod, dst, tries, wait)
+	return seen, err
+}
+
+// udpAskFrom is udpAsk that also returns the socket's local end.
+func udpAskFrom(pod *topology.Netns, dst netip.Addr, tries int, wait time.Duration) (string, netip.AddrPort, error) {
 	c, err := dialNewUDPFlow(pod, netip.AddrPortFrom(dst, udpPort))
 	if err != nil {
-		return "", err
+		return "", netip.AddrPort{}, err
 	}
 	defer c.Close()
+	local, _ := netip.ParseAddrPort(c.LocalAddr().String())
 	buf := make([]byte, 128)
 	for try := 0; try < tries; try++ {
 		c.SetDeadline(time.Now().Add(wait))
 		if _, err := c.Write([]byte("who am i")); err != nil {
-			return "", err
+			return "", local, err
 		}
 		var n int
 		if n, err = c.Read(buf); err == nil {
-			return string(buf[:n]), nil
+			return string(buf[:n]), local, nil
 		}
 	}
-	return "", fmt.Errorf("no UDP answer from %s: %w", dst, err)
+	return "", local, fmt.Errorf("no UDP answer from %s: %w", dst, err)
 }
 
 // udpFlowsUsed are the local and remote ends of the UDP sockets

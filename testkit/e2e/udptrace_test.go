@@ -1,0 +1,170 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
+)
+
+// udpTrace keeps every datagram to or from one UDP port seen on a device
+// (a packet socket: both directions), for the report of a query that went
+// unanswered: where its datagram or its answer stopped, and with which
+// ports.
+type udpTrace struct {
+	name  string
+	port  uint16
+	f     *os.File
+	done  chan struct{}
+	mu    sync.Mutex
+	lines []stampedLine
+}
+
+type stampedLine struct {
+	at   time.Time
+	line string
+}
+
+// traceUDP records the datagrams of port on dev in n until the test ends.
+func traceUDP(t *testing.T, n *topology.Netns, dev string, port uint16) *udpTrace {
+	t.Helper()
+	f, err := topology.OpenPacketSocket(n, dev, unix.ETH_P_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &udpTrace{name: n.Name + "/" + dev, port: port, f: f, done: make(chan struct{})}
+	if err := unix.SetsockoptInt(int(f.Fd()), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+		t.Fatal(err)
+	}
+	go tr.read()
+	t.Cleanup(func() {
+		f.Close()
+		<-tr.done
+	})
+	return tr
+}
+
+func (tr *udpTrace) read() {
+	defer close(tr.done)
+	buf := make([]byte, 2048)
+	oob := make([]byte, 256)
+	rc, err := tr.f.SyscallConn()
+	if err != nil {
+		return
+	}
+	for {
+		var n, oobn int
+		var rerr error
+		err := rc.Read(func(fd uintptr) bool {
+			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, 0)
+			return rerr != unix.EAGAIN
+		})
+		if err != nil || rerr != nil {
+			return
+		}
+		stamp := time.Now()
+		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for _, m := range msgs {
+				if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_TIMESTAMPNS && len(m.Data) >= 16 {
+					ts := *(*unix.Timespec)(unsafe.Pointer(&m.Data[0]))
+					stamp = time.Unix(ts.Unix())
+				}
+			}
+		}
+		if n < 28 || buf[0]>>4 != 4 || (buf[9] != unix.IPPROTO_UDP && buf[9] != unix.IPPROTO_ICMP) {
+			continue
+		}
+		ihl := int(buf[0]&0xf) * 4
+		if n < ihl+8 {
+			continue
+		}
+		src, dst := netip.AddrFrom4([4]byte(buf[12:16])), netip.AddrFrom4([4]byte(buf[16:20]))
+		l4 := buf[ihl:]
+		var line string
+		if buf[9] == unix.IPPROTO_ICMP {
+			// An ICMP error about one of the port's datagrams (port
+			// unreachable, say) quotes its header.
+			q := l4[8 : n-ihl]
+			if len(q) < 28 || q[9] != unix.IPPROTO_UDP {
+				continue
+			}
+			qihl := int(q[0]&0xf) * 4
+			if len(q) < qihl+4 {
+				continue
+			}
+			qs, qd := uint16(q[qihl])<<8|uint16(q[qihl+1]), uint16(q[qihl+2])<<8|uint16(q[qihl+3])
+			if qs != tr.port && qd != tr.port {
+				continue
+			}
+			line = fmt.Sprintf("%s ICMP %s > %s type %d code %d about %s:%d > %s:%d", stamp.Format("15:04:05.000000"),
+				src, dst, l4[0], l4[1], netip.AddrFrom4([4]byte(q[12:16])), qs, netip.AddrFrom4([4]byte(q[16:20])), qd)
+		} else {
+			sport, dport := uint16(l4[0])<<8|uint16(l4[1]), uint16(l4[2])<<8|uint16(l4[3])
+			if sport != tr.port && dport != tr.port {
+				continue
+			}
+			line = fmt.Sprintf("%s %s:%d > %s:%d", stamp.Format("15:04:05.000000"), src, sport, dst, dport)
+		}
+		tr.mu.Lock()
+		tr.lines = append(tr.lines, stampedLine{stamp, line})
+		tr.mu.Unlock()
+	}
+}
+
+// around returns the datagrams recorded from before to after, oldest first.
+func (tr *udpTrace) around(from, to time.Time) string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	var lines []string
+	for _, l := range tr.lines {
+		if !l.at.Before(from) && !l.at.After(to) {
+			lines = append(lines, l.line)
+		}
+	}
+	return fmt.Sprintf("datagrams of UDP port %d on %s from %s to %s:\n%s", tr.port, tr.name,
+		from.Format("15:04:05.000"), to.Format("15:04:05.000"), strings.Join(lines, "\n"))
+}
+
+// conntrackUDPEvents records n's conntrack UDP events (conntrack -E) for
+// the report of an unanswered query.
+type conntrackUDPEvents struct {
+	mu  sync.Mutex
+	out strings.Builder
+}
+
+func recordConntrackUDP(t *testing.T, n *topology.Netns) *conntrackUDPEvents {
+	ev := &conntrackUDPEvents{}
+	cmd := exec.Command("conntrack", "-E", "-p", "udp", "-o", "timestamp,id")
+	cmd.Stdout = &lockedWriter{w: &ev.out, mu: &ev.mu}
+	cmd.Stderr = cmd.Stdout
+	if err := n.Start(cmd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return ev
+}
+
+// mentioning returns the events whose line holds s.
+func (ev *conntrackUDPEvents) mentioning(s string) string {
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	var lines []string
+	for l := range strings.SplitSeq(ev.out.String(), "\n") {
+		if strings.Contains(l, s) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
