@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -59,11 +60,12 @@ func removeUpstreamChain(t *testing.T, node *topology.Netns) {
 func queryTraces(t *testing.T, topo *topology.Masquerade) func(badQuery) string {
 	uplink := traceUDP(t, topo.Node, "eth0", udpPort)
 	podSide := traceUDP(t, topo.Node, "pod0", udpPort)
+	remote := traceUDP(t, topo.Ext, "eth0", udpPort)
 	events := recordConntrackUDP(t, topo.Node)
 	return func(b badQuery) string {
 		from, to := b.asked.Add(-100*time.Millisecond), b.asked.Add(300*time.Millisecond)
-		return fmt.Sprintf("conntrack's UDP events of sport=%d in %s:\n%s\n%s\n%s", b.local.Port(), topo.Node.Name,
-			events.mentioning(fmt.Sprintf("sport=%d ", b.local.Port())), podSide.around(from, to), uplink.around(from, to))
+		return fmt.Sprintf("conntrack's UDP events of sport=%d in %s:\n%s\n%s\n%s\n%s", b.local.Port(), topo.Node.Name,
+			events.mentioning(fmt.Sprintf("sport=%d ", b.local.Port())), podSide.around(from, to), uplink.around(from, to), remote.around(from, to))
 	}
 }
 
@@ -85,6 +87,9 @@ type queryBurst struct {
 	// why, if set, tells what the node's and the remote's links and
 	// conntrack saw of an unanswered query.
 	why func(q badQuery) string
+	// agentLog, if set, is the agent's log, whose lines around an
+	// unanswered query the report shows.
+	agentLog string
 }
 
 // badQuery is a query not answered as it should have been.
@@ -150,7 +155,8 @@ func (q *queryBurst) stop(t *testing.T) {
 			if q.why == nil || i == 3 {
 				break
 			}
-			t.Logf("unanswered query from %s:\n%s", b.local, q.why(b))
+			t.Logf("unanswered query from %s:\n%s\nthe agent's log from 2 s before to 1 s after:\n%s", b.local, q.why(b),
+				logAround(q.agentLog, b.asked.Add(-2*time.Second), b.asked.Add(time.Second)))
 		}
 	}
 	t.Logf("%d UDP queries, all answered from the node's address", q.asked)
@@ -232,6 +238,7 @@ func testMigration(t *testing.T, handover bool) {
 	// 2. ipmasq starts beside the chain and adopts conntrack's bindings.
 	queries.setStep("2. ipmasq started beside the chain")
 	a := newAgent(t, topo.Node, migrationConfig)
+	queries.agentLog = a.log
 	if !handover {
 		a.args = []string{"--conntrack-handover=false"}
 	}
@@ -330,4 +337,22 @@ func (a *agent) waitHandover(what string, ok func(line string) bool) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	a.t.Fatalf("handover not %s within 45 s: %q", what, line)
+}
+
+// logAround returns the lines of the agent's log at path stamped from from
+// to to.
+func logAround(path string, from, to time.Time) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var lines []string
+	for l := range strings.SplitSeq(string(data), "\n") {
+		stamp, _, ok := strings.Cut(strings.TrimPrefix(l, "time="), " ")
+		at, err := time.Parse(time.RFC3339Nano, stamp)
+		if ok && err == nil && !at.Before(from) && !at.After(to) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "\n")
 }

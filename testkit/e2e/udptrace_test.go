@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
@@ -43,6 +44,15 @@ func traceUDP(t *testing.T, n *topology.Netns, dev string, port uint16) *udpTrac
 	}
 	tr := &udpTrace{name: n.Name + "/" + dev, port: port, f: f, done: make(chan struct{})}
 	if err := unix.SetsockoptInt(int(f.Fd()), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Only the port's datagrams and ICMP reach the socket (not the
+	// streams' segments), with room for bursts; the kernel's count of what
+	// did not fit is in the report.
+	if err := attachUDPPortFilter(f, port); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetsockoptInt(int(f.Fd()), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20); err != nil {
 		t.Fatal(err)
 	}
 	go tr.read()
@@ -130,8 +140,12 @@ func (tr *udpTrace) around(from, to time.Time) string {
 			lines = append(lines, l.line)
 		}
 	}
-	return fmt.Sprintf("datagrams of UDP port %d on %s from %s to %s:\n%s", tr.port, tr.name,
-		from.Format("15:04:05.000"), to.Format("15:04:05.000"), strings.Join(lines, "\n"))
+	dropped := "unknown"
+	if st, err := unix.GetsockoptTpacketStats(int(tr.f.Fd()), unix.SOL_PACKET, unix.PACKET_STATISTICS); err == nil {
+		dropped = fmt.Sprint(st.Drops)
+	}
+	return fmt.Sprintf("datagrams of UDP port %d on %s from %s to %s (packets the trace's socket dropped since the last report: %s):\n%s",
+		tr.port, tr.name, from.Format("15:04:05.000"), to.Format("15:04:05.000"), dropped, strings.Join(lines, "\n"))
 }
 
 // conntrackUDPEvents records n's conntrack UDP events (conntrack -E) for
@@ -167,4 +181,33 @@ func (ev *conntrackUDPEvents) mentioning(s string) string {
 		}
 	}
 	return strings.Join(lines, "\n")
+}
+
+// attachUDPPortFilter lets through f (a packet socket whose packets start
+// at the IP header) only IPv4 UDP datagrams to or from port, and ICMP.
+func attachUDPPortFilter(f *os.File, port uint16) error {
+	prog, err := bpf.Assemble([]bpf.Instruction{
+		bpf.LoadAbsolute{Off: 0, Size: 1},
+		bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0xf0},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0x40, SkipFalse: 9},
+		bpf.LoadAbsolute{Off: 9, Size: 1},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.IPPROTO_ICMP, SkipTrue: 6},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.IPPROTO_UDP, SkipFalse: 6},
+		bpf.LoadMemShift{Off: 0},
+		bpf.LoadIndirect{Off: 0, Size: 2},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(port), SkipTrue: 2},
+		bpf.LoadIndirect{Off: 2, Size: 2},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(port), SkipFalse: 1},
+		bpf.RetConstant{Val: 0xffff},
+		bpf.RetConstant{Val: 0},
+	})
+	if err != nil {
+		return err
+	}
+	filter := make([]unix.SockFilter, len(prog))
+	for i, ins := range prog {
+		filter[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
+	}
+	return unix.SetsockoptSockFprog(int(f.Fd()), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER,
+		&unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]})
 }
