@@ -165,9 +165,11 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 		c = FAM(nat_new_pair)(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
 		/* A full table: drop a pair that is not assured, or refuse. A
 		 * pair needs two entries: an inbound record dropped frees one,
-		 * and another CPU's insert may take what a drop freed. */
+		 * and another CPU's insert may take what a drop freed. Each
+		 * retry takes the port its search found (NAT_CREATE_RETRY). */
 		for (int i = 0; i < 3 && c == COUNTER_NAT_FULL && FAM(nat_early_drop)(); i++)
-			c = FAM(nat_new_pair)(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0), &nv);
+			c = FAM(nat_new_pair)(skb, &k, (p.tcp_flags & (NAT_F_FIN | NAT_F_RST)) | (node ? NAT_CREATE_NODE : 0) |
+						       NAT_CREATE_RETRY, &nv);
 		if (c != COUNTER_NAT_NEW && c != COUNTER_MASQUERADED) {
 			count(c);
 			return TC_ACT_SHOT;

@@ -5,7 +5,7 @@
  * family.h).
  *
  * Defines: nat_insert_v4, nat_insert_v6, nat_replace_v4, nat_replace_v6,
- * nat_delete_v4, nat_delete_v6.
+ * nat_delete_v4, nat_delete_v6, nat_delete_claimed_v4, nat_delete_claimed_v6.
  */
 
 #include "family.h"
@@ -50,6 +50,20 @@ static __always_inline long FAM(nat_delete)(const FAM_T(nat, key) *k)
 		flags = o->flags;
 	}
 	ret = bpf_map_delete_elem(&FAM(nat), k);
+	if (ret == 0)
+		nat_count_add(FAM_IS_V6, nat_class_of(k->dir, flags), -1);
+	return ret;
+}
+
+/* nat_delete_claimed_v4/v6 is nat_delete of an entry the caller holds,
+ * claimed (lib/flow.h), its flags read after the claim (or of the egress
+ * entry of such a pair, whose class needs no flags): no lookup first. A
+ * claimed entry's class does not change (NAT_F_HOST is set only by its
+ * claimer's replacement), and no other party deletes it. */
+static __always_inline long FAM(nat_delete_claimed)(const FAM_T(nat, key) *k, __u8 flags)
+{
+	long ret = bpf_map_delete_elem(&FAM(nat), k);
+
 	if (ret == 0)
 		nat_count_add(FAM_IS_V6, nat_class_of(k->dir, flags), -1);
 	return ret;

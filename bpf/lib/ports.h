@@ -80,6 +80,10 @@ struct {
 /* nat_create_v4/v6 flags argument: a node flow's remap, which takes a port
  * of the range only (never stored). */
 #define NAT_CREATE_NODE	0x80
+/* nat_create_v4/v6 flags argument: the same flow's create again after an
+ * early drop made room (never stored): the port its search found free,
+ * whose insert the full table refused, is inserted at once (lib/ports_fam.h). */
+#define NAT_CREATE_RETRY	0x40
 
 /* nat_try_v4/v6 results. */
 #define PORT_TAKEN	0	/* try the next port */

@@ -122,8 +122,8 @@ __noinline int FAM(nat_try)(struct __sk_buff *skb)
  * COUNTER_NAT_NEW (or COUNTER_MASQUERADED when another CPU created the
  * same flow concurrently); otherwise the counter of the drop reason:
  * COUNTER_NAT_FULL when the map is full (the caller may drop a pair that
- * is not assured and retry, see lib/pressure.h), COUNTER_NO_PORT when the
- * search found none. A global function that takes no pointer but the
+ * is not assured and retry with NAT_CREATE_RETRY, see lib/pressure.h),
+ * COUNTER_NO_PORT when the search found none. A global function that takes no pointer but the
  * context, in both builds: the verifier checks it once, not at each of
  * the caller's tries (in the compat build, three times fewer
  * instructions for the egress program). */
@@ -133,6 +133,7 @@ __noinline int FAM(nat_create)(struct __sk_buff *skb, __u32 flags)
 	FAM_T(nat, val) *cur;
 	struct masq_config *cfg;
 	int got = PORT_DONE;
+	__be16 found;
 	__u64 now;
 	__u32 i, zero = 0;
 	long ret;
@@ -145,6 +146,7 @@ __noinline int FAM(nat_create)(struct __sk_buff *skb, __u32 flags)
 		return COUNTER_NO_PORT;
 
 	now = bpf_ktime_get_ns();
+	found = s->in.dport; /* a retry's port: the last search's */
 	__builtin_memset(&s->in, 0, sizeof(s->in));
 	FAM_ADDR_COPY(s->in.src, s->out.dst);
 	FAM_ADDR_COPY(s->in.dst, s->res.addr);
@@ -158,8 +160,26 @@ __noinline int FAM(nat_create)(struct __sk_buff *skb, __u32 flags)
 	s->rev.last_seen_ns = now;
 	s->rev.created_ns = now;
 
-	port_walk_init(&s->w, cfg, s->out.proto, flags, s->out.sport);
-	for (i = 0; i < PORT_PROBES; i++) {
+	if ((flags & NAT_CREATE_RETRY) && found) {
+		/* The same flow after an early drop (the caller's retry; this
+		 * CPU's search state is as its last create left it, early
+		 * drop uses none of it): the port that search found free, its
+		 * reply entry refused by the full table only (the insert tells
+		 * a key that exists, -EEXIST, before a full map, -E2BIG), goes
+		 * in at once: no lookup, no socket lookup again (asked a few
+		 * microseconds before), no new walk. Taken meanwhile (another
+		 * CPU's flow to the same destination): the walk goes on where
+		 * it stopped. */
+		s->in.dport = found;
+		ret = FAM(nat_insert)(&s->in, &s->rev);
+		if (ret == 0)
+			got = PORT_FREE;
+		else if (ret != -EEXIST)
+			return COUNTER_NAT_FULL;
+	} else {
+		port_walk_init(&s->w, cfg, s->out.proto, flags, s->out.sport);
+	}
+	for (i = 0; i < PORT_PROBES && got != PORT_FREE; i++) {
 		got = FAM(nat_try)(skb);
 		if (got != PORT_TAKEN)
 			break;

@@ -105,7 +105,10 @@ __noinline int FAM(early_drop_slot)(__u32 slot)
 		rank = nat_done(proto, flags) ? EARLY_DROP_DONE : EARLY_DROP_IN_FLIGHT;
 	else
 		goto arm; /* assured: not looked up again before it may expire */
-	ctx->found++;
+	/* Enough weighed: the search ends with this one, whether or not it
+	 * is among the best two. */
+	if (++ctx->found >= ctx->want)
+		ctx->lookups = 0;
 	b = &ctx->best[0];
 	if (ctx->found > 1 && (rank < b->rank || (rank == b->rank && (__s64)(seen - b->seen) >= 0))) {
 		/* not the best: the next? */
@@ -121,8 +124,8 @@ __noinline int FAM(early_drop_slot)(__u32 slot)
 	b->slot = slot;
 	b->rank = rank;
 	/* The best two done or expired: the next could only be as good (a
-	 * second, for a claim lost to another CPU); or enough weighed. */
-	if ((ctx->found > 1 && ctx->best[1].rank >= EARLY_DROP_DONE) || ctx->found >= ctx->want)
+	 * second, for a claim lost to another CPU). */
+	if (ctx->found > 1 && ctx->best[1].rank >= EARLY_DROP_DONE)
 		ctx->lookups = 0;
 	return 0;
 arm:
@@ -182,9 +185,12 @@ static __noinline int FAM(early_drop_victim)(FAM_T(early_drop, ctx) *ctx, __u32 
 			c->created_ns = flags & NAT_F_HOST ? 0 : last | NAT_NOTE_ARMED;
 		goto unclaim;
 	}
+	/* Both halves deleted without looking them up again: the reply
+	 * entry is claimed (its flags read above), the egress entry's class
+	 * needs none. */
 	if (o)
-		FAM(nat_delete)(&peer);
-	FAM(nat_delete)(&b->key);
+		FAM(nat_delete_claimed)(&peer, 0);
+	FAM(nat_delete_claimed)(&b->key, flags);
 	c = bpf_map_lookup_elem(&FAM(nat_cand), &b->slot);
 	if (c && *(volatile __u64 *)&c->created_ns == b->created) {
 		c->created_ns = 0;
@@ -207,7 +213,7 @@ unclaim:
 __noinline int FAM(nat_early_drop)(void)
 {
 	FAM_T(early_drop, ctx) *ctx;
-	__u32 zero = 0, w, i, start, small;
+	__u32 zero = 0, w, i, start, small, slot;
 	int r = 0;
 
 	ctx = bpf_map_lookup_elem(&FAM(early_drop_scratch), &zero);
@@ -225,13 +231,24 @@ __noinline int FAM(nat_early_drop)(void)
 	 * distances would read the same few slots' classes, and empty them of
 	 * pairs that may go). */
 	for (w = 0; w < NAT_EARLY_DROP_WINDOWS; w++) {
+		/* A search that has ended (enough weighed, or its lookups
+		 * spent) ends whole: no window more, no random start drawn. */
+		if (!ctx->lookups)
+			goto weighed;
 		start = small ? w * NAT_EARLY_DROP_WINDOW : bpf_get_prandom_u32();
+		/* one division a window, not one a slot */
+		slot = start % FAM(nat_note_slots);
 		for (i = 0; i < NAT_EARLY_DROP_WINDOW; i++) {
-			if (!ctx->lookups || (small && start + i >= FAM(nat_note_slots)))
+			if (!ctx->lookups)
+				goto weighed;
+			if (small && start + i >= FAM(nat_note_slots))
 				break;
-			FAM(early_drop_slot)((start + i) % FAM(nat_note_slots));
+			FAM(early_drop_slot)(slot);
+			if (++slot >= FAM(nat_note_slots))
+				slot = 0;
 		}
 	}
+weighed:
 	if (ctx->found)
 		r = FAM(early_drop_victim)(ctx, 0);
 	/* Lost its claim (answered, reopened, or another CPU's victim too):
