@@ -565,6 +565,7 @@ const (
 	masqcompatVarCounterMax            = "counter_max"
 	masqcompatVarCsumIpv6Flag          = "csum_ipv6_flag"
 	masqcompatVarDropReasonMax         = "drop_reason_max"
+	masqcompatVarHandbackKey           = "handback_key"
 	masqcompatVarMasqCfgFlagsKnown     = "masq_cfg_flags_known"
 	masqcompatVarMasqSrcFlagsKnown     = "masq_src_flags_known"
 	masqcompatVarNatClassMax           = "nat_class_max"
@@ -692,6 +693,7 @@ type masqcompatVariableSpecs struct {
 	CounterMax            *ebpf.VariableSpec `ebpf:"counter_max"`
 	CsumIpv6Flag          *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
 	DropReasonMax         *ebpf.VariableSpec `ebpf:"drop_reason_max"`
+	HandbackKey           *ebpf.VariableSpec `ebpf:"handback_key"`
 	MasqCfgFlagsKnown     *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
 	MasqSrcFlagsKnown     *ebpf.VariableSpec `ebpf:"masq_src_flags_known"`
 	NatClassMax           *ebpf.VariableSpec `ebpf:"nat_class_max"`
@@ -830,6 +832,7 @@ type masqcompatVariables struct {
 	CounterMax            *ebpf.Variable `ebpf:"counter_max"`
 	CsumIpv6Flag          *ebpf.Variable `ebpf:"csum_ipv6_flag"`
 	DropReasonMax         *ebpf.Variable `ebpf:"drop_reason_max"`
+	HandbackKey           *ebpf.Variable `ebpf:"handback_key"`
 	MasqCfgFlagsKnown     *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
 	MasqSrcFlagsKnown     *ebpf.Variable `ebpf:"masq_src_flags_known"`
 	NatClassMax           *ebpf.Variable `ebpf:"nat_class_max"`

@@ -81,7 +81,7 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	if (v->handover == NAT_HANDOVER_CONNTRACK) {
 		if (FAM(conntrack_holds)(skb, &p))
 			return TC_ACT_UNSPEC;
-		if (FAM(handback_window)(&p)) {
+		if (handback_on() && FAM(handback_window)(&p)) {
 			count(COUNTER_DROP_HANDBACK);
 			return TC_ACT_SHOT;
 		}
