@@ -560,6 +560,7 @@ const (
 	masqcompatProgNatHandoverV6        = "nat_handover_v6"
 	masqcompatVarActionMax             = "action_max"
 	masqcompatVarAtomicLockKey         = "atomic_lock_key"
+	masqcompatVarCompatCoarseClock     = "compat_coarse_clock"
 	masqcompatVarConntrackLookup       = "conntrack_lookup"
 	masqcompatVarCounterFamilyOther    = "counter_family_other"
 	masqcompatVarCounterMax            = "counter_max"
@@ -688,6 +689,7 @@ type masqcompatMapSpecs struct {
 type masqcompatVariableSpecs struct {
 	ActionMax             *ebpf.VariableSpec `ebpf:"action_max"`
 	AtomicLockKey         *ebpf.VariableSpec `ebpf:"atomic_lock_key"`
+	CompatCoarseClock     *ebpf.VariableSpec `ebpf:"compat_coarse_clock"`
 	ConntrackLookup       *ebpf.VariableSpec `ebpf:"conntrack_lookup"`
 	CounterFamilyOther    *ebpf.VariableSpec `ebpf:"counter_family_other"`
 	CounterMax            *ebpf.VariableSpec `ebpf:"counter_max"`
@@ -827,6 +829,7 @@ func (m *masqcompatMaps) Close() error {
 type masqcompatVariables struct {
 	ActionMax             *ebpf.Variable `ebpf:"action_max"`
 	AtomicLockKey         *ebpf.Variable `ebpf:"atomic_lock_key"`
+	CompatCoarseClock     *ebpf.Variable `ebpf:"compat_coarse_clock"`
 	ConntrackLookup       *ebpf.Variable `ebpf:"conntrack_lookup"`
 	CounterFamilyOther    *ebpf.Variable `ebpf:"counter_family_other"`
 	CounterMax            *ebpf.Variable `ebpf:"counter_max"`
