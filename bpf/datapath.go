@@ -234,6 +234,9 @@ func Load(opts LoadOptions) (*Datapath, error) {
 			return nil, fmt.Errorf("clear csum_ipv6_flag: %w", err)
 		}
 	}
+	if err := setCompatClock(choice.Variant, spec); err != nil {
+		return nil, err
+	}
 	// The ingress program asks conntrack about pairs handed over only
 	// where the kernel has the lookup (lib/handover.h).
 	if ok, _ := ConntrackLookupAvailable(); ok {

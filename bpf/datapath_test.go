@@ -58,6 +58,9 @@ type envOptions struct {
 	object string
 	// natMapKind changes the NAT maps' kind (BenchmarkNATMapKinds).
 	natMapKind func(*ebpf.MapSpec)
+	// variant is the build to load; empty: the package's
+	// (IPMASQ_TEST_DATAPATH_VARIANT, else the kernel's).
+	variant Variant
 }
 
 // newEnv loads the datapath with nonmasq tries of a size other than the
@@ -78,7 +81,7 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 	if o.object != "" {
 		dp = loadObject(tb, o.object, o.natMax)
 	} else if dp, err = Load(LoadOptions{PinDir: pinDir, NonMasqMaxEntries: 100, NATMaxEntries: o.natMax,
-		natMapKind: o.natMapKind}); err != nil {
+		natMapKind: o.natMapKind, Variant: o.variant}); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { dp.Close() })

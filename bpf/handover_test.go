@@ -3,6 +3,7 @@ package bpf
 import (
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -134,6 +135,63 @@ func TestLoadClearsHandBackNotes(t *testing.T) {
 		var key, val []byte
 		if it := m.Iterate(); it.Next(&key, &val) {
 			t.Errorf("%s after the load holds a note (key %x), want none", m, key)
+		}
+	}
+}
+
+// TestHandBackFlagReachesEveryProgram: the hand-back's flag
+// (handback_active, lib/handover.h: handback_on) is read by every tc
+// program, those of an earlier load too: an agent that starts again loads
+// new programs while the old ones are still attached (until the replace),
+// and the flag it writes must gate their checks as well. So it is the
+// pinned map both loads share, not a global variable of each object.
+func TestHandBackFlagReachesEveryProgram(t *testing.T) {
+	privtest.Require(t)
+	pinDir := filepath.Join(privtest.MountBPFFS(t), "ipmasq")
+	var loads []*Datapath
+	for range 2 {
+		dp, err := Load(LoadOptions{PinDir: pinDir, NATMaxEntries: 1024})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dp.Close()
+		loads = append(loads, dp)
+	}
+	cur := loads[1]
+	flag, err := mapID(cur.Maps.HandbackActive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old, err := mapID(loads[0].Maps.HandbackActive); err != nil || old != flag {
+		t.Fatalf("handback_active of the first load is map %d (%v), of the second %d: want the same", old, err, flag)
+	}
+	if err := cur.NoteHandBackV4(egressKey(flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}), 50000); err != nil {
+		t.Fatal(err)
+	}
+	var on uint32
+	if err := loads[0].Maps.HandbackActive.Lookup(uint32(0), &on); err != nil || on == 0 {
+		t.Fatalf("handback_active as the first load reads it after the second's note: %d (%v), want non-zero", on, err)
+	}
+	for i, dp := range loads {
+		egressL3, ingressL3, err := dp.ProgramsL3()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, prog := range map[string]*ebpf.Program{
+			"ipmasq_egress": dp.Egress, "ipmasq_ingress": dp.Ingress,
+			"ipmasq_egress_l3": egressL3, "ipmasq_ingress_l3": ingressL3,
+		} {
+			info, err := prog.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, ok := info.MapIDs()
+			if !ok {
+				t.Fatalf("load %d %s: the kernel lists no map IDs", i+1, name)
+			}
+			if !slices.Contains(ids, flag) {
+				t.Errorf("load %d %s: maps %v, want the pinned handback_active (%d) among them", i+1, name, ids, flag)
+			}
 		}
 	}
 }

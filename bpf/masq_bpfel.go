@@ -555,6 +555,7 @@ const (
 	masqVarCounterMax            = "counter_max"
 	masqVarCsumIpv6Flag          = "csum_ipv6_flag"
 	masqVarDropReasonMax         = "drop_reason_max"
+	masqVarHandbackKey           = "handback_key"
 	masqVarMasqCfgFlagsKnown     = "masq_cfg_flags_known"
 	masqVarMasqSrcFlagsKnown     = "masq_src_flags_known"
 	masqVarNatClassMax           = "nat_class_max"
@@ -680,6 +681,7 @@ type masqVariableSpecs struct {
 	CounterMax            *ebpf.VariableSpec `ebpf:"counter_max"`
 	CsumIpv6Flag          *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
 	DropReasonMax         *ebpf.VariableSpec `ebpf:"drop_reason_max"`
+	HandbackKey           *ebpf.VariableSpec `ebpf:"handback_key"`
 	MasqCfgFlagsKnown     *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
 	MasqSrcFlagsKnown     *ebpf.VariableSpec `ebpf:"masq_src_flags_known"`
 	NatClassMax           *ebpf.VariableSpec `ebpf:"nat_class_max"`
@@ -815,6 +817,7 @@ type masqVariables struct {
 	CounterMax            *ebpf.Variable `ebpf:"counter_max"`
 	CsumIpv6Flag          *ebpf.Variable `ebpf:"csum_ipv6_flag"`
 	DropReasonMax         *ebpf.Variable `ebpf:"drop_reason_max"`
+	HandbackKey           *ebpf.Variable `ebpf:"handback_key"`
 	MasqCfgFlagsKnown     *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
 	MasqSrcFlagsKnown     *ebpf.Variable `ebpf:"masq_src_flags_known"`
 	NatClassMax           *ebpf.Variable `ebpf:"nat_class_max"`

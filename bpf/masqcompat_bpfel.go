@@ -560,11 +560,13 @@ const (
 	masqcompatProgNatHandoverV6        = "nat_handover_v6"
 	masqcompatVarActionMax             = "action_max"
 	masqcompatVarAtomicLockKey         = "atomic_lock_key"
+	masqcompatVarCompatCoarseClock     = "compat_coarse_clock"
 	masqcompatVarConntrackLookup       = "conntrack_lookup"
 	masqcompatVarCounterFamilyOther    = "counter_family_other"
 	masqcompatVarCounterMax            = "counter_max"
 	masqcompatVarCsumIpv6Flag          = "csum_ipv6_flag"
 	masqcompatVarDropReasonMax         = "drop_reason_max"
+	masqcompatVarHandbackKey           = "handback_key"
 	masqcompatVarMasqCfgFlagsKnown     = "masq_cfg_flags_known"
 	masqcompatVarMasqSrcFlagsKnown     = "masq_src_flags_known"
 	masqcompatVarNatClassMax           = "nat_class_max"
@@ -687,11 +689,13 @@ type masqcompatMapSpecs struct {
 type masqcompatVariableSpecs struct {
 	ActionMax             *ebpf.VariableSpec `ebpf:"action_max"`
 	AtomicLockKey         *ebpf.VariableSpec `ebpf:"atomic_lock_key"`
+	CompatCoarseClock     *ebpf.VariableSpec `ebpf:"compat_coarse_clock"`
 	ConntrackLookup       *ebpf.VariableSpec `ebpf:"conntrack_lookup"`
 	CounterFamilyOther    *ebpf.VariableSpec `ebpf:"counter_family_other"`
 	CounterMax            *ebpf.VariableSpec `ebpf:"counter_max"`
 	CsumIpv6Flag          *ebpf.VariableSpec `ebpf:"csum_ipv6_flag"`
 	DropReasonMax         *ebpf.VariableSpec `ebpf:"drop_reason_max"`
+	HandbackKey           *ebpf.VariableSpec `ebpf:"handback_key"`
 	MasqCfgFlagsKnown     *ebpf.VariableSpec `ebpf:"masq_cfg_flags_known"`
 	MasqSrcFlagsKnown     *ebpf.VariableSpec `ebpf:"masq_src_flags_known"`
 	NatClassMax           *ebpf.VariableSpec `ebpf:"nat_class_max"`
@@ -825,11 +829,13 @@ func (m *masqcompatMaps) Close() error {
 type masqcompatVariables struct {
 	ActionMax             *ebpf.Variable `ebpf:"action_max"`
 	AtomicLockKey         *ebpf.Variable `ebpf:"atomic_lock_key"`
+	CompatCoarseClock     *ebpf.Variable `ebpf:"compat_coarse_clock"`
 	ConntrackLookup       *ebpf.Variable `ebpf:"conntrack_lookup"`
 	CounterFamilyOther    *ebpf.Variable `ebpf:"counter_family_other"`
 	CounterMax            *ebpf.Variable `ebpf:"counter_max"`
 	CsumIpv6Flag          *ebpf.Variable `ebpf:"csum_ipv6_flag"`
 	DropReasonMax         *ebpf.Variable `ebpf:"drop_reason_max"`
+	HandbackKey           *ebpf.Variable `ebpf:"handback_key"`
 	MasqCfgFlagsKnown     *ebpf.Variable `ebpf:"masq_cfg_flags_known"`
 	MasqSrcFlagsKnown     *ebpf.Variable `ebpf:"masq_src_flags_known"`
 	NatClassMax           *ebpf.Variable `ebpf:"nat_class_max"`

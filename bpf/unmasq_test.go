@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // The decision of a flow that started unmasqueraded is kept for its life
@@ -322,5 +323,43 @@ func TestReopeningSYNDecidedAgain(t *testing.T) {
 	}
 	if n := e.natCount(false); n[DirIngress] != 0 {
 		t.Fatalf("%d reply entries left, want none", n[DirIngress])
+	}
+}
+
+// TestCompatCoarseClock: where the kernel has bpf_ktime_get_coarse_ns
+// (5.11), the compat variant stamps its records with it, as the full
+// variant does (lib/compat.h: compat_coarse_clock, set by Load after a
+// probe): each record's stamp lies between two reads of
+// CLOCK_MONOTONIC_COARSE around its packet. The full-resolution clock runs
+// ahead of the coarse one between two ticks, so a record it stamped is
+// later than the second read unless a tick fell in between, and of several
+// flows' records not all are. (On 5.10 the verifier drops the call:
+// TestVerifier loads the object there.)
+func TestCompatCoarseClock(t *testing.T) {
+	if !hasCoarseClock() {
+		t.Skip("the kernel has no bpf_ktime_get_coarse_ns (5.11): the compat variant keeps bpf_ktime_get_ns")
+	}
+	e := newEnv(t, envOptions{variant: VariantCompat})
+	coarse := func() uint64 {
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
+			t.Fatal(err)
+		}
+		return uint64(ts.Nano())
+	}
+	for i := range 5 {
+		f := flow{src: pod1, dst: unmasqDst4, proto: protoTCP, sport: uint16(40000 + i), dport: 443, tcpFlags: tcpSYN}
+		before := coarse()
+		if ret, _ := e.run(e.dp.Egress, f.packet()); ret != tcActUnspec {
+			t.Fatalf("flow %d: verdict %d", i, int32(ret))
+		}
+		after := coarse()
+		u, ok := e.unmasqRecord(f)
+		if !ok {
+			t.Fatalf("flow %d: no record", i)
+		}
+		if u.LastSeenNs < before || u.LastSeenNs > after {
+			t.Errorf("flow %d: record stamped %d, want the coarse clock's, between %d and %d", i, u.LastSeenNs, before, after)
+		}
 	}
 }

@@ -95,6 +95,25 @@ var fullNeeds = []feature{
 	{"bpf_ktime_get_coarse_ns helper (5.11)", helper(asm.FnKtimeGetCoarseNs)},
 }
 
+// setCompatClock sets the compat variant's compat_coarse_clock where the
+// kernel has bpf_ktime_get_coarse_ns (5.11): its records then take the
+// full variant's clock, at half the cost of bpf_ktime_get_ns; on 5.10 the
+// verifier drops the call (lib/compat.h). The full variant always has it.
+func setCompatClock(v Variant, spec *ebpf.CollectionSpec) error {
+	if v != VariantCompat || !hasCoarseClock() {
+		return nil
+	}
+	if err := spec.Variables["compat_coarse_clock"].Set(uint32(1)); err != nil {
+		return fmt.Errorf("set compat_coarse_clock: %w", err)
+	}
+	return nil
+}
+
+// hasCoarseClock says whether the kernel has bpf_ktime_get_coarse_ns.
+func hasCoarseClock() bool {
+	return helper(asm.FnKtimeGetCoarseNs)() == nil
+}
+
 func helper(fn asm.BuiltinFunc) func() error {
 	return func() error { return features.HaveProgramHelper(ebpf.SchedCLS, fn) }
 }

@@ -12,8 +12,9 @@
  *   masq_compat  the same programs for kernels from 5.10 on, built with
  *                -DIPMASQ_COMPAT: what those kernels lack is replaced here
  *                by what they have, with the same decisions and the same
- *                atomicity (below). The agent picks the object when it
- *                starts (bpf/variant.go).
+ *                atomicity (below); the records' clock is the coarse one
+ *                where the kernel has it (compat_coarse_clock). The agent
+ *                picks the object when it starts (bpf/variant.go).
  *
  * Atomics. A claim (lib/flow.h) must be won by one party only: in the
  * compat build a compare-and-swap or a fetch-and-add whose result is used
@@ -161,9 +162,18 @@ static __always_inline void atomic_store64(__u64 *p, __u64 v)
  * call with the caller's types. */
 #define GLOBAL_FUNC static __noinline
 
-/* bpf_ktime_get_coarse_ns is 5.11: the same clock, at full resolution. */
+/* Whether the kernel has bpf_ktime_get_coarse_ns (5.11), set by the loader
+ * (Go: bpf.Load, a probe of the helper) before the programs load. A
+ * constant: where it is 0 the verifier drops the call (a dead branch) and
+ * 5.10, which has no such helper, loads the programs. */
+const volatile __u32 compat_coarse_clock = 0;
+
+/* compat_coarse_ns: the full build's clock where the kernel has it; before
+ * 5.11 the same clock at full resolution (twice the cost). */
 static __always_inline __u64 compat_coarse_ns(void)
 {
+	if (compat_coarse_clock)
+		return bpf_ktime_get_coarse_ns();
 	return bpf_ktime_get_ns();
 }
 

@@ -50,9 +50,10 @@ static __always_inline int FAM(egress)(struct __sk_buff *skb, __u32 l3_off)
 		p.kind = PKT_OTHER; /* until host_flow parses L4 */
 		verdict = ret != 0 ? HOST_PASS : FAM(host_flow)(skb, &p);
 		/* conntrack's translation of a flow being handed back to it,
-		 * to another port than the pair's (handover.h); the checks are
-		 * the callee's, for this frame's room */
-		if (verdict == HOST_PASS && ret == 0 && FAM(handback_stray)(skb, &p)) {
+		 * to another port than the pair's (handover.h): looked for
+		 * only during a hand-back, the rest of the checks the callee's,
+		 * for this frame's room */
+		if (verdict == HOST_PASS && ret == 0 && handback_on() && FAM(handback_stray)(skb, &p)) {
 			count(COUNTER_DROP_HANDBACK);
 			return TC_ACT_SHOT;
 		}

@@ -114,9 +114,9 @@ enum nat_handover_result {
  * it. The ingress program drops the named flow's TCP segments while
  * conntrack has no translating entry for them (handback_window_v4/v6).
  * Each sender retransmits. Outside a hand-back (handback_active 0) a
- * node's segment pays one array read for this, not the notes' hash
- * lookup, and a reply pays nothing unless its pair is conntrack's and
- * conntrack has no entry for it.
+ * node's segment pays one array read for this (inlined, handback_on), not
+ * a call nor the notes' hash lookup, and a reply pays nothing unless its
+ * pair is conntrack's and conntrack has no entry for it.
  */
 struct handback_v4_key {
 	__be32 remote;
@@ -171,17 +171,24 @@ struct {
 	__uint(max_entries, 1);
 } handback_active SEC(".maps");
 
-/* handback_on says whether a hand-back is under way (a read of an array
- * the JIT inlines). Called in handback_stray_v4/v6, not by the egress
- * program itself: its key would take room on that program's stack, which
- * is near the limit. */
+/* handback_active's key, a read-only global: a key on the stack would
+ * add to the frame of the egress program, whose stack is near the limit
+ * (bpf/stack_test.go), and a constant key costs no store. */
+const volatile __u32 handback_key = 0;
+
+/* handback_on says whether a hand-back is under way: a read of an array
+ * the JIT inlines (no call), made by the programs themselves before they
+ * call handback_stray_v4/v6 or handback_window_v4/v6, so that outside a
+ * hand-back a packet pays one load and a branch for it. An array pinned
+ * with the other maps, not a global variable: a program of an earlier
+ * load still attached (a replace under way) reads the same word. */
 static __always_inline int handback_on(void)
 {
-	__u32 zero = 0, *on;
+	__u32 *on;
 
 	if (!conntrack_lookup)
 		return 0;
-	on = bpf_map_lookup_elem(&handback_active, &zero);
+	on = bpf_map_lookup_elem(&handback_active, (const void *)&handback_key);
 	return on && *on;
 }
 

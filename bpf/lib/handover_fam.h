@@ -55,7 +55,8 @@ static __noinline int FAM(conntrack_holds)(struct __sk_buff *skb, const struct p
  * that is no flow of the node's own, is a TCP segment of a flow being
  * handed back (handback_v4/v6) that conntrack translated to another port
  * than the pair's (handover.h, "The hand-back's races"): its conntrack
- * entry, found by its reply tuple, is the one of the flow's own tuple. */
+ * entry, found by its reply tuple, is the one of the flow's own tuple.
+ * Called only while a hand-back is under way (handback_on). */
 static __noinline int FAM(handback_stray)(struct __sk_buff *skb, const struct pkt *p)
 {
 	FAM_T(handback, key) hk = { .proto = IPPROTO_TCP };
@@ -63,7 +64,7 @@ static __noinline int FAM(handback_stray)(struct __sk_buff *skb, const struct pk
 	struct nf_conn *seg, *flow;
 	int stray;
 
-	if (!skb || !p || p->proto != IPPROTO_TCP || p->frag != FRAG_NONE || p->kind != PKT_PORTS || !handback_on())
+	if (!skb || !p || p->proto != IPPROTO_TCP || p->frag != FRAG_NONE || p->kind != PKT_PORTS)
 		return 0;
 	FAM_ADDR_COPY(hk.remote, FAM_PKT(p).daddr);
 	hk.rport = p->dport;
@@ -86,13 +87,14 @@ static __noinline int FAM(handback_stray)(struct __sk_buff *skb, const struct pk
  * is handing back this instant (handback_v4/v6 names its remote and its
  * pair's port): between the agent's delete of conntrack's untranslated
  * entry and its create of the translating one (handover.h, "The
- * hand-back's races"). */
+ * hand-back's races"). Called only while a hand-back is under way
+ * (handback_on). */
 static __noinline int FAM(handback_window)(const struct pkt *p)
 {
 	FAM_T(handback, key) hk = { .proto = IPPROTO_TCP };
 	FAM_T(handback, val) *hv;
 
-	if (!p || p->proto != IPPROTO_TCP || p->kind != PKT_PORTS || !handback_on())
+	if (!p || p->proto != IPPROTO_TCP || p->kind != PKT_PORTS)
 		return 0;
 	FAM_ADDR_COPY(hk.remote, FAM_PKT(p).saddr);
 	hk.rport = p->sport;

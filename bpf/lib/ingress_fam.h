@@ -51,8 +51,13 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	if (p.proto == IPPROTO_TCP && !(v->flags & NAT_F_HOST)) {
 		/* An established pair ends by a RST the pod expects only (see
 		 * "RSTs" in flow.h); what the remote sent is recorded. */
-		if ((p.tcp_flags & (PKT_F_SYN | NAT_F_RST)) == PKT_F_SYN && (v->flags & NAT_F_SEEN))
-			FAM(nat_reply_syn)(skb, &k, v, &p); /* a new connection on the tuple? */
+		/* A new connection on the tuple? Not asked of a SYN-ACK whose
+		 * end is the one recorded (sent again): nat_reply_syn would
+		 * record it again, and its lookup and read of the ACK are most
+		 * of a reply's cost. */
+		if ((p.tcp_flags & (PKT_F_SYN | NAT_F_RST)) == PKT_F_SYN && (v->flags & NAT_F_SEEN) &&
+		    p.tcp_end != v->tcp_end)
+			FAM(nat_reply_syn)(skb, &k, v, &p);
 		if (!(p.tcp_flags & NAT_F_RST))
 			tcp_seen(&v->tcp_end, &p, 1);
 		else if ((v->flags & (NAT_F_SEEN | NAT_F_RST)) == NAT_F_SEEN && !FAM(nat_reply_rst)(&k, v, &p))
@@ -81,7 +86,7 @@ static __always_inline int FAM(ingress)(struct __sk_buff *skb, __u32 l3_off)
 	if (v->handover == NAT_HANDOVER_CONNTRACK) {
 		if (FAM(conntrack_holds)(skb, &p))
 			return TC_ACT_UNSPEC;
-		if (FAM(handback_window)(&p)) {
+		if (handback_on() && FAM(handback_window)(&p)) {
 			count(COUNTER_DROP_HANDBACK);
 			return TC_ACT_SHOT;
 		}
