@@ -59,11 +59,12 @@ func traceTCP(t *testing.T, n *topology.Netns, dev string, port uint16) *tcpTrac
 	return tr
 }
 
-func (tr *tcpTrace) read() {
-	defer close(tr.done)
-	buf := make([]byte, 65536)
+// readStamped calls fn with each packet read from f (a packet socket with
+// SO_TIMESTAMPNS) and the kernel's time of its arrival, until f is closed.
+func readStamped(f *os.File, size int, fn func(stamp time.Time, pkt []byte)) {
+	buf := make([]byte, size)
 	oob := make([]byte, 256)
-	rc, err := tr.f.SyscallConn()
+	rc, err := f.SyscallConn()
 	if err != nil {
 		return
 	}
@@ -86,47 +87,58 @@ func (tr *tcpTrace) read() {
 				}
 			}
 		}
-		if n < 40 || buf[0]>>4 != 4 || buf[9] != unix.IPPROTO_TCP {
-			continue
-		}
-		ihl := int(buf[0]&0xf) * 4
-		if n < ihl+20 {
-			continue
-		}
-		l4 := buf[ihl:]
-		sport, dport := uint16(l4[0])<<8|uint16(l4[1]), uint16(l4[2])<<8|uint16(l4[3])
-		if sport != tr.port && dport != tr.port {
-			continue
-		}
-		src, dst := netip.AddrFrom4([4]byte(buf[12:16])), netip.AddrFrom4([4]byte(buf[16:20]))
-		seq := uint32(l4[4])<<24 | uint32(l4[5])<<16 | uint32(l4[6])<<8 | uint32(l4[7])
-		ack := uint32(l4[8])<<24 | uint32(l4[9])<<16 | uint32(l4[10])<<8 | uint32(l4[11])
-		flags := ""
-		for i, c := range "FSRPAU" {
-			if l4[13]&(1<<i) != 0 {
-				flags += string(c)
-			}
-		}
-		total := int(buf[2])<<8 | int(buf[3])
-		payload := total - ihl - int(l4[12]>>4)*4
-		line := fmt.Sprintf("%s %s:%d > %s:%d [%s] seq %d ack %d len %d", stamp.Format("15:04:05.000000"),
-			src, sport, dst, dport, flags, seq, ack, payload)
-		other := sport
-		if other == tr.port {
-			other = dport
-		}
-		tr.mu.Lock()
-		r := tr.flows[other]
-		if r == nil {
-			r = &ring{lines: make([]string, 100)}
-			tr.flows[other] = r
-			tr.order = append(tr.order, other)
-		}
-		r.lines[r.next] = line
-		r.next = (r.next + 1) % len(r.lines)
-		r.full = r.full || r.next == 0
-		tr.mu.Unlock()
+		fn(stamp, buf[:n])
 	}
+}
+
+func (tr *tcpTrace) read() {
+	defer close(tr.done)
+	readStamped(tr.f, 65536, tr.record)
+}
+
+// record keeps buf if it is a segment of the port.
+func (tr *tcpTrace) record(stamp time.Time, buf []byte) {
+	n := len(buf)
+	if n < 40 || buf[0]>>4 != 4 || buf[9] != unix.IPPROTO_TCP {
+		return
+	}
+	ihl := int(buf[0]&0xf) * 4
+	if n < ihl+20 {
+		return
+	}
+	l4 := buf[ihl:]
+	sport, dport := uint16(l4[0])<<8|uint16(l4[1]), uint16(l4[2])<<8|uint16(l4[3])
+	if sport != tr.port && dport != tr.port {
+		return
+	}
+	src, dst := netip.AddrFrom4([4]byte(buf[12:16])), netip.AddrFrom4([4]byte(buf[16:20]))
+	seq := uint32(l4[4])<<24 | uint32(l4[5])<<16 | uint32(l4[6])<<8 | uint32(l4[7])
+	ack := uint32(l4[8])<<24 | uint32(l4[9])<<16 | uint32(l4[10])<<8 | uint32(l4[11])
+	flags := ""
+	for i, c := range "FSRPAU" {
+		if l4[13]&(1<<i) != 0 {
+			flags += string(c)
+		}
+	}
+	total := int(buf[2])<<8 | int(buf[3])
+	payload := total - ihl - int(l4[12]>>4)*4
+	line := fmt.Sprintf("%s %s:%d > %s:%d [%s] seq %d ack %d len %d", stamp.Format("15:04:05.000000"),
+		src, sport, dst, dport, flags, seq, ack, payload)
+	other := sport
+	if other == tr.port {
+		other = dport
+	}
+	tr.mu.Lock()
+	r := tr.flows[other]
+	if r == nil {
+		r = &ring{lines: make([]string, 100)}
+		tr.flows[other] = r
+		tr.order = append(tr.order, other)
+	}
+	r.lines[r.next] = line
+	r.next = (r.next + 1) % len(r.lines)
+	r.full = r.full || r.next == 0
+	tr.mu.Unlock()
 }
 
 // last returns the recorded segments of each flow, oldest first.

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -65,69 +64,50 @@ func traceUDP(t *testing.T, n *topology.Netns, dev string, port uint16) *udpTrac
 
 func (tr *udpTrace) read() {
 	defer close(tr.done)
-	buf := make([]byte, 2048)
-	oob := make([]byte, 256)
-	rc, err := tr.f.SyscallConn()
-	if err != nil {
+	readStamped(tr.f, 2048, tr.record)
+}
+
+// record keeps buf if it is a datagram of the port or an ICMP error about
+// one.
+func (tr *udpTrace) record(stamp time.Time, buf []byte) {
+	n := len(buf)
+	if n < 28 || buf[0]>>4 != 4 || (buf[9] != unix.IPPROTO_UDP && buf[9] != unix.IPPROTO_ICMP) {
 		return
 	}
-	for {
-		var n, oobn int
-		var rerr error
-		err := rc.Read(func(fd uintptr) bool {
-			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, 0)
-			return rerr != unix.EAGAIN
-		})
-		if err != nil || rerr != nil {
+	ihl := int(buf[0]&0xf) * 4
+	if n < ihl+8 {
+		return
+	}
+	src, dst := netip.AddrFrom4([4]byte(buf[12:16])), netip.AddrFrom4([4]byte(buf[16:20]))
+	l4 := buf[ihl:]
+	var line string
+	if buf[9] == unix.IPPROTO_ICMP {
+		// An ICMP error about one of the port's datagrams (port
+		// unreachable, say) quotes its header.
+		q := l4[8 : n-ihl]
+		if len(q) < 28 || q[9] != unix.IPPROTO_UDP {
 			return
 		}
-		stamp := time.Now()
-		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
-			for _, m := range msgs {
-				if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_TIMESTAMPNS && len(m.Data) >= 16 {
-					ts := *(*unix.Timespec)(unsafe.Pointer(&m.Data[0]))
-					stamp = time.Unix(ts.Unix())
-				}
-			}
+		qihl := int(q[0]&0xf) * 4
+		if len(q) < qihl+4 {
+			return
 		}
-		if n < 28 || buf[0]>>4 != 4 || (buf[9] != unix.IPPROTO_UDP && buf[9] != unix.IPPROTO_ICMP) {
-			continue
+		qs, qd := uint16(q[qihl])<<8|uint16(q[qihl+1]), uint16(q[qihl+2])<<8|uint16(q[qihl+3])
+		if qs != tr.port && qd != tr.port {
+			return
 		}
-		ihl := int(buf[0]&0xf) * 4
-		if n < ihl+8 {
-			continue
+		line = fmt.Sprintf("%s ICMP %s > %s type %d code %d about %s:%d > %s:%d", stamp.Format("15:04:05.000000"),
+			src, dst, l4[0], l4[1], netip.AddrFrom4([4]byte(q[12:16])), qs, netip.AddrFrom4([4]byte(q[16:20])), qd)
+	} else {
+		sport, dport := uint16(l4[0])<<8|uint16(l4[1]), uint16(l4[2])<<8|uint16(l4[3])
+		if sport != tr.port && dport != tr.port {
+			return
 		}
-		src, dst := netip.AddrFrom4([4]byte(buf[12:16])), netip.AddrFrom4([4]byte(buf[16:20]))
-		l4 := buf[ihl:]
-		var line string
-		if buf[9] == unix.IPPROTO_ICMP {
-			// An ICMP error about one of the port's datagrams (port
-			// unreachable, say) quotes its header.
-			q := l4[8 : n-ihl]
-			if len(q) < 28 || q[9] != unix.IPPROTO_UDP {
-				continue
-			}
-			qihl := int(q[0]&0xf) * 4
-			if len(q) < qihl+4 {
-				continue
-			}
-			qs, qd := uint16(q[qihl])<<8|uint16(q[qihl+1]), uint16(q[qihl+2])<<8|uint16(q[qihl+3])
-			if qs != tr.port && qd != tr.port {
-				continue
-			}
-			line = fmt.Sprintf("%s ICMP %s > %s type %d code %d about %s:%d > %s:%d", stamp.Format("15:04:05.000000"),
-				src, dst, l4[0], l4[1], netip.AddrFrom4([4]byte(q[12:16])), qs, netip.AddrFrom4([4]byte(q[16:20])), qd)
-		} else {
-			sport, dport := uint16(l4[0])<<8|uint16(l4[1]), uint16(l4[2])<<8|uint16(l4[3])
-			if sport != tr.port && dport != tr.port {
-				continue
-			}
-			line = fmt.Sprintf("%s %s:%d > %s:%d", stamp.Format("15:04:05.000000"), src, sport, dst, dport)
-		}
-		tr.mu.Lock()
-		tr.lines = append(tr.lines, stampedLine{stamp, line})
-		tr.mu.Unlock()
+		line = fmt.Sprintf("%s %s:%d > %s:%d", stamp.Format("15:04:05.000000"), src, sport, dst, dport)
 	}
+	tr.mu.Lock()
+	tr.lines = append(tr.lines, stampedLine{stamp, line})
+	tr.mu.Unlock()
 }
 
 // around returns the datagrams recorded from before to after, oldest first.
