@@ -40,14 +40,8 @@ type ring struct {
 // and logs the last ones if the test failed.
 func traceTCP(t *testing.T, n *topology.Netns, dev string, port uint16) *tcpTrace {
 	t.Helper()
-	f, err := topology.OpenPacketSocket(n, dev, unix.ETH_P_ALL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := openStampedSocket(t, n, dev)
 	tr := &tcpTrace{name: n.Name + "/" + dev, port: port, f: f, done: make(chan struct{}), flows: map[uint16]*ring{}}
-	if err := unix.SetsockoptInt(int(f.Fd()), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
-		t.Fatal(err)
-	}
 	go tr.read()
 	t.Cleanup(func() {
 		f.Close()
@@ -57,6 +51,21 @@ func traceTCP(t *testing.T, n *topology.Netns, dev string, port uint16) *tcpTrac
 		}
 	})
 	return tr
+}
+
+// openStampedSocket opens a packet socket on dev in n (both directions,
+// from the IP header on) whose packets carry the kernel's time of arrival.
+func openStampedSocket(t *testing.T, n *topology.Netns, dev string) *os.File {
+	t.Helper()
+	f, err := topology.OpenPacketSocket(n, dev, unix.ETH_P_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetsockoptInt(int(f.Fd()), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	return f
 }
 
 // readStamped calls fn with each packet read from f (a packet socket with

@@ -37,14 +37,8 @@ type stampedLine struct {
 // traceUDP records the datagrams of port on dev in n until the test ends.
 func traceUDP(t *testing.T, n *topology.Netns, dev string, port uint16) *udpTrace {
 	t.Helper()
-	f, err := topology.OpenPacketSocket(n, dev, unix.ETH_P_ALL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := openStampedSocket(t, n, dev)
 	tr := &udpTrace{name: n.Name + "/" + dev, port: port, f: f, done: make(chan struct{})}
-	if err := unix.SetsockoptInt(int(f.Fd()), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
-		t.Fatal(err)
-	}
 	// Only the port's datagrams and ICMP reach the socket (not the
 	// streams' segments), with room for bursts; the kernel's count of what
 	// did not fit is in the report.
