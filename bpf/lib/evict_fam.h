@@ -58,17 +58,14 @@ static __always_inline void FAM(nat_cand_note)(const FAM_T(nat, key) *k, __u64 c
 	FAM_T(nat, val) *v;
 	__u32 *f, fam = FAM_IS_V6;
 
-	/* the probes' slots counted on, not divided each */
-	s = slot;
 #pragma clang loop unroll(disable)
 	for (i = 0; i < NAT_NOTE_PROBES; i++) {
+		s = (slot + i) % FAM(nat_note_slots);
 		c = bpf_map_lookup_elem(&FAM(nat_cand), &s);
 		if (!c)
 			return;
 		if (!*(volatile __u64 *)&c->created_ns || FAM(nat_note_same)(c, k))
 			goto write;
-		if (++s >= FAM(nat_note_slots))
-			s = 0;
 	}
 	/* All hold other keys' notes: the slot this CPU's early drop emptied,
 	 * if still empty; else the first that is armed (no lookup), or whose
@@ -83,9 +80,9 @@ static __always_inline void FAM(nat_cand_note)(const FAM_T(nat, key) *k, __u64 c
 		if (c && !*(volatile __u64 *)&c->created_ns)
 			goto write;
 	}
-	s = slot;
 #pragma clang loop unroll(disable)
-	for (i = 0; i < NAT_NOTE_PROBES; i++, s = s + 1 >= FAM(nat_note_slots) ? 0 : s + 1) {
+	for (i = 0; i < NAT_NOTE_PROBES; i++) {
+		s = (slot + i) % FAM(nat_note_slots);
 		c = bpf_map_lookup_elem(&FAM(nat_cand), &s);
 		if (!c)
 			return;

@@ -213,7 +213,7 @@ unclaim:
 __noinline int FAM(nat_early_drop)(void)
 {
 	FAM_T(early_drop, ctx) *ctx;
-	__u32 zero = 0, w, i, start, small, slot;
+	__u32 zero = 0, w, i, start, small;
 	int r = 0;
 
 	ctx = bpf_map_lookup_elem(&FAM(early_drop_scratch), &zero);
@@ -236,16 +236,12 @@ __noinline int FAM(nat_early_drop)(void)
 		if (!ctx->lookups)
 			goto weighed;
 		start = small ? w * NAT_EARLY_DROP_WINDOW : bpf_get_prandom_u32();
-		/* one division a window, not one a slot */
-		slot = start % FAM(nat_note_slots);
 		for (i = 0; i < NAT_EARLY_DROP_WINDOW; i++) {
 			if (!ctx->lookups)
 				goto weighed;
 			if (small && start + i >= FAM(nat_note_slots))
 				break;
-			FAM(early_drop_slot)(slot);
-			if (++slot >= FAM(nat_note_slots))
-				slot = 0;
+			FAM(early_drop_slot)((start + i) % FAM(nat_note_slots));
 		}
 	}
 weighed:
