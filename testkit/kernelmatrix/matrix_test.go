@@ -49,15 +49,15 @@ var knownGaps = map[string]map[string]string{
 
 // removalGap: on 6.1 one or two UDP queries of a few thousand go
 // unanswered in about one run in four (3 Dec 2026: 1 query of 1 819, 1 of
-// 2 870, none; 4 Dec: 2 of 2 451, 1 of 3 032 and 2 of 2 428 in 3 runs of
-// 17). The test's traces (queryTraces) of 4 Dec show where: the queries'
+// 2 870, none; 4 Dec: 4 failed runs of 19, among them 2 of 2 451, 1 of
+// 3 032 and 2 of 2 428). The test's traces (queryTraces) of 4 Dec show where: the queries'
 // datagrams were translated by the old agent's chain and confirmed by
 // conntrack (its NEW event), and never reached the uplink's packet tap,
 // sent in the moment the agent, just started, attached its programs to
 // the uplink with clsact filters (between its "eth0 pending" and Ready);
 // no counter of the programs counted a drop. Creating a clsact qdisc and
 // a filter under a UDP flood in a 6.1 guest lost nothing, so the cause is
-// not found. Not seen on 6.12 (tcx; 8 runs of 8 on 4 Dec) or on the
+// not found. Not seen on 6.12 (tcx; 12 runs of 12 on 4 Dec) or on the
 // host's kernel.
 const removalGap = "one or two UDP queries in a few thousand, sent while the agent first attaches its clsact filters beside the old agent's chain, may be lost before the uplink (about 1 run in 4; cause not found)"
 
