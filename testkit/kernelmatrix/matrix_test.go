@@ -50,8 +50,8 @@ var knownGaps = map[string]map[string]string{
 // removalGap: on 6.1 one or two UDP queries of a few thousand go
 // unanswered in about one run in four (3 Dec 2026: 1 query of 1 819, 1 of
 // 2 870, none; 4 Dec: 4 failed runs of 19, among them 2 of 2 451, 1 of
-// 3 032 and 2 of 2 428). The test's traces (queryTraces) of 4 Dec show where: the queries'
-// datagrams were translated by the old agent's chain and confirmed by
+// 3 032 and 2 of 2 428). The test's traces (queryTraces) of 4 Dec show
+// where: the queries' datagrams were translated by the old agent's chain and confirmed by
 // conntrack (its NEW event), and never reached the uplink's packet tap,
 // sent in the moment the agent, just started, attached its programs to
 // the uplink with clsact filters (between its "eth0 pending" and Ready);
