@@ -168,15 +168,7 @@ func fillUnanswered(tb testing.TB, e *testEnv, n int) {
 		nk = append(nk, uint32(perm[i]))
 		nv = append(nv, NATCandV4{Key: in, CreatedNs: now})
 	}
-	for i := 0; i < len(keys); i += 8192 {
-		j := min(i+8192, len(keys))
-		if _, err := e.dp.Maps.NatV4.BatchUpdate(keys[i:j], vals[i:j], nil); err != nil {
-			tb.Fatalf("fill: %v", err)
-		}
-	}
-	if _, err := e.dp.Maps.NatCandV4.BatchUpdate(nk, nv, nil); err != nil {
-		tb.Fatalf("notes: %v", err)
-	}
+	writeFillV4(tb, e, keys, vals, nk, nv)
 }
 
 // answeredNotes writes a note of an established pair (the filler's reply
@@ -408,4 +400,19 @@ func inNetns(ns netns.NsHandle, fn func() error) error {
 		}
 	}()
 	return fn()
+}
+
+// writeFillV4 writes a fill's pairs into nat_v4, in batches, and its notes
+// into nat_cand_v4.
+func writeFillV4(tb testing.TB, e *testEnv, keys []NATKeyV4, vals []NATValV4, nk []uint32, nv []NATCandV4) {
+	tb.Helper()
+	for i := 0; i < len(keys); i += 8192 {
+		j := min(i+8192, len(keys))
+		if _, err := e.dp.Maps.NatV4.BatchUpdate(keys[i:j], vals[i:j], nil); err != nil {
+			tb.Fatalf("fill: %v", err)
+		}
+	}
+	if _, err := e.dp.Maps.NatCandV4.BatchUpdate(nk, nv, nil); err != nil {
+		tb.Fatalf("notes: %v", err)
+	}
 }

@@ -638,15 +638,7 @@ func TestEarlyDropWeighsFourInFlight(t *testing.T) {
 		nk = append(nk, uint32(i))
 		nv = append(nv, NATCandV4{Key: in, CreatedNs: stamp})
 	}
-	for i := 0; i < len(keys); i += 8192 {
-		j := min(i+8192, len(keys))
-		if _, err := e.dp.Maps.NatV4.BatchUpdate(keys[i:j], vals[i:j], nil); err != nil {
-			t.Fatalf("fill: %v", err)
-		}
-	}
-	if _, err := e.dp.Maps.NatCandV4.BatchUpdate(nk, nv, nil); err != nil {
-		t.Fatalf("notes: %v", err)
-	}
+	writeFillV4(t, e, keys, vals, nk, nv)
 	const n = 100
 	before := e.counters()
 	for i := range n {
