@@ -49,21 +49,22 @@ func (t *Table) Established(tb testing.TB, src, dst netip.AddrPort) {
 	tb.Helper()
 	f := t.flow(unix.IPPROTO_TCP, conntrack.StatusConfirmed|conntrack.StatusSeenReply|conntrack.StatusAssured, src, dst)
 	f.ProtoInfo.TCP = &conntrack.ProtoInfoTCP{State: tcpEstablished}
-	t.create(tb, f)
+	t.Write(tb, f)
 }
 
 // Unanswered writes a UDP flow from src to dst that no reply has reached:
 // one conntrack's early drop may take.
 func (t *Table) Unanswered(tb testing.TB, src, dst netip.AddrPort) {
 	tb.Helper()
-	t.create(tb, t.flow(unix.IPPROTO_UDP, conntrack.StatusConfirmed, src, dst))
+	t.Write(tb, t.flow(unix.IPPROTO_UDP, conntrack.StatusConfirmed, src, dst))
 }
 
 func (t *Table) flow(proto uint8, status conntrack.Status, src, dst netip.AddrPort) conntrack.Flow {
 	return conntrack.NewFlow(proto, status, src.Addr(), dst.Addr(), src.Port(), dst.Port(), Lifetime, 0)
 }
 
-func (t *Table) create(tb testing.TB, f conntrack.Flow) {
+// Write writes f, an entry of any other shape (f.Timeout must be set).
+func (t *Table) Write(tb testing.TB, f conntrack.Flow) {
 	tb.Helper()
 	if err := t.conn.Create(f); err != nil {
 		tb.Fatalf("conntrack entry %v: %v", f.TupleOrig, err)
