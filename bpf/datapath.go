@@ -224,6 +224,11 @@ func Load(opts LoadOptions) (*Datapath, error) {
 	if err := sizeNotes(spec); err != nil {
 		return nil, err
 	}
+	if opts.PinDir != "" {
+		if err := keepNoteSeed(spec, opts.Logger, opts.PinDir); err != nil {
+			return nil, err
+		}
+	}
 	if opts.natMapKind != nil {
 		opts.natMapKind(spec.Maps[MapNATV4])
 		opts.natMapKind(spec.Maps[MapNATV6])
@@ -344,6 +349,43 @@ func sizeNotes(spec *ebpf.CollectionSpec) error {
 		return fmt.Errorf("set nat_note_seed: %w", err)
 	}
 	return nil
+}
+
+// MapNoteSeed is the pinned map (one 32-bit value) that keeps the seed
+// of early drop's notes' hash across loads.
+const MapNoteSeed = "nat_note_seed"
+
+// keepNoteSeed gives the notes' hash the seed pinned in pinDir by an
+// earlier load, or pins the one sizeNotes drew. The notes are pinned: with
+// a new seed, the notes an earlier agent wrote would not lie at their
+// keys' new probes, so no answer would find and arm them, and every
+// search at a full table would look each one up (a search that meets
+// only such stale notes costs about twice an armed one's) until searches
+// had armed them all. The seed is no less secret for being kept: it never
+// leaves the node's kernel and the pin directory, readable by root alone.
+func keepNoteSeed(spec *ebpf.CollectionSpec, logger *slog.Logger, pinDir string) error {
+	m, err := bpfmap.OpenPinned(logger, pinDir, &ebpf.MapSpec{Name: MapNoteSeed, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		return fmt.Errorf("early drop's seed: %w", err)
+	}
+	defer m.Close()
+	var seed uint32
+	if err := m.Lookup(uint32(0), &seed); err != nil {
+		return fmt.Errorf("read %s: %w", MapNoteSeed, err)
+	}
+	if seed != 0 {
+		return spec.Variables["nat_note_seed"].Set(seed)
+	}
+	// The first load here: keep the drawn seed (0 stands for none, so a
+	// drawn 0 becomes 1).
+	if err := spec.Variables["nat_note_seed"].Get(&seed); err != nil {
+		return fmt.Errorf("get nat_note_seed: %w", err)
+	}
+	seed = max(seed, 1)
+	if err := m.Put(uint32(0), seed); err != nil {
+		return fmt.Errorf("write %s: %w", MapNoteSeed, err)
+	}
+	return spec.Variables["nat_note_seed"].Set(seed)
 }
 
 // retiredPins are maps earlier versions pinned and no program uses any

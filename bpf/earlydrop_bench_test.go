@@ -6,11 +6,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +15,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipmasq/ipmasq/testkit/ctfill"
 )
 
 // BenchmarkNewFlowFullTable: the CPU a new flow costs at a full NAT table
@@ -40,25 +39,22 @@ import (
 // almost never meets one: refused, mostly; with a quarter, it finds one
 // nearly always (the fraction admitted is reported).
 //
-// The same-run baseline is Linux conntrack + MASQUERADE in a namespace of
-// its own: its table filled over ctnetlink with established TCP entries
-// (which its early drop never takes) up to nf_conntrack_max, 262 144 here
-// (only the host's namespace may change it, and a test may not), plus the
-// same 1 or 15 unassured UDP entries (for "quarter": its 15 figure); its
-// figure is what a new UDP flow's sendto costs more there than in an
-// identical namespace without conntrack (the refusal: early_drop over 8
-// buckets, the drop). With -bpf.baseline, the old object's figures too.
+// The figures are the mean (ns/newflow) and the median of the new flows'
+// times; x-conntrack is the median over conntrack's figure for the same
+// condition (conntrackBench: a table of nf_conntrack_max entries, 262 144
+// here, with 0, 1, 15 or a quarter of its entries unanswered), measured
+// right after in the same sub-benchmark. With -bpf.baseline, the old
+// object's figures too.
 //
 //	go test -run '^$' -bench NewFlowFullTable -benchtime 20x -count 3 ./bpf/
 func BenchmarkNewFlowFullTable(b *testing.B) {
-	ct := conntrackNewFlowNs(b)
+	ct := newConntrackBench(b)
 	for _, entries := range []int{1 << 16, 1 << 19, 1 << 20} {
 		for _, d := range []int{0, 1, 15, quarter} {
 			for _, armed := range []bool{true, false} {
 				name := fmt.Sprint(d)
-				ctd := d
 				if d == quarter {
-					name, ctd = "quarter", 15
+					name = "quarter"
 				}
 				notes, run := "node", benchObjects
 				if !armed {
@@ -66,11 +62,13 @@ func BenchmarkNewFlowFullTable(b *testing.B) {
 				}
 				b.Run(fmt.Sprintf("entries=%d/droppable=%s/notes=%s", entries, name, notes), func(b *testing.B) {
 					run(b, envOptions{natMax: uint32(entries), portMin: 1024, portMax: 65535}, func(b *testing.B, e *testEnv) {
-						ns, admitted := newFlowFullTableNs(b, e, entries, d, armed)
-						b.ReportMetric(ns, "ns/newflow")
+						times, admitted := newFlowFullTableNs(b, e, entries, d, armed)
+						ctNs := ct.newFlowNs(b, d)
+						b.ReportMetric(mean(times), "ns/newflow")
+						b.ReportMetric(median(times), "median-ns/newflow")
 						b.ReportMetric(admitted, "admitted")
-						b.ReportMetric(ct[ctd], "conntrack-ns/newflow")
-						b.ReportMetric(ns/ct[ctd], "x-conntrack")
+						b.ReportMetric(ctNs, "conntrack-ns/newflow")
+						b.ReportMetric(median(times)/ctNs, "x-conntrack")
 					})
 				})
 			}
@@ -89,9 +87,9 @@ func benchCurrent(b *testing.B, o envOptions, bench func(b *testing.B, e *testEn
 const quarter = -1
 
 // newFlowFullTableNs fills e's IPv4 table, its answered pairs' notes
-// armed or not, and returns the mean in-kernel time of b.N new flows, and
+// armed or not, and returns the in-kernel times of b.N new flows (ns), and
 // the fraction admitted.
-func newFlowFullTableNs(b *testing.B, e *testEnv, entries, droppable int, armed bool) (float64, float64) {
+func newFlowFullTableNs(b *testing.B, e *testEnv, entries, droppable int, armed bool) ([]float64, float64) {
 	if droppable == quarter {
 		fillEstablished(b, e, entries/2-entries/8)
 		fillUnanswered(b, e, entries/8)
@@ -107,7 +105,7 @@ func newFlowFullTableNs(b *testing.B, e *testEnv, entries, droppable int, armed 
 	if e.dp.Maps.NatCandV4 != nil && e.dp.Maps.NatCandV4.MaxEntries() > natOldCandSlots {
 		answeredNotes(b, e, armed)
 	}
-	var total float64
+	var times []float64
 	admitted := 0
 	// One new flow first, not counted: the first program run after the
 	// fill (millions of map updates from user space) finds the program's
@@ -132,9 +130,9 @@ func newFlowFullTableNs(b *testing.B, e *testEnv, entries, droppable int, armed 
 		if ret == tcActUnspec {
 			admitted++
 		}
-		total += float64(perRun.Nanoseconds())
+		times = append(times, float64(perRun.Nanoseconds()))
 	}
-	return total / float64(b.N), float64(admitted) / float64(b.N)
+	return times, float64(admitted) / float64(b.N)
 }
 
 // natOldCandSlots is the ring's size before the notes by hash: an object
@@ -222,76 +220,124 @@ func answeredNotes(b testing.TB, e *testEnv, armed bool) {
 	}
 }
 
-// conntrackNewFlowNs measures conntrack's extra cost for a new UDP flow
-// at a table full of established TCP entries, with 0, 1 and 15 droppable
-// unassured UDP ones: sendto in a namespace with a MASQUERADE rule and a
-// full table, minus sendto in one without conntrack, each datagram to a
-// new destination port, alternated in rounds. The table is filled once;
-// its last 15 entries (from 10.97.0.0/24) are replaced per condition.
-func conntrackNewFlowNs(b *testing.B) map[int]float64 {
+// conntrackBench measures how much longer a new UDP flow's sendto takes
+// at a full conntrack table than in a namespace without conntrack: the
+// same-run baseline of BenchmarkNewFlowFullTable, measured next to each of
+// its figures (the machine's load moves both). The table's namespace has a
+// MASQUERADE rule; its table is filled once with established, assured TCP
+// entries (conntrack's early drop never takes them) but its last quarter
+// (from 10.97.0.0/16), written per condition: 0, 1 or 15 unanswered UDP
+// entries among established ones, or all unanswered (quarter). The other
+// namespace has a rule at the same hooks that does what conntrack does to
+// the packet (DROP at OUTPUT where conntrack refuses it, ACCEPT at OUTPUT
+// and POSTROUTING where it admits it), so both take the datagram as far,
+// and the hooks' fixed cost is taken off (the figure is conservative).
+// Each sendto is timed alone, one datagram from one socket to a new
+// destination port each, the two namespaces alternating in rounds; the
+// figure is the difference of the medians (an interrupt or a preemption
+// moves a mean, not a median).
+type conntrackBench struct {
+	max                       int
+	full, refusing, admitting netns.NsHandle
+	handle                    *netlink.Handle
+	table                     *ctfill.Table
+	dst                       netip.Addr
+	condition                 int // the droppable count the tail holds
+	port                      int // the last new flow's destination port
+}
+
+// noCondition: the tail holds no condition's entries yet.
+const noCondition = -2
+
+func newConntrackBench(b *testing.B) *conntrackBench {
 	b.Helper()
-	raw, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_max")
-	if err != nil {
-		b.Fatal(err)
+	c := &conntrackBench{condition: noCondition, port: 1, dst: netip.AddrFrom4([4]byte{10, 99, 0, 2})}
+	c.full, c.handle = ctNetns(b, "MASQUERADE")
+	c.refusing, _ = ctNetns(b, "DROP")
+	c.admitting, _ = ctNetns(b, "ACCEPT")
+	c.table = ctfill.Open(b, c.full)
+	_, c.max = c.table.Count(b)
+	for i := range c.max - c.tail() {
+		c.table.Established(b, c.from(98, i), netip.AddrPortFrom(c.dst, 443))
 	}
-	max, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-	if err != nil {
-		b.Fatal(err)
+	if count, _ := c.table.Count(b); count != c.max-c.tail() {
+		b.Fatalf("conntrack: %d entries after writing %d", count, c.max-c.tail())
 	}
-	full, fh := ctNetns(b, true)
-	plain, _ := ctNetns(b, false)
-	dst := net.IPv4(10, 99, 0, 2)
-	established := func(i int, from net.IP) *netlink.ConntrackFlow {
-		return &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 3600,
-			Forward:   netlink.IPTuple{Protocol: unix.IPPROTO_TCP, SrcIP: from, DstIP: dst, SrcPort: uint16(1024 + i%60000), DstPort: 443},
-			Reverse:   netlink.IPTuple{Protocol: unix.IPPROTO_TCP, SrcIP: dst, DstIP: from, SrcPort: 443, DstPort: uint16(1024 + i%60000)},
-			ProtoInfo: &netlink.ProtoInfoTCP{State: 3}} // TCP_CONNTRACK_ESTABLISHED: never early-dropped
+	return c
+}
+
+func (c *conntrackBench) tail() int { return c.max / 4 }
+
+// from is the source of the filler's i-th entry, in 10.<net>.0.0/16.
+func (c *conntrackBench) from(net byte, i int) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, net, byte(i >> 16), byte(i >> 8)}), uint16(1024+i%60000))
+}
+
+// setCondition writes the tail for droppable (quarter: all of it
+// unanswered), and takes away the flows the last measure admitted.
+func (c *conntrackBench) setCondition(b *testing.B, droppable int) {
+	if c.condition == droppable {
+		return
 	}
-	create := func(f *netlink.ConntrackFlow) {
-		if err := fh.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
-			b.Fatalf("conntrack entry: %v", err)
-		}
-	}
-	for i := range max - 15 {
-		create(established(i, net.IPv4(10, 98, byte(i>>16), byte(i>>8))))
-	}
-	last := net.IPv4(10, 97, 0, 1)
-	out := map[int]float64{}
-	for _, d := range []int{0, 1, 15} {
+	for _, from := range []*net.IPNet{
+		{IP: net.IPv4(10, 97, 0, 0), Mask: net.CIDRMask(16, 32)},
+		{IP: net.IPv4(10, 99, 0, 1), Mask: net.CIDRMask(32, 32)},
+	} {
 		filter := &netlink.ConntrackFilter{}
-		if err := filter.AddIP(netlink.ConntrackOrigSrcIP, last); err != nil {
+		if err := filter.AddIPNet(netlink.ConntrackOrigSrcIP, from); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := fh.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, filter); err != nil {
+		if _, err := c.handle.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, filter); err != nil {
 			b.Fatal(err)
 		}
-		for i := range 15 {
-			if i < d {
-				create(&netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 30,
-					Forward: netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: last, DstIP: dst, SrcPort: uint16(30000 + i), DstPort: 53},
-					Reverse: netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: dst, DstIP: last, SrcPort: 53, DstPort: uint16(30000 + i)}})
-			} else {
-				create(established(i, last))
-			}
-		}
-		const n, rounds = 2000, 5
-		var withCT, without time.Duration
-		port := 1
-		for range rounds {
-			withCT += sendNewFlows(b, full, dst, &port, n)
-			without += sendNewFlows(b, plain, dst, &port, n)
-		}
-		out[d] = float64(withCT-without) / float64(n*rounds)
-		b.Logf("conntrack, %d entries, %d droppable: sendto %.0f ns with the full table, %.0f ns without conntrack: %.0f ns a new flow",
-			max, d, float64(withCT)/float64(n*rounds), float64(without)/float64(n*rounds), out[d])
 	}
-	return out
+	for i := range c.tail() {
+		if droppable == quarter || i < droppable {
+			c.table.Unanswered(b, c.from(97, i), netip.AddrPortFrom(c.dst, 53))
+		} else {
+			c.table.Established(b, c.from(97, i), netip.AddrPortFrom(c.dst, 443))
+		}
+	}
+	if count, _ := c.table.Count(b); count != c.max {
+		b.Fatalf("conntrack: %d entries, not full (%d)", count, c.max)
+	}
+	c.condition = droppable
+}
+
+// newFlowNs is conntrack's figure for a new flow with droppable
+// unanswered entries in the table (quarter: a quarter of it).
+func (c *conntrackBench) newFlowNs(b *testing.B, droppable int) float64 {
+	c.setCondition(b, droppable)
+	// What conntrack does with a new flow here: refuse it (at most a few
+	// early drops among thousands), or admit it.
+	reference, admits := c.refusing, false
+	if droppable == quarter {
+		reference, admits = c.admitting, true
+	}
+	const n, rounds = 1000, 4
+	var withCT, without []float64
+	sent := 0
+	for range rounds {
+		times, ok := sendNewFlows(b, c.full, c.dst, &c.port, n)
+		withCT, sent = append(withCT, times...), sent+ok
+		times, _ = sendNewFlows(b, reference, c.dst, &c.port, n)
+		without = append(without, times...)
+	}
+	if admitted := float64(sent) / float64(n*rounds); admits != (admitted > 0.5) {
+		b.Fatalf("conntrack, %d droppable: %.2f of the new flows admitted", droppable, admitted)
+	}
+	ns := median(withCT) - median(without)
+	b.Logf("conntrack, %d entries, %d droppable (-1: a quarter): sendto %.0f ns with the table, %.0f ns with the reference rule: %.0f ns a new flow (medians; %d of %d admitted)",
+		c.max, droppable, median(withCT), median(without), ns, sent, n*rounds)
+	return ns
 }
 
 // ctNetns makes a namespace with veth0 (10.99.0.1/24, up, its peer up,
-// 10.99.0.2 a permanent neighbour) and, with nat, a MASQUERADE rule out of
-// it (conntrack then tracks every packet).
-func ctNetns(b *testing.B, nat bool) (netns.NsHandle, *netlink.Handle) {
+// 10.99.0.2 a permanent neighbour) and rules out of it: MASQUERADE (nat
+// POSTROUTING: conntrack then tracks every packet), DROP (mangle OUTPUT)
+// or ACCEPT (mangle OUTPUT and POSTROUTING); the last two need no
+// conntrack.
+func ctNetns(b *testing.B, target string) (netns.NsHandle, *netlink.Handle) {
 	ns, h := newNetns(b)
 	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "veth0"}, PeerName: "veth1"}); err != nil {
 		b.Fatal(err)
@@ -317,26 +363,31 @@ func ctNetns(b *testing.B, nat bool) (netns.NsHandle, *netlink.Handle) {
 		IP: net.IPv4(10, 99, 0, 2), HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0, 2}}); err != nil {
 		b.Fatal(err)
 	}
-	if nat {
-		err := inNetns(ns, func() error {
-			out, err := exec.Command("iptables-nft", "-t", "nat", "-A", "POSTROUTING", "-o", "veth0", "-j", "MASQUERADE").CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("iptables-nft: %v: %s", err, out)
+	rules := map[string][][]string{
+		"MASQUERADE": {{"-t", "nat", "-A", "POSTROUTING", "-o", "veth0", "-j", "MASQUERADE"}},
+		"DROP":       {{"-t", "mangle", "-A", "OUTPUT", "-j", "DROP"}},
+		"ACCEPT":     {{"-t", "mangle", "-A", "OUTPUT", "-j", "ACCEPT"}, {"-t", "mangle", "-A", "POSTROUTING", "-j", "ACCEPT"}},
+	}[target]
+	err = inNetns(ns, func() error {
+		for _, r := range rules {
+			if out, err := exec.Command("iptables-nft", r...).CombinedOutput(); err != nil {
+				return fmt.Errorf("iptables-nft %v: %v: %s", r, err, out)
 			}
-			return nil
-		})
-		if err != nil {
-			b.Fatal(err)
 		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
 	}
 	return ns, h
 }
 
 // sendNewFlows sends n UDP datagrams from one socket in ns, each to a new
-// destination port of dst (a new flow each), and returns the time spent in
-// sendto (a refused one returns EPERM).
-func sendNewFlows(b *testing.B, ns netns.NsHandle, dst net.IP, port *int, n int) time.Duration {
-	var spent time.Duration
+// destination port of dst (a new flow each), and returns each sendto's
+// time (ns) and how many were sent (a refused one returns EPERM).
+func sendNewFlows(b *testing.B, ns netns.NsHandle, dst netip.Addr, port *int, n int) ([]float64, int) {
+	times := make([]float64, 0, n)
+	sent := 0
 	err := inNetns(ns, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
 		if err != nil {
@@ -344,19 +395,22 @@ func sendNewFlows(b *testing.B, ns netns.NsHandle, dst net.IP, port *int, n int)
 		}
 		defer unix.Close(fd)
 		msg := []byte("q")
-		start := time.Now()
 		for range n {
 			*port = *port%60000 + 1
-			sa := &unix.SockaddrInet4{Port: 1024 + *port, Addr: [4]byte(dst.To4())}
-			unix.Sendto(fd, msg, 0, sa)
+			sa := &unix.SockaddrInet4{Port: 1024 + *port, Addr: dst.As4()}
+			start := time.Now()
+			err := unix.Sendto(fd, msg, 0, sa)
+			times = append(times, float64(time.Since(start).Nanoseconds()))
+			if err == nil {
+				sent++
+			}
 		}
-		spent = time.Since(start)
 		return nil
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	return spent
+	return times, sent
 }
 
 func newNetns(b *testing.B) (netns.NsHandle, *netlink.Handle) {
@@ -415,4 +469,13 @@ func writeFillV4(tb testing.TB, e *testEnv, keys []NATKeyV4, vals []NATValV4, nk
 	if _, err := e.dp.Maps.NatCandV4.BatchUpdate(nk, nv, nil); err != nil {
 		tb.Fatalf("notes: %v", err)
 	}
+}
+
+// mean of v.
+func mean(v []float64) float64 {
+	var sum float64
+	for _, x := range v {
+		sum += x
+	}
+	return sum / float64(len(v))
 }

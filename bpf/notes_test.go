@@ -178,3 +178,36 @@ func TestFullTableAdmitsOnceAssociationEnds(t *testing.T) {
 	}
 	e.checkCounters(before, map[Counter]uint64{CounterMasqueraded: 1, CounterNATNew: 1, CounterNATEarlyDrop: 1})
 }
+
+// TestNoteSeedKeptAcrossLoads: an agent that starts again (a new load on
+// the same pins) keeps the notes' seed, so the answer to a pair made
+// before the restart finds its note and arms it. With a new seed the note
+// would lie away from its key's new probes and stay unarmed: each search
+// at a full table would look it up.
+func TestNoteSeedKeptAcrossLoads(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443, tcpFlags: tcpSYN}
+	port := masqueraded(t, e.egress(f.packet()), f, snat4)
+	k := NATKeyV4{Src: Addr4(remote4), Dst: Addr4(snat4), Sport: Port(443), Dport: Port(port), Proto: protoTCP, Dir: DirIngress}
+	e.wantNote(t, "made", k, "droppable")
+	seed := func(d *Datapath) uint32 {
+		var s uint32
+		if err := d.coll.Variables["nat_note_seed"].Get(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := seed(e.dp)
+	dp2, err := Load(LoadOptions{PinDir: e.pinDir, NonMasqMaxEntries: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.dp.Close()
+	e.dp = dp2
+	t.Cleanup(func() { dp2.Close() })
+	if after := seed(dp2); after != before {
+		t.Fatalf("seed %#x after the restart, %#x before", after, before)
+	}
+	e.ingress(reply(f, snat4, port).packet())
+	e.wantNote(t, "answered after the restart", k, "armed")
+}

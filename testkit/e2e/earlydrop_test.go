@@ -4,18 +4,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
+	"github.com/ipmasq/ipmasq/testkit/ctfill"
 )
 
 // silentPort is a remote port nothing listens on: a pod's datagrams to it
@@ -58,8 +53,13 @@ func fullTableFindsDroppable(t *testing.T, agentDown bool) {
 	const natMax, unanswered, queries = 16384, 4000, 100
 	conns := natMax/2 - unanswered
 	underBoth(t, masqueradePods(fmt.Sprintf("--nat-max-entries=%d", natMax)), func(t *testing.T, s *scenario) {
+		var (
+			table      *ctfill.Table
+			earlyDrops uint64
+		)
 		if s.agent == nil {
-			fillConntrack(t, s.topo.Node, unanswered+conns)
+			table = fillConntrack(t, s.topo.Node, unanswered+conns)
+			earlyDrops = table.EarlyDrops(t)
 		}
 		for i := range unanswered {
 			c, err := dialNewUDPFlow(s.topo.Pod, netip.AddrPortFrom(topology.RemoteIP4, silentPort))
@@ -122,6 +122,10 @@ func fullTableFindsDroppable(t *testing.T, agentDown bool) {
 			if n := a.counter(bpf.CounterNATEarlyDrop); n == 0 {
 				t.Fatalf("no early drop: the table was not full%s", countersOf(s))
 			}
+		} else if n := table.EarlyDrops(t) - earlyDrops; n == 0 {
+			t.Fatal("no early drop by conntrack: its table was not full, and the reference proves nothing")
+		} else {
+			t.Logf("conntrack's early drop took %d entries", n)
 		}
 	})
 }
@@ -137,33 +141,27 @@ func countersOf(s *scenario) string {
 
 // fillConntrack fills ns's conntrack table over ctnetlink up to
 // nf_conntrack_max less room entries: half unreplied UDP entries (early
-// drop may take them), half established TCP ones (it never does), from 10.96.0.0/12 to a TEST-NET address, an hour to live.
-func fillConntrack(t *testing.T, ns *topology.Netns, room int) {
+// drop may take them), half established, assured TCP ones (it never
+// does), from 10.96.0.0/12 to a TEST-NET address, an hour to live. It
+// returns the table.
+func fillConntrack(t *testing.T, ns *topology.Netns, room int) *ctfill.Table {
 	t.Helper()
-	raw, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_max")
-	if err != nil {
-		t.Fatal(err)
-	}
-	max, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := net.IPv4(192, 0, 2, 1)
+	table := ctfill.Open(t, ns.Handle)
+	_, max := table.Count(t)
+	dst := netip.AddrFrom4([4]byte{192, 0, 2, 1})
 	start := time.Now()
 	n := max - room
 	for i := range n {
-		src := net.IPv4(10, 96+byte(i>>16), byte(i>>8), byte(i))
-		f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 3600,
-			Forward: netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: src, DstIP: dst, SrcPort: 1024, DstPort: 53},
-			Reverse: netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: dst, DstIP: src, SrcPort: 53, DstPort: 1024}}
+		src := netip.AddrFrom4([4]byte{10, 96 + byte(i>>16), byte(i >> 8), byte(i)})
 		if i%2 == 1 {
-			f.Forward.Protocol, f.Reverse.Protocol = unix.IPPROTO_TCP, unix.IPPROTO_TCP
-			f.Forward.DstPort, f.Reverse.SrcPort = 443, 443
-			f.ProtoInfo = &netlink.ProtoInfoTCP{State: 3} // established: never early-dropped
-		}
-		if err := ns.NL.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
-			t.Fatalf("conntrack entry %d of %d: %v", i+1, n, err)
+			table.Established(t, netip.AddrPortFrom(src, 1024), netip.AddrPortFrom(dst, 443))
+		} else {
+			table.Unanswered(t, netip.AddrPortFrom(src, 1024), netip.AddrPortFrom(dst, 53))
 		}
 	}
+	if count, _ := table.Count(t); count != n {
+		t.Fatalf("conntrack holds %d entries after %d were written", count, n)
+	}
 	t.Logf("conntrack filled with %d entries (limit %d) in %s", n, max, time.Since(start).Round(time.Millisecond))
+	return table
 }

@@ -5,18 +5,18 @@
 package natfill
 
 import (
-	"net"
 	"net/netip"
 	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
+	"github.com/ti-mo/conntrack"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/bpf"
+	"github.com/ipmasq/ipmasq/testkit/ctfill"
 	"github.com/ipmasq/ipmasq/testkit/privtest"
 )
 
@@ -88,17 +88,18 @@ func Datapath(tb testing.TB, flows int, idle time.Duration) (*bpf.Datapath, bpf.
 func Conntrack(tb testing.TB, n int) (netns.NsHandle, int) {
 	tb.Helper()
 	n = min(n, ConntrackMax)
-	ns, h := privtest.NewNetns(tb)
+	ns, _ := privtest.NewNetns(tb)
+	table := ctfill.Open(tb, ns)
 	for i := range n {
-		src := net.IPv4(10, 244, byte(i>>16), byte(i>>8))
-		dst := net.IPv4(198, 18, byte(i/60000), 7)
+		src := netip.AddrFrom4([4]byte{10, 244, byte(i >> 16), byte(i >> 8)})
+		dst := netip.AddrFrom4([4]byte{198, 18, byte(i / 60000), 7})
 		sport, dport := uint16(1024+i%60000), uint16(443)
-		flow := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 3600,
-			Forward: netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: src, DstIP: dst, SrcPort: sport, DstPort: dport},
-			Reverse: netlink.IPTuple{Protocol: unix.IPPROTO_UDP, SrcIP: dst, DstIP: net.IPv4(10, 0, 0, 5), SrcPort: dport, DstPort: sport}}
-		if err := h.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, flow); err != nil {
-			tb.Fatalf("create conntrack entry %d: %v", i, err)
-		}
+		f := conntrack.NewFlow(unix.IPPROTO_UDP, conntrack.StatusConfirmed, src, dst, sport, dport, ctfill.Lifetime, 0)
+		f.TupleReply.IP.DestinationAddress = netip.AddrFrom4([4]byte{10, 0, 0, 5}) // masqueraded
+		table.Write(tb, f)
+	}
+	if count, _ := table.Count(tb); count != n {
+		tb.Fatalf("conntrack holds %d entries after %d were written", count, n)
 	}
 	return ns, n
 }
