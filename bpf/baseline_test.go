@@ -66,7 +66,11 @@ func loadObject(tb testing.TB, path string, natMax uint32) *Datapath {
 		tb.Fatalf("load %s: %v", path, err)
 	}
 	tb.Cleanup(coll.Close)
-	d := &Datapath{Egress: coll.Programs["ipmasq_egress"], Ingress: coll.Programs["ipmasq_ingress"]}
+	d := &Datapath{Egress: coll.Programs["ipmasq_egress"], Ingress: coll.Programs["ipmasq_ingress"], Variant: VariantFull}
+	// The compat build's agent programs are tc programs (runAgentProgram).
+	if p := coll.Programs["nat_gc_v4"]; p != nil && p.Type() == ebpf.SchedCLS {
+		d.Variant = VariantCompat
+	}
 	d.l3.egress, d.l3.ingress = coll.Programs["ipmasq_egress_l3"], coll.Programs["ipmasq_ingress_l3"]
 	maps := reflect.ValueOf(&d.objs.masqMaps).Elem()
 	for i := range maps.NumField() {
