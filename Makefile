@@ -26,7 +26,7 @@ IMAGE_ARCHS := amd64 arm64
 # Image files get the commit's time, so a commit builds the same image.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: all build image push deps test demo generate bench vet fmt clean
+.PHONY: all build image push deps test demo generate bench bench-datapath vet fmt clean
 
 all: build
 
@@ -91,6 +91,24 @@ generate:
 ## 1 000 000 pairs and of conntrack's 250 000 entries)
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count 1 -timeout 60m $(PKGS)
+
+## bench-datapath: the datapath's per-packet benchmarks (bpf/bench_test.go),
+## full and compat builds, each interleaved in the same run with the object
+## of BASELINE (a git revision, default main; its compat object for the
+## compat build where it has one): ns/pkt, baseline-ns/pkt and x-baseline,
+## DATAPATH_COUNT runs each (see docs/datapath-benchmarks.md); about 10 min
+BASELINE       ?= main
+DATAPATH_COUNT ?= 6
+bench-datapath:
+	@mkdir -p $(BIN)
+	git show $(BASELINE):bpf/masq_bpfel.o > $(BIN)/baseline-masq_bpfel.o
+	git show $(BASELINE):bpf/masqcompat_bpfel.o > $(BIN)/baseline-masqcompat_bpfel.o 2>/dev/null || \
+		cp $(BIN)/baseline-masq_bpfel.o $(BIN)/baseline-masqcompat_bpfel.o
+	$(GO) test -c -o $(BIN)/bpf.test ./bpf/
+	cd bpf && $(abspath $(BIN))/bpf.test -test.run '^$$' -test.bench 'BenchmarkEgress|BenchmarkIngressReply' \
+		-test.benchtime 200000x -test.count $(DATAPATH_COUNT) -bpf.baseline=$(abspath $(BIN))/baseline-masq_bpfel.o
+	cd bpf && IPMASQ_TEST_DATAPATH_VARIANT=compat $(abspath $(BIN))/bpf.test -test.run '^$$' -test.bench 'BenchmarkEgress|BenchmarkIngressReply' \
+		-test.benchtime 200000x -test.count $(DATAPATH_COUNT) -bpf.baseline=$(abspath $(BIN))/baseline-masqcompat_bpfel.o
 
 ## vet: go vet, gofmt, and go.mod/go.sum tidy (go mod tidy must change nothing)
 vet:
