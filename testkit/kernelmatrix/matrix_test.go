@@ -60,7 +60,7 @@ var knownGaps = map[string]map[string]string{
 // the 2023 refactor for ingress and clsact; every tx queue points at
 // noop_qdisc for 0.1 to 17 ms, and noop_enqueue() freed 3 and 2 packets
 // on the uplink inside those windows, the lost queries among them.
-// TestClsactQdiscGraftDropsForwarded (testkit/e2e, opt-in) reproduces it
+// TestClsactQdiscGraftDropsForwarded (testkit/e2e) reproduces it
 // on 6.1 and 6.18. Not seen on 6.12 or the host: tcx, no qdisc.
 const removalGap = "one or two UDP queries in a few thousand, sent while the agent first attaches its clsact filters beside the old agent's chain, are freed by noop_enqueue while the creation of the clsact qdisc (qdisc_graft, dev_deactivate) deactivates the uplink (about 1 run in 4; the kernel's, avoided only by a clsact qdisc created before traffic, or by tcx)"
 
