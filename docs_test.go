@@ -129,7 +129,8 @@ func TestDocsListTheAgentsTables(t *testing.T) {
 }
 
 // TestDocsListEveryPinnedMap: docs/state.md names every map of the
-// datapath objects, both builds (all of them are pinned), and no other.
+// datapath objects, both builds (all of them are pinned), and those the
+// loader pins beside them, and no other.
 func TestDocsListEveryPinnedMap(t *testing.T) {
 	var code []string
 	for _, mt := range []reflect.Type{reflect.TypeOf(bpf.Maps{}), reflect.TypeOf(bpf.CompatMaps{})} {
@@ -139,6 +140,7 @@ func TestDocsListEveryPinnedMap(t *testing.T) {
 			}
 		}
 	}
+	code = append(code, bpf.LoaderMaps...)
 	var docs []string
 	for _, row := range markdownTable(t, "docs/state.md", "Pinned maps") {
 		docs = append(docs, codeSpans(row[0])...)

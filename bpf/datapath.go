@@ -355,6 +355,9 @@ func sizeNotes(spec *ebpf.CollectionSpec) error {
 // of early drop's notes' hash across loads.
 const MapNoteSeed = "nat_note_seed"
 
+// LoaderMaps are the maps Load pins beside the programs' own.
+var LoaderMaps = []string{MapNoteSeed}
+
 // keepNoteSeed gives the notes' hash the seed pinned in pinDir by an
 // earlier load, or pins the one sizeNotes drew. The notes are pinned: with
 // a new seed, the notes an earlier agent wrote would not lie at their
