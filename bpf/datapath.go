@@ -362,9 +362,8 @@ var LoaderMaps = []string{MapNoteSeed}
 // earlier load, or pins the one sizeNotes drew. The notes are pinned: with
 // a new seed, the notes an earlier agent wrote would not lie at their
 // keys' new probes, so no answer would find and arm them, and every
-// search at a full table would look each one up (a search that meets
-// only such stale notes costs about twice an armed one's) until searches
-// had armed them all. The seed is no less secret for being kept: it never
+// search at a full table would look each one up until searches had armed
+// them all. The seed is no less secret for being kept: it never
 // leaves the node's kernel and the pin directory, readable by root alone.
 func keepNoteSeed(spec *ebpf.CollectionSpec, logger *slog.Logger, pinDir string) error {
 	m, err := bpfmap.OpenPinned(logger, pinDir, &ebpf.MapSpec{Name: MapNoteSeed, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
