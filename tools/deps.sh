@@ -4,6 +4,8 @@
 # whole set-up.
 #
 #   make                         the README's commands
+#   iproute2                     tc: the migration test prepares a node's uplink
+#                                as docs/deploy.md says (kernels without tcx)
 #   iptables                     Linux MASQUERADE: the reference every datapath
 #                                e2e test and the differential test against the
 #                                Kubernetes agent's rules run first
@@ -28,7 +30,7 @@
 # printed when everything is there.
 set -eu
 
-packages="make iptables etcd-server containerd runc containernetworking-plugins conntrack qemu-user qemu-system-x86 kmod xz-utils zstd"
+packages="make iproute2 iptables etcd-server containerd runc containernetworking-plugins conntrack qemu-user qemu-system-x86 kmod xz-utils zstd"
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
 	echo "deps: not a Debian system (no dpkg-query): install by hand: $packages" >&2

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"iter"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -58,6 +59,7 @@ type attachOps struct {
 	// waitMaps waits (bounded) until the maps the programs read besides
 	// the device's own entry are written; nil: no wait.
 	waitMaps func(context.Context)
+	log      *slog.Logger
 }
 
 var _ reconciler.Operations[*tables.DatapathDevice] = (*attachOps)(nil)
@@ -97,12 +99,12 @@ func (o *attachOps) Update(ctx context.Context, _ statedb.ReadTxn, _ statedb.Rev
 // without tcx switches the agent to clsact for good.
 func (o *attachOps) attachHook(d *tables.DatapathDevice, h hook, prog *ebpf.Program) error {
 	if o.mode == datapath.AttachClsact {
-		return attachClsact(d, h, prog)
+		return o.attachClsact(d, h, prog)
 	}
 	err := o.attach(d, h, prog)
 	if o.mode == datapath.AttachAuto && errors.Is(err, ebpf.ErrNotSupported) {
 		o.mode = datapath.AttachClsact
-		return attachClsact(d, h, prog)
+		return o.attachClsact(d, h, prog)
 	}
 	if err == nil && o.mode == datapath.AttachAuto {
 		o.mode = datapath.AttachTCX
@@ -111,6 +113,21 @@ func (o *attachOps) attachHook(d *tables.DatapathDevice, h hook, prog *ebpf.Prog
 		// A filter left by an agent that ran in clsact mode would run the
 		// programs twice; harmless, but not what the operator asked for.
 		err = detachClsact(d.Index, h)
+	}
+	return err
+}
+
+// attachClsact attaches with a clsact filter and tells when it had to
+// create the device's qdisc: Linux deactivates an UP device to graft one
+// (qdisc_graft calls dev_deactivate), and drops what the device transmits
+// until it is active again, a few milliseconds once per boot. Only an
+// operator can avoid that moment (a qdisc made before traffic:
+// docs/deploy.md), so the log says when it happened.
+func (o *attachOps) attachClsact(d *tables.DatapathDevice, h hook, prog *ebpf.Program) error {
+	created, err := attachClsact(d, h, prog)
+	if created && o.log != nil {
+		o.log.Info("created the device's clsact qdisc: Linux paused its transmit to graft the qdisc and dropped what it sent in that moment (milliseconds, once per boot; a qdisc created before traffic avoids it: docs/deploy.md, \"Kernels without tcx\")",
+			"device", d.Name)
 	}
 	return err
 }

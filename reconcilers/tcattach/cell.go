@@ -41,7 +41,7 @@ type opsParams struct {
 // newOps are the operations of the tc-attach reconciler.
 func newOps(p opsParams) reconciler.Operations[*tables.DatapathDevice] {
 	return &attachOps{linkDir: filepath.Join(p.Agent.PinDir(), "links"), dp: p.Handle, mode: p.Config.TCAttachMode,
-		waitMaps: waitMapsWritten(p.DB, p.Log, p.Tables)}
+		waitMaps: waitMapsWritten(p.DB, p.Log, p.Tables), log: p.Log}
 }
 
 func register(p datapath.ReconcilerParams, tbl statedb.RWTable[*tables.DatapathDevice],

@@ -28,18 +28,22 @@ func clsactParent(h hook) uint32 {
 }
 
 // attachClsact installs (or atomically replaces) ipmasq's filter on the
-// device's clsact qdisc, creating the qdisc when missing. Filters live in
-// the kernel, not the agent, so they keep translating across restarts.
-func attachClsact(d *tables.DatapathDevice, h hook, prog *ebpf.Program) error {
+// device's clsact qdisc, creating the qdisc when missing (created says so).
+// Filters live in the kernel, not the agent, so they keep translating
+// across restarts.
+func attachClsact(d *tables.DatapathDevice, h hook, prog *ebpf.Program) (created bool, err error) {
 	qdisc := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
 		LinkIndex: d.Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT,
 	}}
-	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("%s: add clsact qdisc: %w", d.Name, err)
+	switch err := netlink.QdiscAdd(qdisc); {
+	case err == nil:
+		created = true
+	case !errors.Is(err, unix.EEXIST):
+		return false, fmt.Errorf("%s: add clsact qdisc: %w", d.Name, err)
 	}
 	info, err := prog.Info()
 	if err != nil {
-		return err
+		return created, err
 	}
 	filter := &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{
@@ -49,9 +53,9 @@ func attachClsact(d *tables.DatapathDevice, h hook, prog *ebpf.Program) error {
 		Fd: prog.FD(), Name: clsactFilterName + info.Name, DirectAction: true,
 	}
 	if err := netlink.FilterReplace(filter); err != nil {
-		return fmt.Errorf("%s %s: replace clsact filter: %w", d.Name, h.name, err)
+		return created, fmt.Errorf("%s %s: replace clsact filter: %w", d.Name, h.name, err)
 	}
-	return nil
+	return created, nil
 }
 
 // detachClsact removes ipmasq's filter of one hook; the qdisc stays (other

@@ -219,12 +219,21 @@ func TestClsactAttach(t *testing.T) {
 	topo, a, ext := setup(t, masqueradeAll, "--tc-attach-mode=clsact")
 	checkSource(t, topo, ext, topology.RemoteIP4, topology.NodeIP4, 5)
 	checkSource(t, topo, ext, topology.RemoteIP6, topology.NodeIP6, 5)
+	// The uplink had no qdisc: the agent created it, and says so once
+	// (docs/deploy.md, "Kernels without tcx").
+	if n := a.logLines(qdiscCreatedLog); n != 1 {
+		t.Fatalf("%d log lines say the agent created the uplink's clsact qdisc, want 1", n)
+	}
 	s := startStream(t, topo.Pod, topology.RemoteIP4)
 	s.progress(t, 32<<10, "before the restart")
 	a.stop(syscall.SIGKILL)
 	s.progress(t, 16<<10, "while the agent is down")
 	a.start()
 	s.progress(t, 16<<10, "after the restart")
+	// The restarted agent found the qdisc: no second graft.
+	if n := a.logLines(qdiscCreatedLog); n != 1 {
+		t.Fatalf("after the restart %d log lines say the agent created the uplink's clsact qdisc, want 1 (the first start's)", n)
+	}
 
 	a.stop(syscall.SIGTERM)
 	a.args = nil // auto: tcx where the kernel has it

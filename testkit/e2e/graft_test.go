@@ -18,8 +18,8 @@ import (
 // graftSinkPort is the remote's port that counts the flood's datagrams.
 const graftSinkPort = 7013
 
-// TestClsactQdiscGraftDropsForwarded reproduces the kernel behaviour behind
-// 6.1's known gap (testkit/kernelmatrix, removalGap): creating (or
+// TestClsactQdiscGraftDropsForwarded reproduces the kernel behaviour that
+// docs/deploy.md ("Kernels without tcx") tells operators of: creating (or
 // deleting) a clsact qdisc on an UP device runs qdisc_graft(), which calls
 // dev_deactivate() on the device whatever the qdisc (net/sched/sch_api.c,
 // still so after the 2023 refactor for ingress and clsact qdiscs): every tx
@@ -31,10 +31,11 @@ const graftSinkPort = 7013
 // created and deleted (netlink, as tcattach's attachClsact creates it);
 // the test passes when the remote missed datagrams. The window lasts from
 // about 0.1 ms to tens of ms (traced in 6.1 guests: dev_deactivate 0.1 to
-// 17 ms, noop_enqueue hits on the uplink inside it), so it is a
-// reproduction that guards the gap's stated cause: 20 grafts lost 18-20
-// datagrams in each run on 6.18 and 6.1; a kernel that stops dropping
-// here fails it, and the gap's text must change.
+// 17 ms, noop_enqueue hits on the uplink inside it; in the migration test,
+// before the uplink's qdisc was made ahead of traffic, it cost one or two
+// UDP queries in about one run in four on 6.1): 20 grafts lost 18-20
+// datagrams in each run on 6.18 and 6.1. A kernel that stops dropping
+// here fails it, and the docs must change.
 // The agent cannot avoid the graft where it must create the qdisc (no tcx,
 // Linux before 6.6); with tcx it creates none.
 func TestClsactQdiscGraftDropsForwarded(t *testing.T) {

@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -226,6 +228,24 @@ func testMigration(t *testing.T, handover bool) {
 	conntrackEvents(t, topo.Node)
 	kubeProxyConntrackRule(t, topo.Node)
 	leaks := watchLeaks(t, topo.Ext, "eth0", topology.PodCIDR4)
+	// Without tcx (Linux before 6.6) the node is prepared as
+	// docs/deploy.md ("Kernels without tcx") says: the uplink's clsact
+	// qdisc made before traffic, so the agent's start grafts none (a graft
+	// drops what the uplink sends meanwhile, whatever decides:
+	// TestClsactQdiscGraftDropsForwarded).
+	clsactBeforeTraffic := !tcxAvailable(t, topo.Node)
+	if clsactBeforeTraffic {
+		// The command docs/deploy.md gives.
+		tc := exec.Command("tc", "qdisc", "add", "dev", "eth0", "clsact")
+		var out bytes.Buffer
+		tc.Stdout, tc.Stderr = &out, &out
+		if err := topo.Node.Start(tc); err != nil {
+			t.Fatalf("tc (Debian package iproute2): %v", err)
+		}
+		if err := tc.Wait(); err != nil {
+			t.Fatalf("the uplink's clsact qdisc before traffic: tc: %v\n%s", err, out.String())
+		}
+	}
 
 	// 1. The Kubernetes agent decides: a stream and queries under it.
 	upstreamChain(t, topo.Node)
@@ -243,6 +263,9 @@ func testMigration(t *testing.T, handover bool) {
 		a.args = []string{"--conntrack-handover=false"}
 	}
 	a.start()
+	if n := a.logLines(qdiscCreatedLog); clsactBeforeTraffic && n != 0 {
+		t.Fatalf("the agent created the uplink's clsact qdisc, which was made before traffic (%d log lines)", n)
+	}
 	if handover {
 		a.waitHandover("active", func(s string) bool {
 			return strings.HasPrefix(s, "active") && !strings.Contains(s, " 0 flow(s) adopted")

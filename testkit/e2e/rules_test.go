@@ -170,6 +170,19 @@ func (a *agent) waitRuleSources(n int) {
 	a.waitFor("rule sources in the maps", func() bool { return a.ruleEntries() == n })
 }
 
+// qdiscCreatedLog is what the agent logs when it creates a device's clsact
+// qdisc (reconcilers/tcattach).
+const qdiscCreatedLog = "created the device's clsact qdisc"
+
+// logLines counts the lines of the agent's log (all its runs) holding s.
+func (a *agent) logLines(s string) int {
+	data, err := os.ReadFile(a.log)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return strings.Count(string(data), s)
+}
+
 func (a *agent) waitLogLine(s string) (string, error) {
 	var line string
 	deadline := time.Now().Add(10 * time.Second)

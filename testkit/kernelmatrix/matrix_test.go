@@ -39,31 +39,6 @@ var e2eTests = []string{
 	"TestFullTableSparesEstablished",
 }
 
-// knownGaps are e2e tests that do not pass on a kernel for a reason not
-// fixed yet, per kernel: run and recorded (Result.KnownGaps, the docs'
-// table), not counted as the kernel's failure. A gap closed shows as a
-// pass in the results; remove it here then.
-var knownGaps = map[string]map[string]string{
-	"6.1": {"TestMigrationKeepsFlows": removalGap},
-}
-
-// removalGap: on 6.1 one or two UDP queries of a few thousand go
-// unanswered in about one run in four (3 Dec 2026: 1 query of 1 819, 1 of
-// 2 870, none; 4 Dec: 4 failed runs of 19, among them 2 of 2 451, 1 of
-// 3 032 and 2 of 2 428). The test's traces (queryTraces) of 4 Dec show
-// where: the queries' datagrams were translated by the old agent's chain
-// and confirmed by conntrack, and never reached the uplink's packet tap,
-// sent while the agent, just started, created the uplink's clsact qdisc.
-// Cause (traced with kprobes in a 6.1.192 guest, 4 Dec, 2 failed runs of
-// 4): the qdisc's creation runs qdisc_graft() (net/sched/sch_api.c), which
-// calls dev_deactivate() on the UP uplink whatever the qdisc, also after
-// the 2023 refactor for ingress and clsact; every tx queue points at
-// noop_qdisc for 0.1 to 17 ms, and noop_enqueue() freed 3 and 2 packets
-// on the uplink inside those windows, the lost queries among them.
-// TestClsactQdiscGraftDropsForwarded (testkit/e2e) reproduces it
-// on 6.1 and 6.18. Not seen on 6.12 or the host: tcx, no qdisc.
-const removalGap = "one or two UDP queries in a few thousand, sent while the agent first attaches its clsact filters beside the old agent's chain, are freed by noop_enqueue while the creation of the clsact qdisc (qdisc_graft, dev_deactivate) deactivates the uplink (about 1 run in 4; the kernel's, avoided only by a clsact qdisc created before traffic, or by tcx)"
-
 // tcxTests run only where the guest attaches a tcx link.
 var tcxTests = []string{"TestForeignTCProgramsFirst"}
 
@@ -377,10 +352,6 @@ func runKernel(t *testing.T, spec vmtest.Spec, repo string, b binaries) *Result 
 		}
 		r.E2E[name] = o
 		if o != "pass" {
-			if gap := knownGaps[spec.Name][name]; gap != "" {
-				r.KnownGaps = append(r.KnownGaps, name+" "+o+": "+gap)
-				continue
-			}
 			failed = append(failed, name)
 		}
 	}

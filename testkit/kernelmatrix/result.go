@@ -56,10 +56,6 @@ type Result struct {
 	E2E map[string]string `json:"e2e"`
 	// Failures names what failed, for the report and the docs' table.
 	Failures []string `json:"failures,omitempty"`
-	// KnownGaps are the e2e tests of knownGaps that did not pass on this
-	// kernel, each with its reason: shown in the docs' table, not counted
-	// as failures.
-	KnownGaps []string `json:"known_gaps,omitempty"`
 	// Rerun, when not empty, is where the guest's kernel panicked in a
 	// first run of the kernel (the results are the second run's).
 	Rerun string `json:"rerun,omitempty"`
@@ -154,14 +150,6 @@ func Table(results []*Result) string {
 		lacks := "—"
 		if len(lack) > 0 {
 			lacks = strings.Join(lack, "; ")
-		}
-		if len(r.KnownGaps) > 0 {
-			gaps := "known gap: " + strings.Join(r.KnownGaps, "; ")
-			if lacks == "—" {
-				lacks = gaps
-			} else {
-				lacks += "; " + gaps
-			}
 		}
 		cells := []string{
 			r.Release + " (" + r.Package + ")", r.AttachMode, variant, programs,
