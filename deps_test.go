@@ -53,12 +53,12 @@ func runDeps(t *testing.T, path string) (stdout, stderr string, code int) {
 	return o.String(), e.String(), code
 }
 
-var testPackages = []string{"make", "iptables", "etcd-server", "containerd", "runc", "containernetworking-plugins", "conntrack", "qemu-user", "qemu-system-x86", "kmod", "xz-utils", "zstd"}
+var testPackages = []string{"make", "iproute2", "iptables", "etcd-server", "containerd", "runc", "containernetworking-plugins", "conntrack", "qemu-user", "qemu-system-x86", "kmod", "xz-utils", "zstd"}
 
 // TestDepsInstallsMissingOnce: as root, the missing packages are installed
 // with one line saying so, and a second run does nothing and says nothing.
 func TestDepsInstallsMissingOnce(t *testing.T) {
-	dir := fakeDebian(t, "0", "make", "iptables", "runc")
+	dir := fakeDebian(t, "0", "make", "iproute2", "iptables", "runc")
 	out, errOut, code := runDeps(t, dir)
 	want := "deps: installing missing Debian packages (once): etcd-server containerd containernetworking-plugins conntrack qemu-user qemu-system-x86 kmod xz-utils zstd\n"
 	if code != 0 || out != want || errOut != "" {
@@ -83,7 +83,7 @@ func TestDepsInstallsMissingOnce(t *testing.T) {
 // TestDepsNotRoot: without root, one line naming the missing packages, exit 1,
 // and no apt-get.
 func TestDepsNotRoot(t *testing.T) {
-	dir := fakeDebian(t, "1000", "make", "iptables")
+	dir := fakeDebian(t, "1000", "make", "iproute2", "iptables")
 	out, errOut, code := runDeps(t, dir)
 	if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 ||
 		!strings.Contains(errOut, "missing Debian packages: etcd-server containerd runc containernetworking-plugins conntrack qemu-user qemu-system-x86 kmod xz-utils zstd") {
