@@ -431,16 +431,10 @@ func TestResizedNATMapKeepsPairs(t *testing.T) {
 	port6 := masqueraded(t, e.egress(f6.packet()), f6, snat6)
 
 	for _, size := range []uint32{4096, 32} {
-		dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: size})
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.dp.Close()
-		e.dp = dp2
+		e.reload(t, LoadOptions{NATMaxEntries: size})
 		if got := e.dp.Maps.NatV4.MaxEntries(); got != size {
 			t.Fatalf("nat_v4 holds %d entries, want %d", got, size)
 		}
-		e.tb.Cleanup(func() { dp2.Close() })
 		f4.tcpFlags = tcpACK
 		if got := masqueraded(t, e.egress(f4.packet()), f4, snat4); got != port4 {
 			t.Fatalf("size %d: NAT port %d, before %d", size, got, port4)
@@ -493,13 +487,7 @@ func TestNATMapUpgradedToHash(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: 64})
-			if err != nil {
-				t.Fatal(err)
-			}
-			e.dp.Close()
-			e.dp = dp2
-			t.Cleanup(func() { dp2.Close() })
+			e.reload(t, LoadOptions{NATMaxEntries: 64})
 			if got := e.dp.Maps.NatV4.Type(); got != ebpf.Hash || e.dp.Maps.NatV4.Flags()&unix.BPF_F_NO_PREALLOC == 0 {
 				t.Fatalf("nat_v4 is a %s (flags %#x) after the upgrade, want a Hash with BPF_F_NO_PREALLOC", got, e.dp.Maps.NatV4.Flags())
 			}
@@ -941,13 +929,7 @@ func TestNATMapShorterValuesUpgraded(t *testing.T) {
 	if err := old.Pin(path); err != nil {
 		t.Fatal(err)
 	}
-	dp2, err := Load(LoadOptions{PinDir: e.pinDir, NATMaxEntries: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.dp.Close()
-	e.dp = dp2
-	t.Cleanup(func() { dp2.Close() })
+	e.reload(t, LoadOptions{NATMaxEntries: 64})
 	if got := e.dp.Maps.NatV4.ValueSize(); got <= oldSize {
 		t.Fatalf("nat_v4 values of %d bytes after the upgrade", got)
 	}

@@ -117,6 +117,20 @@ func newEnv(tb testing.TB, o envOptions) *testEnv {
 	return e
 }
 
+// reload loads the datapath again on e's pins, as a restarted agent does,
+// and makes it e's datapath (the previous one closed).
+func (e *testEnv) reload(t testing.TB, opts LoadOptions) {
+	t.Helper()
+	opts.PinDir = e.pinDir
+	dp, err := Load(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.dp.Close()
+	e.dp = dp
+	t.Cleanup(func() { dp.Close() })
+}
+
 func (e *testEnv) run(prog *ebpf.Program, frame []byte) (uint32, []byte) {
 	e.tb.Helper()
 	out := make([]byte, len(frame)+256)
@@ -618,13 +632,7 @@ func TestPinnedStateSurvivesReload(t *testing.T) {
 	f := flow{src: pod1, dst: remote4, proto: protoTCP, sport: 40000, dport: 443}
 	natPort := masqueraded(t, e.egress(f.packet()), f, snat4)
 
-	dp2, err := Load(LoadOptions{PinDir: e.pinDir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dp2.Close()
-	e.dp.Close()
-	e.dp = dp2
+	e.reload(t, LoadOptions{})
 	if got := masqueraded(t, e.egress(f.packet()), f, snat4); got != natPort {
 		t.Fatalf("after reload NAT port %d, before %d", got, natPort)
 	}

@@ -331,13 +331,7 @@ func TestMasqRuleFragments(t *testing.T) {
 func TestMasqRulePinned(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	e.setRule(loIfindex, clients4, ruleTo4)
-	dp2, err := Load(LoadOptions{PinDir: e.pinDir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dp2.Close()
-	e.dp.Close()
-	e.dp = dp2
+	e.reload(t, LoadOptions{})
 	ruleFlow(t, e, flow{src: client4, dst: remote4, proto: protoUDP, sport: 5000, dport: 53}, ruleTo4)
 }
 

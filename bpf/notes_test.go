@@ -198,14 +198,8 @@ func TestNoteSeedKeptAcrossLoads(t *testing.T) {
 		return s
 	}
 	before := seed(e.dp)
-	dp2, err := Load(LoadOptions{PinDir: e.pinDir, NonMasqMaxEntries: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.dp.Close()
-	e.dp = dp2
-	t.Cleanup(func() { dp2.Close() })
-	if after := seed(dp2); after != before {
+	e.reload(t, LoadOptions{NonMasqMaxEntries: 100})
+	if after := seed(e.dp); after != before {
 		t.Fatalf("seed %#x after the restart, %#x before", after, before)
 	}
 	e.ingress(reply(f, snat4, port).packet())
