@@ -117,6 +117,10 @@ func (o *attachOps) attachHook(d *tables.DatapathDevice, h hook, prog *ebpf.Prog
 	return err
 }
 
+// QdiscCreatedMsg begins the line the agent logs when it creates a
+// device's clsact qdisc (docs/deploy.md, "Kernels without tcx").
+const QdiscCreatedMsg = "created the device's clsact qdisc"
+
 // attachClsact attaches with a clsact filter and tells when it had to
 // create the device's qdisc: Linux deactivates an UP device to graft one
 // (qdisc_graft calls dev_deactivate), and drops what the device transmits
@@ -126,7 +130,7 @@ func (o *attachOps) attachHook(d *tables.DatapathDevice, h hook, prog *ebpf.Prog
 func (o *attachOps) attachClsact(d *tables.DatapathDevice, h hook, prog *ebpf.Program) error {
 	created, err := attachClsact(d, h, prog)
 	if created && o.log != nil {
-		o.log.Info("created the device's clsact qdisc: Linux paused its transmit to graft the qdisc and dropped what it sent in that moment (milliseconds, once per boot; a qdisc created before traffic avoids it: docs/deploy.md, \"Kernels without tcx\")",
+		o.log.Info(QdiscCreatedMsg+": Linux paused its transmit to graft the qdisc and dropped what it sent in that moment (milliseconds, once per boot; a qdisc created before traffic avoids it: docs/deploy.md, \"Kernels without tcx\")",
 			"device", d.Name)
 	}
 	return err

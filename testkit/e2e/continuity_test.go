@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
+	"github.com/ipmasq/ipmasq/reconcilers/tcattach"
 )
 
 // stream keeps a TCP connection busy: it writes numbered chunks and checks
@@ -221,7 +222,7 @@ func TestClsactAttach(t *testing.T) {
 	checkSource(t, topo, ext, topology.RemoteIP6, topology.NodeIP6, 5)
 	// The uplink had no qdisc: the agent created it, and says so once
 	// (docs/deploy.md, "Kernels without tcx").
-	if n := a.logLines(qdiscCreatedLog); n != 1 {
+	if n := a.logLines(tcattach.QdiscCreatedMsg); n != 1 {
 		t.Fatalf("%d log lines say the agent created the uplink's clsact qdisc, want 1", n)
 	}
 	s := startStream(t, topo.Pod, topology.RemoteIP4)
@@ -231,7 +232,7 @@ func TestClsactAttach(t *testing.T) {
 	a.start()
 	s.progress(t, 16<<10, "after the restart")
 	// The restarted agent found the qdisc: no second graft.
-	if n := a.logLines(qdiscCreatedLog); n != 1 {
+	if n := a.logLines(tcattach.QdiscCreatedMsg); n != 1 {
 		t.Fatalf("after the restart %d log lines say the agent created the uplink's clsact qdisc, want 1 (the first start's)", n)
 	}
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
+	"github.com/ipmasq/ipmasq/reconcilers/tcattach"
 )
 
 // The migration of docs/migrate.md on one node, item 7 of issue 30: from
@@ -263,7 +264,7 @@ func testMigration(t *testing.T, handover bool) {
 		a.args = []string{"--conntrack-handover=false"}
 	}
 	a.start()
-	if n := a.logLines(qdiscCreatedLog); clsactBeforeTraffic && n != 0 {
+	if n := a.logLines(tcattach.QdiscCreatedMsg); clsactBeforeTraffic && n != 0 {
 		t.Fatalf("the agent created the uplink's clsact qdisc, which was made before traffic (%d log lines)", n)
 	}
 	if handover {

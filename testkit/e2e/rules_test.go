@@ -170,10 +170,6 @@ func (a *agent) waitRuleSources(n int) {
 	a.waitFor("rule sources in the maps", func() bool { return a.ruleEntries() == n })
 }
 
-// qdiscCreatedLog is what the agent logs when it creates a device's clsact
-// qdisc (reconcilers/tcattach).
-const qdiscCreatedLog = "created the device's clsact qdisc"
-
 // logLines counts the lines of the agent's log (all its runs) holding s.
 func (a *agent) logLines(s string) int {
 	data, err := os.ReadFile(a.log)
