@@ -316,22 +316,3 @@ func (a *agent) natEntries() string {
 	}
 	return b.String()
 }
-
-// ruleEntries counts the entries of the pinned masquerade rule maps.
-func (a *agent) ruleEntries() int {
-	n := 0
-	for _, name := range []string{bpf.MapMasqRulesV4, bpf.MapMasqRulesV6} {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", name), nil)
-		if err != nil {
-			return -1
-		}
-		var k []byte
-		it := m.Iterate()
-		var v []byte
-		for it.Next(&k, &v) {
-			n++
-		}
-		m.Close()
-	}
-	return n
-}

@@ -141,7 +141,7 @@ func removeClientRule(t *testing.T, s *scenario, sources []string) {
 	t.Helper()
 	if a := s.agent; a != nil {
 		a.writeConfig("nonMasqueradeCIDRs: []\n")
-		a.waitFor("the rule's sources gone from the maps", func() bool { return a.ruleEntries() == 0 })
+		a.waitRuleSources(0)
 		return
 	}
 	for _, v6 := range []bool{false, true} {

@@ -1,12 +1,17 @@
 package e2e
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
 )
 
@@ -164,10 +169,73 @@ masqueradeRules:
 	clientSources(t, topo, ext, topology.ExtIP6, topology.NodeIP6, 5)
 }
 
-// waitRuleSources waits until the agent's rule maps hold n entries.
+// waitRuleSources waits until the datapath applies n rule sources: the
+// rule maps hold n entries and masq_src_v4/v6 send each one's source to
+// them (MasqSrcRules). Two reconcilers write these maps, the rule maps
+// first, so a flow sent when only the first holds a new rule still leaves
+// by the old decision.
 func (a *agent) waitRuleSources(n int) {
 	a.t.Helper()
-	a.waitFor("rule sources in the maps", func() bool { return a.ruleEntries() == n })
+	a.waitFor(fmt.Sprintf("%d rule source(s) in the maps", n), func() bool {
+		sources := a.ruleSources()
+		if len(sources) != n {
+			return false
+		}
+		for _, src := range sources {
+			if !a.sourceLooksUpRules(src) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// ruleSources lists the source prefixes of the pinned rule maps' entries,
+// one per entry.
+func (a *agent) ruleSources() []netip.Prefix {
+	var sources []netip.Prefix
+	v4, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", bpf.MapMasqRulesV4), nil)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer v4.Close()
+	var k4 bpf.MasqRuleKeyV4
+	var rule bpf.MasqRule
+	for it := v4.Iterate(); it.Next(&k4, &rule); {
+		sources = append(sources, k4.Source())
+	}
+	v6, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", bpf.MapMasqRulesV6), nil)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer v6.Close()
+	var k6 bpf.MasqRuleKeyV6
+	for it := v6.Iterate(); it.Next(&k6, &rule); {
+		sources = append(sources, k6.Source())
+	}
+	return sources
+}
+
+// sourceLooksUpRules reports whether the masq_src entry covering src has
+// MasqSrcRules.
+func (a *agent) sourceLooksUpRules(src netip.Prefix) bool {
+	var name string
+	var key any
+	if src.Addr().Is4() {
+		name, key = bpf.MapMasqSrcV4, bpf.LPMKeyV4From(src)
+	} else {
+		name, key = bpf.MapMasqSrcV6, bpf.LPMKeyV6From(src)
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(a.bpfRoot, "ipmasq", name), nil)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer m.Close()
+	var flags uint8
+	if err := m.Lookup(key, &flags); err != nil {
+		return false
+	}
+	return flags&bpf.MasqSrcRules != 0
 }
 
 // logLines counts the lines of the agent's log (all its runs) holding s.
