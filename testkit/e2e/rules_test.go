@@ -171,9 +171,9 @@ masqueradeRules:
 
 // waitRuleSources waits until the datapath applies n rule sources: the
 // rule maps hold n entries and masq_src_v4/v6 send each one's source to
-// them (MasqSrcRules). Two reconcilers write these maps, the rule maps
-// first, so a flow sent when only the first holds a new rule still leaves
-// by the old decision.
+// them (MasqSrcRules). Two reconcilers write these maps, each in its own
+// time, and a flow sent while only one of them holds a new rule still
+// leaves by the old decision.
 func (a *agent) waitRuleSources(n int) {
 	a.t.Helper()
 	a.waitFor(fmt.Sprintf("%d rule source(s) in the maps", n), func() bool {
