@@ -112,7 +112,11 @@ type agent struct {
 	// /proc/sys read-only, as a container runtime mounts it in the
 	// DaemonSet's unprivileged container.
 	readOnlyProcSys bool
-	cmd             *exec.Cmd
+	// hideKernelBTF runs the agent in a mount namespace of its own with an
+	// empty /sys/kernel/btf, as on a kernel built without
+	// CONFIG_DEBUG_INFO_BTF.
+	hideKernelBTF bool
+	cmd           *exec.Cmd
 }
 
 func newAgent(t testing.TB, node *topology.Netns, config string) *agent {
@@ -185,10 +189,17 @@ func (a *agent) startProcess() {
 	if a.cgroupProcs != "" {
 		a.cmd = exec.Command("/bin/sh", append([]string{"-c", `echo $$ > "$1" && shift && exec "$@"`, "sh", a.cgroupProcs}, a.cmd.Args...)...)
 	}
+	var mounts []string
 	if a.readOnlyProcSys {
+		mounts = append(mounts, "mount --bind /proc/sys /proc/sys", "mount -o remount,bind,ro /proc/sys")
+	}
+	if a.hideKernelBTF {
+		mounts = append(mounts, "mount -t tmpfs ipmasq-no-btf /sys/kernel/btf")
+	}
+	if len(mounts) > 0 {
 		// unshare and sh exec the agent: the process is the agent's.
 		a.cmd = exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "/bin/sh", "-c",
-			`mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec "$@"`, "sh"}, a.cmd.Args...)...)
+			strings.Join(mounts, " && ") + ` && exec "$@"`, "sh"}, a.cmd.Args...)...)
 	}
 	a.cmd.Stdout, a.cmd.Stderr = logFile, logFile
 	if err := a.node.Start(a.cmd); err != nil {

@@ -26,10 +26,12 @@ import (
 var update = flag.Bool("update", false, "write the kernels' results to testdata/ and docs/deploy.md's table from them")
 
 // e2eTests are the datapath e2e tests the matrix runs in each guest (each
-// runs its scenario under Linux MASQUERADE first): masquerade v4/v6,
+// datapath scenario runs under Linux MASQUERADE first): masquerade v4/v6,
 // restart keeps streams, clsact attach (and the switch to tcx), ICMP
 // errors, the early drop at a full table; the conntrack handover where the
-// kernel has what it needs (handoverTests).
+// kernel has what it needs (handoverTests); and the refusal of what the
+// kernel cannot run (no kernel BTF; on 5.10 the full variant forced), with
+// an earlier agent's datapath kept masquerading.
 var e2eTests = []string{
 	"TestMasqueradeIPv4",
 	"TestMasqueradeIPv6",
@@ -37,6 +39,8 @@ var e2eTests = []string{
 	"TestClsactAttach",
 	"TestPodPortUnreachable",
 	"TestFullTableSparesEstablished",
+	"TestKernelRefused",
+	"TestRefusedUpgradeKeepsMasquerading",
 }
 
 // tcxTests run only where the guest attaches a tcx link.
