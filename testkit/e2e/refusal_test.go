@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ipmasq/ipmasq/bpf"
 	"github.com/ipmasq/ipmasq/cmd/ipmasq-demo/topology"
 )
@@ -34,11 +32,7 @@ import (
 // release and lacks, and never answered /readyz with 200.
 func startRefused(t *testing.T, a *agent, lacks string) {
 	t.Helper()
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		t.Fatal(err)
-	}
-	release := unix.ByteSliceToString(u.Release[:])
+	release := bpf.ProbeKernelRelease()
 	before := int64(0)
 	if fi, err := os.Stat(a.log); err == nil {
 		before = fi.Size()
